@@ -1,0 +1,110 @@
+// actpage::Device: everything the engine asks of a GPU, and nothing more.
+//
+// Two implementations: CudaDevice (src/device/cuda_device.*, the CUDA driver API loaded at run time)
+// and SimDevice (src/device/sim_device.*, host memory standing in for device memory, a thread per
+// stream), so the engine's logic runs in CI without a GPU.
+//
+// Contract, for both implementations:
+// - Every call returns a Status/Result; an error message names the call, the error's name and what
+//   was being done. Out-of-memory is reported as ErrorCode::out_of_memory.
+// - Virtual memory follows the CUDA VMM model: reserve() hands out address space with no memory
+//   behind it; create_physical() makes memory that belongs to no address; map() puts physical memory
+//   at an address and makes it readable and writable by the device; unmap() takes it away again
+//   (the physical memory lives on until release_physical()). Sizes and addresses are multiples of
+//   granularity().
+// - unmap() is NOT ordered with work in flight: callers unmap only after an event proves the device
+//   is done with the range.
+// - Streams execute their operations in order; an event recorded on a stream completes when all work
+//   enqueued on the stream before it has completed. stream_wait_event() makes later work on a stream
+//   wait for an event's completion, without blocking the calling thread.
+// - Copies are asynchronous on the given stream; the host buffer must stay valid until the copy's
+//   completion is observed through an event.
+// - Thread safety: every method may be called from any thread. bind_thread() prepares the calling
+//   thread (the CUDA context) and must be called once by each worker thread before other calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "actpage/status.hpp"
+
+namespace actpage {
+
+using DevPtr = std::uint64_t;  // a device virtual address (CUdeviceptr)
+
+// Opaque handles. Their value is the driver's (CUstream, CUevent, CUmemGenericAllocationHandle) on a
+// real device and an id on the simulated one. A job's own streams reach the engine as StreamHandle
+// holding the job's cudaStream_t value; 0 is the legacy default stream.
+struct StreamHandle {
+  std::uint64_t value = 0;
+  bool operator==(const StreamHandle&) const = default;
+};
+struct EventHandle {
+  std::uint64_t value = 0;
+  bool operator==(const EventHandle&) const = default;
+};
+struct PhysicalHandle {
+  std::uint64_t value = 0;
+  bool operator==(const PhysicalHandle&) const = default;
+};
+
+enum class MemoryLocation { device, host };
+
+struct MemInfo {
+  std::uint64_t free_bytes = 0;
+  std::uint64_t total_bytes = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual int ordinal() const = 0;
+  // VMM granularity in bytes (2 MiB on H100).
+  virtual std::size_t granularity() const = 0;
+  // Makes this device's context current on the calling thread.
+  virtual Status bind_thread() = 0;
+  virtual Result<MemInfo> mem_info() = 0;
+  // Whether physical memory can be created on the host and mapped at a device address
+  // (needed by StrayAccess::host_mapped).
+  virtual bool supports_host_physical() const = 0;
+
+  // --- Virtual address space
+  virtual Result<DevPtr> reserve(std::size_t bytes) = 0;
+  virtual Status unreserve(DevPtr va, std::size_t bytes) = 0;
+
+  // --- Physical memory
+  virtual Result<PhysicalHandle> create_physical(std::size_t bytes, MemoryLocation where) = 0;
+  virtual Status release_physical(PhysicalHandle handle) = 0;
+  // Maps `bytes` of `handle` (from its offset 0) at `va` with device read/write access.
+  virtual Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) = 0;
+  virtual Status unmap(DevPtr va, std::size_t bytes) = 0;
+
+  // --- Pinned (page-locked) host memory, the destination of offload copies
+  virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;
+  virtual Status free_pinned(void* ptr) = 0;
+
+  // --- Streams and events
+  // priority: 0 normal; negative numbers are higher priority (CUDA's convention).
+  virtual Result<StreamHandle> create_stream(int priority) = 0;
+  virtual Status destroy_stream(StreamHandle stream) = 0;
+  virtual Result<EventHandle> create_event() = 0;
+  virtual Status destroy_event(EventHandle event) = 0;
+  virtual Status record_event(EventHandle event, StreamHandle stream) = 0;
+  virtual Status stream_wait_event(StreamHandle stream, EventHandle event) = 0;
+  // ok: complete; ErrorCode::not_ready: not yet; any other code: a failure.
+  virtual Status query_event(EventHandle event) = 0;
+  virtual Status synchronize_event(EventHandle event) = 0;
+  // Whether `stream` is being captured into a CUDA graph (then actpage must not touch it).
+  virtual Result<bool> is_capturing(StreamHandle stream) = 0;
+
+  // --- Copies and fills, asynchronous on `stream`
+  virtual Status copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamHandle stream) = 0;
+  virtual Status copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) = 0;
+  virtual Status fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) = 0;
+};
+
+}  // namespace actpage

@@ -1,0 +1,145 @@
+// The on-disk trace format, version 1. docs/trace-format.md describes it for people; this header is
+// the definition. All integers are little-endian; every record starts 8-byte aligned.
+//
+//   file   := FileHeader record*
+//   record := RecordHeader payload      (RecordHeader::bytes covers both, a multiple of 8)
+//
+// Readers skip record types they do not know (forward compatibility) and stop, with a warning, at the
+// first record that does not fit in the file (a killed job's truncated tail).
+// Names and range paths are interned: a NAME/PATH record defines an id before or after records that
+// use it (threads write their buffers independently), so a reader resolves ids after reading the file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace actpage::trace {
+
+inline constexpr char kMagic[8] = {'A', 'C', 'T', 'P', 'A', 'G', 'E', '\0'};
+inline constexpr std::uint32_t kFormatVersion = 1;
+
+struct FileHeader {
+  char magic[8];               // kMagic
+  std::uint32_t version;       // kFormatVersion
+  std::uint32_t header_bytes;  // sizeof(FileHeader) as written; readers skip to this offset
+  std::uint64_t pid;
+  std::int32_t rank;           // RANK of a distributed job, 0 otherwise
+  std::int32_t device;         // CUDA device ordinal of the process's first allocation, -1 unknown
+  std::uint64_t start_unix_ns; // wall clock at start, for people
+  std::uint64_t start_mono_ns; // CLOCK_MONOTONIC at start; record times are relative to it
+  char hostname[64];           // NUL-terminated
+};
+static_assert(sizeof(FileHeader) == 120);
+
+enum class RecordType : std::uint16_t {
+  name = 1,           // NamePayload + name bytes: interned string id
+  path = 2,           // PathPayload: range path node (parent path + name)
+  alloc = 3,          // AllocPayload
+  free = 4,           // FreePayload
+  range_push = 5,     // RangePayload
+  range_pop = 6,      // RangePayload
+  offload_begin = 7,  // PagePayload: D2H copy enqueued
+  offload_end = 8,    // PagePayload: copy done, device pages given back
+  reload_begin = 9,   // PagePayload: pages mapped back, H2D copy enqueued
+  reload_end = 10,    // PagePayload: H2D copy done
+  map = 11,           // VmmPayload: actpage mapped physical memory at a range
+  unmap = 12,         // VmmPayload: actpage unmapped it
+  mem_sample = 13,    // MemSamplePayload: cudaMemGetInfo
+  stall = 14,         // StallPayload: the job's thread waited for a reload
+  lost = 15,          // LostPayload: records a thread could not buffer
+  vmm_call = 16,      // VmmPayload: a VMM call made by the job (observed only)
+  message = 17,       // NamePayload-style text: a warning or note actpage printed
+  iteration = 18,     // IterationPayload: the engine saw a new training iteration begin
+};
+
+struct RecordHeader {
+  RecordType type;
+  std::uint16_t bytes;     // header + payload + padding, multiple of 8
+  std::uint32_t tid;       // kernel thread id of the writer
+  std::uint64_t time_ns;   // CLOCK_MONOTONIC minus FileHeader::start_mono_ns
+};
+static_assert(sizeof(RecordHeader) == 16);
+
+// Followed by `length` bytes of UTF-8 (not NUL-terminated), padded to 8.
+struct NamePayload {
+  std::uint32_t id;
+  std::uint32_t length;
+};
+
+// A range path: the node `id` is the range `name_id` opened inside the node `parent` (0: top level).
+struct PathPayload {
+  std::uint32_t id;
+  std::uint32_t parent;
+  std::uint32_t name_id;
+  std::uint32_t flags;  // kPathBackward: this range marks a backward pass
+};
+inline constexpr std::uint32_t kPathBackward = 1u << 0;
+
+// Allocation flags.
+inline constexpr std::uint8_t kAllocOwned = 1u << 0;      // served from actpage's own VMM ranges
+inline constexpr std::uint8_t kAllocCandidate = 1u << 1;  // inside a selected range (offloadable)
+inline constexpr std::uint8_t kAllocCapturing = 1u << 2;  // made during stream capture (passed through)
+inline constexpr std::uint8_t kAllocFailed = 1u << 3;     // the call failed; ptr is 0
+
+struct AllocPayload {
+  std::uint64_t ptr;
+  std::uint64_t bytes;
+  std::uint64_t stream;   // cudaStream_t / CUstream value, 0 for the legacy default or synchronous
+  std::uint32_t path_id;  // innermost open range's path node on the allocating thread, 0: none
+  std::uint16_t api;      // id from api_list.def
+  std::int8_t device;     // device ordinal, -1 unknown
+  std::uint8_t flags;     // kAlloc*
+};
+
+struct FreePayload {
+  std::uint64_t ptr;
+  std::uint64_t stream;
+  std::uint32_t path_id;
+  std::uint16_t api;
+  std::int8_t device;
+  std::uint8_t flags;     // kAllocOwned when actpage served it
+};
+
+struct RangePayload {
+  std::uint32_t path_id;  // the node pushed or popped
+  std::uint32_t domain;   // NVTX domain id (interned name of the domain), 0: default domain
+};
+
+struct PagePayload {
+  std::uint64_t ptr;
+  std::uint64_t bytes;
+  std::uint32_t path_id;  // the selected range the allocation belongs to
+  std::uint32_t group;    // offload group (one forward call of a selected range)
+};
+
+struct VmmPayload {
+  std::uint64_t va;       // address (cuMemMap/cuMemUnmap/reserve) or handle (cuMemCreate/Release)
+  std::uint64_t bytes;
+  std::uint16_t api;      // for vmm_call: id from api_list.def; else 0
+  std::int8_t device;
+  std::uint8_t location;  // 0 device, 1 host
+  std::uint32_t result;   // CUresult of the call
+};
+
+struct MemSamplePayload {
+  std::uint64_t free_bytes;
+  std::uint64_t total_bytes;
+  std::int32_t device;
+  std::uint32_t reserved;
+};
+
+struct StallPayload {
+  std::uint64_t wait_ns;
+  std::uint32_t path_id;
+  std::uint32_t group;
+};
+
+struct LostPayload {
+  std::uint64_t records;
+};
+
+struct IterationPayload {
+  std::uint64_t index;
+};
+
+}  // namespace actpage::trace

@@ -1,0 +1,25 @@
+#include "common/units.hpp"
+
+#include <cstdio>
+
+namespace actpage {
+
+std::string format_bytes(std::uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  if (value == static_cast<double>(static_cast<std::uint64_t>(value))) {
+    std::snprintf(text, sizeof text, "%.0f %s", value, kUnits[unit]);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f %s", value, kUnits[unit]);
+  }
+  return text;
+}
+
+}  // namespace actpage

@@ -1,0 +1,38 @@
+// What the allocation hooks ask of the engine. The interposer (src/interpose) holds one of these per
+// process; the engine (src/engine) implements it. Kept tiny so the hooks stay thin.
+//
+// Contract:
+// - try_allocate() is asked only for per-tensor stream-ordered allocations (cudaMallocAsync[_ptsz],
+//   cuMemAllocAsync[_ptsz]) made outside stream capture. It returns an address served from actpage's
+//   own memory, or 0: "not mine, pass it to the job's allocator". It never makes the job's call fail:
+//   any internal problem means 0 (pass through), with a warning logged once.
+// - owns() is a lock-free range check, called on every free of any kind.
+// - free() takes back an owned address, ordered after the work already enqueued on `stream`
+//   (synchronous frees pass stream 0 and synchronous = true).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "actpage/device.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine {
+
+struct AllocRequest {
+  std::size_t bytes = 0;
+  StreamHandle stream;
+  ranges::PathId path = ranges::kNoPath;  // innermost open range of the allocating thread
+  int device = 0;                         // current device ordinal of the allocating thread
+  std::uint16_t api = 0;                  // api_list.def id
+};
+
+class AllocationHandler {
+ public:
+  virtual ~AllocationHandler() = default;
+  virtual DevPtr try_allocate(const AllocRequest& request) noexcept = 0;
+  virtual bool owns(DevPtr ptr) const noexcept = 0;
+  virtual void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept = 0;
+};
+
+}  // namespace actpage::engine

@@ -1,0 +1,1 @@
+extern "C" int actpage_placeholder() { return 0; }

@@ -1,0 +1,58 @@
+// Decides, for a range name, which module rule selects it and whether it marks a backward pass.
+//
+// Contract: built once from valid Options; match() and backward_module() are pure and thread-safe.
+// Globs: '*' any run of characters (dots included), '?' one character, '[abc]'/'[a-z]' a class,
+// '[0-13]' a decimal number in 0..13 inclusive (multi-digit: "model.layers.[0-13].mlp" matches
+// "model.layers.12.mlp"), '\' escapes the next character. A glob matches the whole name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actpage/options.hpp"
+
+namespace actpage::policy {
+
+class Glob {
+ public:
+  // Returns nullopt for a malformed pattern (unbalanced '[', reversed numeric range...).
+  static std::optional<Glob> compile(std::string_view pattern, std::string* why = nullptr);
+  bool matches(std::string_view text) const;
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  struct Token;
+  std::string pattern_;
+  std::vector<std::shared_ptr<const Token>> tokens_;
+};
+
+struct RuleMatch {
+  std::size_t rule_index;   // index in Options::modules
+  bool offload;             // the rule's verdict
+  std::uint64_t min_bytes;  // the rule's min_bytes, else Options::min_bytes
+};
+
+class ModuleMatcher {
+ public:
+  explicit ModuleMatcher(const Options& options);
+  // The first rule with a glob matching `range_name`, if any.
+  std::optional<RuleMatch> match(std::string_view range_name) const;
+  // For a backward marker ("model.layers.3.mlp.backward" with the default "*.backward"), the
+  // module's forward range name ("model.layers.3.mlp"); nullopt when `range_name` is no such marker.
+  std::optional<std::string> backward_module(std::string_view range_name) const;
+
+ private:
+  struct CompiledRule {
+    std::vector<Glob> globs;
+    bool offload;
+    std::uint64_t min_bytes;
+  };
+  std::vector<CompiledRule> rules_;
+  std::vector<Glob> backward_;
+};
+
+}  // namespace actpage::policy

@@ -1,0 +1,57 @@
+// Loading and validating a policy: the one place where options are read (file + ACTPAGE_* environment).
+//
+// Contract:
+// - load() never throws and never half-applies: it returns either a complete valid Options or every
+//   error it found (not just the first), each naming the file, the key path ("host_pool.bytes",
+//   "modules[2].match"), the line/column for JSON syntax errors, the reason, and for a misspelt key
+//   the nearest valid one ("did you mean 'min_bytes'?").
+// - Precedence: defaults < policy file < environment. An environment variable with a bad value is an
+//   error like a bad key, naming the variable.
+// - The policy path itself comes from the caller (the library takes it from ACTPAGE_POLICY).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actpage/options.hpp"
+
+namespace actpage::policy {
+
+struct PolicyError {
+  std::string source;    // file path, or the environment variable's name
+  std::string key_path;  // "modules[1].min_bytes"; empty for a file-level problem
+  int line = 0;          // 1-based, 0 unknown (JSON syntax errors carry it)
+  int column = 0;
+  std::string reason;    // "expected a size such as \"2GiB\", got -3"
+  std::string suggestion;  // nearest valid key for an unknown one, else empty
+
+  // "policy.json: modules[1].min_bytes: expected a size ... (did you mean ...?)"
+  std::string to_string() const;
+};
+
+// Looks up an environment variable; tests pass their own.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+EnvLookup process_environment();
+
+struct LoadResult {
+  Options options;                  // valid only when errors is empty
+  std::vector<PolicyError> errors;
+  std::vector<std::string> sources; // where each non-default value came from, for `actpage check`
+  bool ok() const { return errors.empty(); }
+};
+
+// Loads `path` (empty: no file, defaults only) and applies environment overrides.
+LoadResult load(const std::string& path, const EnvLookup& env);
+// Parses policy text as if it came from `source_name` (tests, `actpage check -`).
+LoadResult load_text(std::string_view text, const std::string& source_name, const EnvLookup& env);
+
+// The effective options as policy JSON (every key), as `actpage check --json` prints them.
+std::string to_json(const Options& options);
+
+// Expands %p (pid) and %r (rank) in a trace path; "%%" is a literal '%'.
+std::string expand_path_pattern(std::string_view pattern, long pid, int rank);
+
+}  // namespace actpage::policy

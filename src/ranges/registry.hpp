@@ -1,0 +1,74 @@
+// Range names and range paths, interned for the life of the process, and each thread's open ranges.
+//
+// A *path node* is "range R opened while the ranges P were open": model -> model.layers.3 ->
+// model.layers.3.mlp. Allocations are tagged with the innermost open node of their thread.
+//
+// Contract:
+// - intern_name() and child() take a lock (they run on range push, a few hundred times a step);
+//   node() / name() read without any lock (nodes live in append-only chunks that never move).
+// - current() reads the calling thread's stack top: no lock, no allocation. This is what the
+//   allocation hooks call.
+// - Node annotations (annotation()) are a per-node atomic word that the engine fills lazily with its
+//   verdict for the node (selected by a rule? a backward marker?); 0 means "not computed yet".
+// - Ids start at 1; 0 means "none" (no range open, top-level parent).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace actpage::ranges {
+
+using NameId = std::uint32_t;
+using PathId = std::uint32_t;
+inline constexpr PathId kNoPath = 0;
+
+struct PathNode {
+  PathId parent = kNoPath;
+  NameId name = 0;
+  std::uint32_t depth = 0;                   // 1 for a top-level range
+  mutable std::atomic<std::uint64_t> annotation{0};  // engine's cached verdict; 0 = unknown
+};
+
+// Called for every push/pop on any thread after the stack changed (the engine's release and reload
+// triggers). Set once at start-up, before ranges are pushed.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  virtual void on_push(PathId node) = 0;
+  virtual void on_pop(PathId node) = 0;
+};
+
+class Registry {
+ public:
+  static Registry& instance();
+
+  NameId intern_name(std::string_view name);
+  std::string_view name(NameId id) const;
+  // The node for `name` opened inside `parent`; created on first use.
+  PathId child(PathId parent, NameId name);
+  const PathNode& node(PathId id) const;
+  // "model/model.layers.3/model.layers.3.mlp"
+  std::string path_string(PathId id, char separator = '/') const;
+  std::uint32_t name_count() const;
+  std::uint32_t node_count() const;
+
+  // Called by the registry when a name or node is first created, so the trace can define it.
+  using DefineHook = void (*)(bool is_path, std::uint32_t id);
+  void set_define_hook(DefineHook hook);
+
+ private:
+  Registry();
+  struct Impl;
+  Impl* impl_;
+};
+
+// The calling thread's range stack.
+void push(NameId name);          // opens a range named `name` inside the thread's current node
+void pop();                      // closes the innermost range; a pop with nothing open is ignored
+PathId current() noexcept;       // innermost open node, kNoPath when none
+std::uint32_t depth() noexcept;  // number of open ranges
+void set_listener(Listener* listener);
+
+}  // namespace actpage::ranges

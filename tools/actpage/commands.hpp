@@ -1,0 +1,46 @@
+// The actpage CLI's commands as plain functions. Only main.cpp sees CLI11 (a heavy header): each
+// command lives in its own file and takes its parsed arguments as a struct, so tests can call it.
+// Each returns the process exit code: 0 success, 1 the input was bad (errors printed), 2 usage.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace actpage::cli {
+
+struct CheckArgs {
+  std::string policy_path;  // empty: defaults + environment only
+  bool json = false;        // print the effective options as JSON instead of a table
+};
+int check(const CheckArgs& args, std::ostream& out, std::ostream& err);
+
+struct DumpArgs {
+  std::string trace_path;
+  bool json = false;
+  std::string plot_path;      // --plot out.png
+  std::string perfetto_path;  // --perfetto out.json
+  std::string diff_path;      // --diff OTHER: compare trace_path (baseline) against OTHER
+};
+int dump(const DumpArgs& args, std::ostream& out, std::ostream& err);
+
+struct RunArgs {
+  std::string policy_path;
+  std::string trace_path;
+  std::vector<std::string> command;  // what to run, after "--"
+};
+int run(const RunArgs& args, std::ostream& err);
+
+struct ReplayArgs {
+  std::string trace_path;
+  std::string policy_path;
+  bool json = false;
+};
+int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err);
+
+struct OptionsArgs {
+  bool markdown = false;  // the README's option table
+};
+int options(const OptionsArgs& args, std::ostream& out);
+
+}  // namespace actpage::cli

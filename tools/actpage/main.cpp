@@ -1,0 +1,61 @@
+// actpage: the command-line front end. Parses arguments with CLI11 and calls the command functions
+// of commands.hpp; nothing else belongs here.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "commands.hpp"
+
+#ifndef ACTPAGE_VERSION
+#define ACTPAGE_VERSION "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  using namespace actpage::cli;
+  CLI::App app{"actpage: pages a GPU training job's activations to pinned host memory, from outside the job"};
+  app.set_version_flag("--version", std::string("actpage ") + ACTPAGE_VERSION);
+  app.require_subcommand(1);
+
+  CheckArgs check_args;
+  auto* check_cmd = app.add_subcommand("check", "Validate a policy; print the effective options or the errors");
+  check_cmd->add_option("policy", check_args.policy_path, "Policy file (JSON); none: defaults and ACTPAGE_* only");
+  check_cmd->add_flag("--json", check_args.json, "Print the effective options as JSON");
+
+  DumpArgs dump_args;
+  auto* dump_cmd = app.add_subcommand("dump", "Summarise a trace: per-module allocations, bytes, lifetimes, peaks");
+  dump_cmd->add_option("trace", dump_args.trace_path, "Trace file written by libactpage")->required();
+  dump_cmd->add_flag("--json", dump_args.json, "Print the summary as JSON");
+  dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over time to this PNG");
+  dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace JSON");
+  dump_cmd->add_option("--diff", dump_args.diff_path, "Compare against another trace");
+
+  RunArgs run_args;
+  auto* run_cmd = app.add_subcommand("run", "Run a command with libactpage preloaded: actpage run [opts] -- CMD...");
+  run_cmd->add_option("--policy,-p", run_args.policy_path, "Policy file (checked before the job starts)");
+  run_cmd->add_option("--trace,-t", run_args.trace_path, "Trace file to write (%p pid, %r rank)");
+  run_cmd->add_option("command", run_args.command, "The command to run, after --")->required();
+  run_cmd->prefix_command();
+
+  ReplayArgs replay_args;
+  auto* replay_cmd = app.add_subcommand("replay", "Run a recorded trace through the engine on the simulated device");
+  replay_cmd->add_option("trace", replay_args.trace_path, "Observe-only trace to replay")->required();
+  replay_cmd->add_option("--policy,-p", replay_args.policy_path, "Policy to apply");
+  replay_cmd->add_flag("--json", replay_args.json, "Print the prediction as JSON");
+
+  OptionsArgs options_args;
+  auto* options_cmd = app.add_subcommand("options", "List every option with its key, environment variable and default");
+  options_cmd->add_flag("--markdown", options_args.markdown, "Print the README's Markdown table");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*check_cmd) return check(check_args, std::cout, std::cerr);
+  if (*dump_cmd) return dump(dump_args, std::cout, std::cerr);
+  if (*run_cmd) {
+    // prefix_command(): everything after the first positional (or "--") is the job's own argv.
+    for (const auto& rest : run_cmd->remaining()) run_args.command.push_back(rest);
+    return run(run_args, std::cerr);
+  }
+  if (*replay_cmd) return replay(replay_args, std::cout, std::cerr);
+  if (*options_cmd) return options(options_args, std::cout);
+  return 2;
+}
