@@ -4,6 +4,11 @@
 // Globs: '*' any run of characters (dots included), '?' one character, '[abc]'/'[a-z]' a class,
 // '[0-13]' a decimal number in 0..13 inclusive (multi-digit: "model.layers.[0-13].mlp" matches
 // "model.layers.12.mlp"), '\' escapes the next character. A glob matches the whole name.
+// Details: '[!a-z]' and '[^a-z]' negate a class; ']' first in a class is a member. A bracket is a
+// numeric range when it is <digits>-<digits> with a bound of two or more digits ("[0-9]" stays a
+// one-character class); it matches a whole number (a maximal run of digits, leading zeros allowed,
+// no sign), never part of one: "[0-13]" does not match the "13" in "130". "**" is the same as "*".
+// Matching allocates nothing and takes O(pattern x name) steps.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +28,15 @@ class Glob {
   static std::optional<Glob> compile(std::string_view pattern, std::string* why = nullptr);
   bool matches(std::string_view text) const;
   const std::string& pattern() const { return pattern_; }
+  // Number of '*' wildcards (escaped ones excluded, "**" counted once).
+  std::size_t star_count() const;
+  // For a glob with exactly one '*' that matches all of `text`: the part of `text` the '*' matched,
+  // as long as possible ("*.backward" on "a.b.backward" gives "a.b"). nullopt otherwise.
+  std::optional<std::string_view> star_match(std::string_view text) const;
+
+  struct Token;  // defined in module_matcher.cpp
 
  private:
-  struct Token;
   std::string pattern_;
   std::vector<std::shared_ptr<const Token>> tokens_;
 };

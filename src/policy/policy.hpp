@@ -3,8 +3,10 @@
 // Contract:
 // - load() never throws and never half-applies: it returns either a complete valid Options or every
 //   error it found (not just the first), each naming the file, the key path ("host_pool.bytes",
-//   "modules[2].match"), the line/column for JSON syntax errors, the reason, and for a misspelt key
-//   the nearest valid one ("did you mean 'min_bytes'?").
+//   "modules[2].match"), the line/column (of the syntax error, or of the offending key or value),
+//   the reason, and for a misspelt key the nearest valid one ("did you mean 'min_bytes'?").
+// - A policy file must say "version": 1 and may not repeat a key. Nested options are nested objects
+//   ("host_pool": {"bytes": "8GiB"}). See option_list.def for every key and config/ for examples.
 // - Precedence: defaults < policy file < environment. An environment variable with a bad value is an
 //   error like a bad key, naming the variable.
 // - The policy path itself comes from the caller (the library takes it from ACTPAGE_POLICY).
@@ -39,7 +41,8 @@ EnvLookup process_environment();
 struct LoadResult {
   Options options;                  // valid only when errors is empty
   std::vector<PolicyError> errors;
-  std::vector<std::string> sources; // where each non-default value came from, for `actpage check`
+  std::vector<std::string> sources; // where each non-default value came from, for `actpage check`:
+                                    // "<json_key>: <policy path or ACTPAGE_ variable>", option order
   bool ok() const { return errors.empty(); }
 };
 
@@ -51,7 +54,16 @@ LoadResult load_text(std::string_view text, const std::string& source_name, cons
 // The effective options as policy JSON (every key), as `actpage check --json` prints them.
 std::string to_json(const Options& options);
 
-// Expands %p (pid) and %r (rank) in a trace path; "%%" is a literal '%'.
+// One option's value as compact policy JSON ("\"2GiB\"", "true", "[\"*.backward\"]"); empty for a
+// json_key that names no option.
+std::string value_text(const Options& options, std::string_view json_key);
+
+// Where the value of `json_key` in `result` came from: the policy path or ACTPAGE_ variable recorded
+// in result.sources, else "default".
+std::string source_of(const LoadResult& result, std::string_view json_key);
+
+// Expands %p (pid) and %r (rank) in a trace path; "%%" is a literal '%'; any other %x (and a
+// trailing %) is kept as written.
 std::string expand_path_pattern(std::string_view pattern, long pid, int rank);
 
 }  // namespace actpage::policy

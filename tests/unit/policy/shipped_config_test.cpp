@@ -1,0 +1,76 @@
+// Every policy shipped under config/ must load, and must select what its name promises.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "policy/module_matcher.hpp"
+#include "policy/policy.hpp"
+#include "policy_test_support.hpp"
+
+namespace actpage::policy {
+namespace {
+
+using testing::all_errors;
+using testing::fake_env;
+
+const std::filesystem::path kConfigDir = std::filesystem::path(ACTPAGE_SOURCE_DIR) / "config";
+
+Options load_config(const std::string& name) {
+  const LoadResult result = load((kConfigDir / name).string(), fake_env());
+  EXPECT_TRUE(result.ok()) << name << ":\n" << all_errors(result);
+  return result.options;
+}
+
+TEST(ShippedConfig, EveryPolicyLoadsWithoutError) {
+  std::vector<std::string> policies;
+  for (const auto& entry : std::filesystem::directory_iterator(kConfigDir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".json" || name.ends_with(".schema.json")) continue;
+    policies.push_back(name);
+    const LoadResult result = load(entry.path().string(), fake_env());
+    EXPECT_TRUE(result.ok()) << name << ":\n" << all_errors(result);
+  }
+  EXPECT_GE(policies.size(), 4u) << "default-policy, observe, llama-mlp, qwen3-moe-experts";
+}
+
+TEST(ShippedConfig, DefaultPolicyOffloadsMlpAndMegatronExperts) {
+  const Options options = load_config("default-policy.json");
+  EXPECT_EQ(options.mode, Mode::offload);
+  EXPECT_EQ(options.keep_last, 2u);
+  const ModuleMatcher matcher(options);
+  for (const char* name : {"model.layers.3.mlp", "expert_fc1", "moe_act", "decoder.layers.1.mlp.expert_fc1"}) {
+    const auto match = matcher.match(name);
+    ASSERT_TRUE(match) << name;
+    EXPECT_TRUE(match->offload) << name;
+  }
+  EXPECT_FALSE(matcher.match("model.layers.3.self_attn"));
+  EXPECT_FALSE(matcher.match("model.layers.3.mlp.down_proj"));
+}
+
+TEST(ShippedConfig, ObserveOnlyTagsAndTraces) {
+  const Options options = load_config("observe.json");
+  EXPECT_EQ(options.mode, Mode::observe);
+  EXPECT_TRUE(options.modules.empty());
+  EXPECT_FALSE(options.trace_path.empty());
+}
+
+TEST(ShippedConfig, LlamaMlp) {
+  const ModuleMatcher matcher(load_config("llama-mlp.json"));
+  EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
+  EXPECT_FALSE(matcher.match("model.layers.15.self_attn"));
+  EXPECT_FALSE(matcher.match("expert_fc1"));
+}
+
+TEST(ShippedConfig, Qwen3MoeExperts) {
+  const ModuleMatcher matcher(load_config("qwen3-moe-experts.json"));
+  EXPECT_TRUE(matcher.match("model.layers.7.mlp.experts"));
+  EXPECT_TRUE(matcher.match("expert_fc1"));
+  EXPECT_TRUE(matcher.match("moe_act"));
+  EXPECT_FALSE(matcher.match("model.layers.7.mlp.gate"));
+  EXPECT_FALSE(matcher.match("model.layers.7.mlp"));
+}
+
+}  // namespace
+}  // namespace actpage::policy
