@@ -4,12 +4,14 @@
 //   file   := FileHeader record*
 //   record := RecordHeader payload      (RecordHeader::bytes covers both, a multiple of 8)
 //
-// Readers skip record types they do not know (forward compatibility) and stop, with a warning, at the
-// first record that does not fit in the file (a killed job's truncated tail).
+// Readers skip record types they do not know (forward compatibility), read the fields they know of a
+// payload that grew (fields are only ever appended), and stop, with a warning, at the first record
+// that does not fit in the file (a killed job's truncated tail).
 // Names and range paths are interned: a NAME/PATH record defines an id before or after records that
 // use it (threads write their buffers independently), so a reader resolves ids after reading the file.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,6 +30,7 @@ struct FileHeader {
   std::uint64_t start_unix_ns; // wall clock at start, for people
   std::uint64_t start_mono_ns; // CLOCK_MONOTONIC at start; record times are relative to it
   char hostname[64];           // NUL-terminated
+  std::uint64_t reserved;      // 0; keeps the header a multiple of 8 (a later version may use it)
 };
 static_assert(sizeof(FileHeader) == 120);
 
@@ -141,5 +144,12 @@ struct LostPayload {
 struct IterationPayload {
   std::uint64_t index;
 };
+
+// The layout is the format: a change to any of these sizes is a format change (docs/trace-format.md).
+static_assert(std::endian::native == std::endian::little, "the trace is written in the host's byte order");
+static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 32 &&
+              sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
+              sizeof(VmmPayload) == 24 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
+              sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8);
 
 }  // namespace actpage::trace

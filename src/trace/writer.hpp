@@ -2,16 +2,26 @@
 //
 // Contract:
 // - record() copies the record into the calling thread's own buffer (a single-producer ring) and
-//   returns; it takes no lock, makes no system call and never blocks. When the thread's buffer is
-//   full the record is counted as lost; a LOST record reports the count later.
+//   returns; it takes no lock, makes no system call, allocates nothing and never blocks. Only the
+//   first record of a thread (per writer) takes a lock and allocates that thread's buffer. When the
+//   thread's buffer is full the record is counted as lost; a LOST record reports the count later.
+// - Records of one thread reach the file in the order they were recorded; records of different
+//   threads interleave in no particular order (readers sort by time where they need to).
 // - A background thread drains every thread's buffer to the file every flush_interval_ms and at
-//   flush()/close(). Buffers of exited threads are drained, then freed.
-// - The file starts with a FileHeader (actpage/trace_format.hpp). Each write(2) holds whole records,
-//   so a killed process leaves a file that reads up to its last whole record.
+//   flush()/close(). Buffers of exited threads are drained, then freed. A thread that records after
+//   its own thread-local storage was torn down (static destructors at exit) goes through a shared
+//   buffer under a mutex: slower, but nothing is lost.
+// - The file starts with a FileHeader (actpage/trace_format.hpp), written by open(). Each write(2)
+//   holds whole records, so a killed process leaves a file that reads up to its last whole record.
 // - close() (also run by the destructor) drains everything and joins the thread; after it, record()
-//   is a no-op. Safe to call from an atexit handler.
-// - After fork() in the child, the writer is inert (the parent's file is not shared; call
-//   reopen_after_fork() with a new path to trace the child).
+//   is a no-op. close() is idempotent and safe to call from an atexit handler. A process that exits
+//   without close() loses what was recorded since the last drain.
+// - After fork() the child's writers are inert: record(), flush() and close() write nothing and no
+//   thread is joined (the parent's writer keeps working untouched). To trace the child, open a new
+//   Writer there with a new path and set_active() it.
+// - Texts (NAME, PATH names, MESSAGE) longer than kMaxTextBytes are cut at a UTF-8 boundary.
+// - The writer must outlive every call made on it: set_active(nullptr) before destroying the
+//   active writer, or keep it alive and only close() it at exit.
 #pragma once
 
 #include <cstddef>
@@ -27,14 +37,19 @@ namespace actpage::trace {
 
 struct WriterConfig {
   std::string path;                         // already expanded (%p, %r)
-  std::size_t buffer_bytes = 1u << 20;      // per thread
+  std::size_t buffer_bytes = 1u << 20;      // per thread; rounded up to a power of two, >= 4 KiB
   unsigned flush_interval_ms = 20;
   std::int32_t rank = 0;
   std::int32_t device = -1;
 };
 
+// Longest text a NAME or MESSAGE record carries; longer texts are cut.
+inline constexpr std::size_t kMaxTextBytes = 2048;
+
 class Writer {
  public:
+  // Creates (truncates) the file, writes its header and starts the background thread. The error
+  // names the path and the failing call.
   static Result<std::unique_ptr<Writer>> open(const WriterConfig& config);
   ~Writer();
   Writer(const Writer&) = delete;
@@ -52,9 +67,16 @@ class Writer {
   // Drains every buffer to disk now (blocks the caller; not for hot paths).
   void flush();
   void close();
+  // Records dropped because a buffer was full (reported in the file by LOST records).
   std::uint64_t records_lost() const noexcept;
+  // Records in the file after its header, LOST records included.
   std::uint64_t records_written() const noexcept;
   const std::string& path() const noexcept;
+  // Per-thread buffers currently registered (diagnostics and tests: an exited thread's buffer is
+  // freed by the next drain).
+  std::size_t live_buffers() const noexcept;
+  // The per-thread buffer size actually used (WriterConfig::buffer_bytes rounded).
+  std::size_t buffer_capacity() const noexcept;
 
  private:
   struct Impl;

@@ -1,0 +1,293 @@
+#include "trace/report.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <ostream>
+#include <vector>
+
+#include "common/units.hpp"
+
+namespace actpage::trace {
+namespace {
+
+std::string format_time_of_day(std::uint64_t unix_ns) {
+  if (unix_ns == 0) return "unknown";
+  const auto seconds = static_cast<std::time_t>(unix_ns / 1000000000ull);
+  std::tm utc{};
+  if (gmtime_r(&seconds, &utc) == nullptr) return "unknown";
+  char text[48];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  return text;
+}
+
+std::string percent(std::uint64_t part, std::uint64_t whole) {
+  if (whole == 0) return "-";
+  char text[16];
+  std::snprintf(text, sizeof text, "%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return text;
+}
+
+std::string plural(std::uint64_t count, const char* singular, const char* many) {
+  return std::to_string(count) + " " + (count == 1 ? singular : many);
+}
+
+// A table: the first column left-aligned, the others right-aligned, two spaces apart.
+void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return;
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  for (const auto& row : rows) {
+    std::string line = "  ";
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      const std::string& cell = row[column];
+      const std::string pad(widths[column] - cell.size(), ' ');
+      if (column == 0) {
+        line += cell + pad;
+      } else {
+        line += "  " + pad + cell;
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  }
+}
+
+void write_modules(std::ostream& out, const char* title, const std::vector<ModuleStats>& modules, bool paging) {
+  out << '\n' << title << " (sorted by bytes)\n";
+  if (modules.empty()) {
+    out << "  none\n";
+    return;
+  }
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"module", "allocs", "bytes", "peak live", "never freed", "life p50", "life p90",
+                                   "life max"};
+  if (paging) {
+    head.push_back("offloaded");
+    head.push_back("stalls");
+  }
+  rows.push_back(std::move(head));
+  for (const ModuleStats& module : modules) {
+    const bool freed = module.lifetime.count != 0;
+    std::vector<std::string> row = {module.module,
+                                    std::to_string(module.allocations),
+                                    format_bytes(module.bytes),
+                                    format_bytes(module.peak_live_bytes),
+                                    std::to_string(module.never_freed),
+                                    freed ? format_duration(module.lifetime.median_ns) : "-",
+                                    freed ? format_duration(module.lifetime.p90_ns) : "-",
+                                    freed ? format_duration(module.lifetime.max_ns) : "-"};
+    if (paging) {
+      row.push_back(module.offloads == 0 ? "-" : format_bytes(module.offloaded_bytes));
+      row.push_back(module.stalls == 0 ? "-" : std::to_string(module.stalls));
+    }
+    rows.push_back(std::move(row));
+  }
+  write_table(out, rows);
+}
+
+std::string copy_line(const CopyStats& copies) {
+  std::string line = plural(copies.count, "copy", "copies") + ", " + format_bytes(copies.bytes);
+  if (copies.duration.count != 0) {
+    line += ", duration p50 " + format_duration(copies.duration.median_ns) + ", p90 " +
+            format_duration(copies.duration.p90_ns) + ", max " + format_duration(copies.duration.max_ns);
+  }
+  line += ", " + std::to_string(copies.unfinished) + " unfinished";
+  return line;
+}
+
+nlohmann::ordered_json duration_json(const DurationStats& stats) {
+  return {{"count", stats.count},
+          {"total_ns", stats.total_ns},
+          {"median_ns", stats.median_ns},
+          {"p90_ns", stats.p90_ns},
+          {"max_ns", stats.max_ns}};
+}
+
+nlohmann::ordered_json count_json(std::uint64_t count, std::uint64_t bytes) {
+  return {{"count", count}, {"bytes", bytes}};
+}
+
+nlohmann::ordered_json modules_json(const std::vector<ModuleStats>& modules) {
+  auto list = nlohmann::ordered_json::array();
+  for (const ModuleStats& module : modules) {
+    list.push_back({{"module", module.module},
+                    {"allocations", module.allocations},
+                    {"bytes", module.bytes},
+                    {"owned_allocations", module.owned_allocations},
+                    {"candidates", count_json(module.candidate_allocations, module.candidate_bytes)},
+                    {"peak_live_bytes", module.peak_live_bytes},
+                    {"freed", module.freed},
+                    {"never_freed", count_json(module.never_freed, module.never_freed_bytes)},
+                    {"lifetime", duration_json(module.lifetime)},
+                    {"offloads", count_json(module.offloads, module.offloaded_bytes)},
+                    {"reloads", count_json(module.reloads, module.reloaded_bytes)},
+                    {"stalls", {{"count", module.stalls}, {"total_ns", module.stall_ns}}}});
+  }
+  return list;
+}
+
+nlohmann::ordered_json copies_json(const CopyStats& copies) {
+  return {{"count", copies.count},
+          {"bytes", copies.bytes},
+          {"duration", duration_json(copies.duration)},
+          {"unfinished", copies.unfinished}};
+}
+
+}  // namespace
+
+std::string format_duration(std::uint64_t ns) {
+  char text[32];
+  if (ns < 1000) {
+    std::snprintf(text, sizeof text, "%" PRIu64 " ns", ns);
+  } else if (ns < 1000000) {
+    std::snprintf(text, sizeof text, "%.1f us", static_cast<double>(ns) / 1e3);
+  } else if (ns < 1000000000) {
+    std::snprintf(text, sizeof text, "%.3f ms", static_cast<double>(ns) / 1e6);
+  } else {
+    std::snprintf(text, sizeof text, "%.3f s", static_cast<double>(ns) / 1e9);
+  }
+  return text;
+}
+
+void write_text_report(const Summary& s, std::ostream& out) {
+  out << "actpage trace " << s.source << '\n';
+  out << "  process   pid " << s.pid << ", rank " << s.rank << ", device " << s.device << ", host "
+      << (s.hostname.empty() ? "unknown" : s.hostname) << '\n';
+  out << "  started   " << format_time_of_day(s.start_unix_ns) << '\n';
+  out << "  duration  " << format_duration(s.duration_ns) << '\n';
+  out << "  records   " << s.records << " (" << s.lost_records << " lost, " << s.unknown_records << " unknown, "
+      << s.malformed_records << " malformed)" << (s.truncated ? ", truncated" : "") << '\n';
+  out << "  warnings  " << (s.warnings.empty() ? std::string("none") : std::to_string(s.warnings.size())) << '\n';
+  for (const std::string& warning : s.warnings) out << "    " << warning << '\n';
+
+  out << "\nAllocations: " << s.allocations << " (" << format_bytes(s.bytes) << "), " << s.failed_allocations
+      << " failed; frees: " << s.frees << " (" << s.unmatched_frees << " unmatched)\n";
+  out << "  tagged    " << plural(s.tagged_allocations, "allocation", "allocations") << ", "
+      << format_bytes(s.tagged_bytes) << " (" << percent(s.tagged_bytes, s.bytes) << " of bytes)\n";
+  out << "  untagged  " << plural(s.untagged_allocations, "allocation", "allocations") << ", "
+      << format_bytes(s.untagged_bytes) << " (" << percent(s.untagged_bytes, s.bytes) << ")\n";
+  out << "  owned     " << s.owned_allocations << " (" << format_bytes(s.owned_bytes) << "); offload candidates "
+      << s.candidate_allocations << " (" << format_bytes(s.candidate_bytes) << ")\n";
+  out << "  lifetime  ";
+  if (s.lifetime.count == 0) {
+    out << "none freed";
+  } else {
+    out << "p50 " << format_duration(s.lifetime.median_ns) << ", p90 " << format_duration(s.lifetime.p90_ns)
+        << ", max " << format_duration(s.lifetime.max_ns);
+  }
+  out << "; never freed " << s.never_freed << " (" << format_bytes(s.never_freed_bytes) << "); live at end "
+      << format_bytes(s.live_bytes_at_end) << '\n';
+  if (s.reused_live_pointers != 0) {
+    out << "  reused    " << s.reused_live_pointers << " pointer(s) allocated again while live (frees lost?)\n";
+  }
+  if (!s.apis.empty()) {
+    out << "  by API    ";
+    for (std::size_t i = 0; i < s.apis.size(); ++i) {
+      out << (i == 0 ? "" : ", ") << s.apis[i].api << " " << s.apis[i].allocations << " ("
+          << format_bytes(s.apis[i].bytes) << ")";
+    }
+    out << '\n';
+  }
+
+  const bool paging = s.offload.count != 0 || s.reload.count != 0 || s.stalls.count != 0;
+  write_modules(out, "Modules by innermost range", s.modules, paging);
+  write_modules(out, "Modules by range path", s.module_paths, paging);
+
+  out << "\nPeak live bytes: ";
+  if (s.peak_live_bytes == 0) {
+    out << "none\n";
+  } else {
+    out << format_bytes(s.peak_live_bytes) << " at " << format_duration(s.peak_time_ns) << '\n';
+    std::vector<std::vector<std::string>> rows;
+    for (const ModuleBytes& module : s.peak_modules) {
+      rows.push_back({module.module, format_bytes(module.bytes), percent(module.bytes, s.peak_live_bytes)});
+    }
+    write_table(out, rows);
+  }
+
+  if (paging) {
+    out << "\nPaging\n";
+    out << "  offload  " << copy_line(s.offload) << '\n';
+    out << "  reload   " << copy_line(s.reload) << '\n';
+    out << "  stalls   " << s.stalls.count;
+    if (s.stalls.count != 0) {
+      out << ", total " << format_duration(s.stalls.total_ns) << ", max " << format_duration(s.stalls.max_ns);
+    }
+    out << '\n';
+  }
+  if (s.memory.samples != 0) {
+    out << "\nDevice memory (" << plural(s.memory.samples, "sample", "samples") << ")\n";
+    out << "  peak used  " << format_bytes(s.memory.peak_used_bytes) << " of " << format_bytes(s.memory.total_bytes)
+        << " at " << format_duration(s.memory.peak_used_time_ns) << " (device " << s.memory.peak_device << ")\n";
+    out << "  min free   " << format_bytes(s.memory.min_free_bytes) << " at "
+        << format_duration(s.memory.min_free_time_ns) << '\n';
+  }
+  out << "\nOther: " << plural(s.iterations, "iteration", "iterations") << ", "
+      << plural(s.messages, "message", "messages") << ", " << plural(s.range_pushes, "range push", "range pushes")
+      << ", " << plural(s.maps, "map", "maps") << ", " << plural(s.unmaps, "unmap", "unmaps") << ", "
+      << plural(s.vmm_calls, "job VMM call", "job VMM calls") << '\n';
+}
+
+nlohmann::ordered_json json_report(const Summary& s) {
+  nlohmann::ordered_json apis = nlohmann::ordered_json::array();
+  for (const ApiCount& api : s.apis) {
+    apis.push_back({{"api", api.api}, {"count", api.allocations}, {"bytes", api.bytes}});
+  }
+  nlohmann::ordered_json peak_modules = nlohmann::ordered_json::array();
+  for (const ModuleBytes& module : s.peak_modules) {
+    peak_modules.push_back({{"module", module.module}, {"bytes", module.bytes}});
+  }
+  nlohmann::ordered_json report;
+  report["source"] = s.source;
+  report["process"] = {{"pid", s.pid}, {"rank", s.rank}, {"device", s.device}, {"hostname", s.hostname}};
+  report["start_unix_ns"] = s.start_unix_ns;
+  report["duration_ns"] = s.duration_ns;
+  report["records"] = {{"total", s.records},
+                       {"lost", s.lost_records},
+                       {"unknown", s.unknown_records},
+                       {"malformed", s.malformed_records},
+                       {"truncated", s.truncated}};
+  report["warnings"] = s.warnings;
+  report["allocations"] = {{"count", s.allocations},
+                           {"bytes", s.bytes},
+                           {"failed", s.failed_allocations},
+                           {"tagged", count_json(s.tagged_allocations, s.tagged_bytes)},
+                           {"untagged", count_json(s.untagged_allocations, s.untagged_bytes)},
+                           {"owned", count_json(s.owned_allocations, s.owned_bytes)},
+                           {"candidates", count_json(s.candidate_allocations, s.candidate_bytes)},
+                           {"frees", s.frees},
+                           {"unmatched_frees", s.unmatched_frees},
+                           {"reused_live_pointers", s.reused_live_pointers},
+                           {"never_freed", count_json(s.never_freed, s.never_freed_bytes)},
+                           {"live_bytes_at_end", s.live_bytes_at_end},
+                           {"lifetime", duration_json(s.lifetime)},
+                           {"by_api", apis}};
+  report["modules"] = modules_json(s.modules);
+  report["module_paths"] = modules_json(s.module_paths);
+  report["peak"] = {{"live_bytes", s.peak_live_bytes}, {"time_ns", s.peak_time_ns}, {"modules", peak_modules}};
+  report["offload"] = copies_json(s.offload);
+  report["reload"] = copies_json(s.reload);
+  report["stalls"] = {{"count", s.stalls.count}, {"total_ns", s.stalls.total_ns}, {"max_ns", s.stalls.max_ns}};
+  report["memory"] = {{"samples", s.memory.samples},
+                      {"total_bytes", s.memory.total_bytes},
+                      {"min_free_bytes", s.memory.min_free_bytes},
+                      {"min_free_time_ns", s.memory.min_free_time_ns},
+                      {"peak_used_bytes", s.memory.peak_used_bytes},
+                      {"peak_used_time_ns", s.memory.peak_used_time_ns},
+                      {"peak_device", s.memory.peak_device}};
+  report["other"] = {{"iterations", s.iterations},
+                     {"messages", s.messages},
+                     {"range_pushes", s.range_pushes},
+                     {"maps", s.maps},
+                     {"unmaps", s.unmaps},
+                     {"vmm_calls", s.vmm_calls}};
+  return report;
+}
+
+}  // namespace actpage::trace

@@ -1,0 +1,385 @@
+#include "trace/summary.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <unordered_map>
+#include <utility>
+
+namespace actpage::trace {
+namespace {
+
+// Nearest-rank statistics of a set of durations.
+DurationStats duration_stats(std::vector<std::uint64_t>& values) {
+  DurationStats stats;
+  if (values.empty()) return stats;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  const auto rank = [n](std::size_t percent) { return (percent * n + 99) / 100 - 1; };
+  stats.count = n;
+  for (const std::uint64_t value : values) stats.total_ns += value;
+  stats.median_ns = values[rank(50)];
+  stats.p90_ns = values[rank(90)];
+  stats.max_ns = values.back();
+  return stats;
+}
+
+// Modules by key, in order of first appearance; each keeps the lifetimes of its freed allocations
+// until the end.
+struct ModuleTable {
+  std::vector<ModuleStats> stats;
+  std::vector<std::vector<std::uint64_t>> lifetimes;
+  std::vector<std::uint64_t> live;
+  std::unordered_map<std::string, std::size_t> index;
+
+  std::size_t get(const std::string& key) {
+    auto [it, inserted] = index.emplace(key, stats.size());
+    if (inserted) {
+      stats.push_back(ModuleStats{});
+      stats.back().module = key;
+      lifetimes.emplace_back();
+      live.push_back(0);
+    }
+    return it->second;
+  }
+
+  std::vector<ModuleStats> finish() {
+    for (std::size_t i = 0; i < stats.size(); ++i) stats[i].lifetime = duration_stats(lifetimes[i]);
+    std::vector<ModuleStats> sorted = std::move(stats);
+    std::sort(sorted.begin(), sorted.end(), [](const ModuleStats& a, const ModuleStats& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.module < b.module;
+    });
+    return sorted;
+  }
+};
+
+// Where a path id's allocations are counted.
+struct ModuleSlots {
+  std::size_t by_name = 0;
+  std::size_t by_path = 0;
+};
+
+class Attribution {
+ public:
+  Attribution(const TraceFile& trace, ModuleTable& names, ModuleTable& paths)
+      : trace_(trace), names_(names), paths_(paths) {}
+
+  ModuleSlots slots(std::uint32_t path_id) {
+    auto found = cache_.find(path_id);
+    if (found != cache_.end()) return found->second;
+    ModuleSlots slots;
+    if (path_id == 0) {
+      slots = {names_.get(std::string(kUntagged)), paths_.get(std::string(kUntagged))};
+    } else if (const ResolvedPath* path = trace_.path(path_id)) {
+      slots = {names_.get(path->leaf), paths_.get(path->full)};
+    } else {
+      const std::string unknown = trace_.path_string(path_id);
+      slots = {names_.get(unknown), paths_.get(unknown)};
+    }
+    cache_.emplace(path_id, slots);
+    return slots;
+  }
+
+ private:
+  const TraceFile& trace_;
+  ModuleTable& names_;
+  ModuleTable& paths_;
+  std::unordered_map<std::uint32_t, ModuleSlots> cache_;
+};
+
+// One allocation or free, in time order.
+struct Event {
+  std::uint64_t time_ns;
+  std::uint64_t index;
+  const Timed<AllocPayload>* alloc;  // exactly one of the two is set
+  const Timed<FreePayload>* free;
+};
+
+struct Live {
+  std::uint64_t time_ns;
+  std::uint64_t bytes;
+  ModuleSlots slots;
+};
+
+bool failed(const AllocPayload& alloc) { return (alloc.flags & kAllocFailed) != 0 || alloc.ptr == 0; }
+
+void summarize_allocations(const TraceFile& trace, Summary& summary) {
+  std::vector<Event> events;
+  events.reserve(trace.allocs.size() + trace.frees.size());
+  for (const auto& alloc : trace.allocs) events.push_back({alloc.time_ns, alloc.index, &alloc, nullptr});
+  for (const auto& free : trace.frees) events.push_back({free.time_ns, free.index, nullptr, &free});
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
+  });
+
+  ModuleTable names;
+  ModuleTable paths;
+  Attribution attribution(trace, names, paths);
+  std::unordered_map<std::uint64_t, Live> live;
+  std::uint64_t live_bytes = 0;
+  std::size_t peak_event = events.size();  // none yet
+  std::vector<std::uint64_t> all_lifetimes;
+  std::map<std::uint16_t, ApiCount> apis;
+
+  const auto end_life = [&](const Live& gone) {
+    live_bytes -= gone.bytes;
+    names.live[gone.slots.by_name] -= gone.bytes;
+    paths.live[gone.slots.by_path] -= gone.bytes;
+  };
+  const auto never_freed = [&](const Live& gone) {
+    for (ModuleStats* stats : {&names.stats[gone.slots.by_name], &paths.stats[gone.slots.by_path]}) {
+      ++stats->never_freed;
+      stats->never_freed_bytes += gone.bytes;
+    }
+    ++summary.never_freed;
+    summary.never_freed_bytes += gone.bytes;
+  };
+
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const Event& event = events[i];
+    if (event.alloc != nullptr) {
+      const AllocPayload& alloc = event.alloc->data;
+      if (failed(alloc)) {
+        ++summary.failed_allocations;
+        continue;
+      }
+      const ModuleSlots slots = attribution.slots(alloc.path_id);
+      const bool owned = (alloc.flags & kAllocOwned) != 0;
+      const bool candidate = (alloc.flags & kAllocCandidate) != 0;
+      for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+        ++stats->allocations;
+        stats->bytes += alloc.bytes;
+        if (owned) ++stats->owned_allocations;
+        if (candidate) {
+          ++stats->candidate_allocations;
+          stats->candidate_bytes += alloc.bytes;
+        }
+      }
+      ++summary.allocations;
+      summary.bytes += alloc.bytes;
+      if (alloc.path_id == 0) {
+        ++summary.untagged_allocations;
+        summary.untagged_bytes += alloc.bytes;
+      } else {
+        ++summary.tagged_allocations;
+        summary.tagged_bytes += alloc.bytes;
+      }
+      if (owned) {
+        ++summary.owned_allocations;
+        summary.owned_bytes += alloc.bytes;
+      }
+      if (candidate) {
+        ++summary.candidate_allocations;
+        summary.candidate_bytes += alloc.bytes;
+      }
+      ApiCount& api = apis[alloc.api];
+      ++api.allocations;
+      api.bytes += alloc.bytes;
+
+      auto [it, inserted] = live.try_emplace(alloc.ptr, Live{event.time_ns, alloc.bytes, slots});
+      if (!inserted) {
+        // The pointer's free never reached the trace (lost records): the old allocation ends here.
+        ++summary.reused_live_pointers;
+        never_freed(it->second);
+        end_life(it->second);
+        it->second = Live{event.time_ns, alloc.bytes, slots};
+      }
+      live_bytes += alloc.bytes;
+      std::uint64_t& by_name = names.live[slots.by_name];
+      by_name += alloc.bytes;
+      names.stats[slots.by_name].peak_live_bytes = std::max(names.stats[slots.by_name].peak_live_bytes, by_name);
+      std::uint64_t& by_path = paths.live[slots.by_path];
+      by_path += alloc.bytes;
+      paths.stats[slots.by_path].peak_live_bytes = std::max(paths.stats[slots.by_path].peak_live_bytes, by_path);
+      if (live_bytes > summary.peak_live_bytes) {
+        summary.peak_live_bytes = live_bytes;
+        summary.peak_time_ns = event.time_ns;
+        peak_event = i;
+      }
+    } else {
+      const FreePayload& free = event.free->data;
+      if (free.ptr == 0) continue;
+      ++summary.frees;
+      auto found = live.find(free.ptr);
+      if (found == live.end()) {
+        ++summary.unmatched_frees;
+        continue;
+      }
+      const Live& gone = found->second;
+      const std::uint64_t lifetime = event.time_ns - gone.time_ns;
+      names.lifetimes[gone.slots.by_name].push_back(lifetime);
+      paths.lifetimes[gone.slots.by_path].push_back(lifetime);
+      all_lifetimes.push_back(lifetime);
+      ++names.stats[gone.slots.by_name].freed;
+      ++paths.stats[gone.slots.by_path].freed;
+      end_life(gone);
+      live.erase(found);
+    }
+  }
+  for (const auto& [ptr, still] : live) never_freed(still);
+  summary.live_bytes_at_end = live_bytes;
+  summary.lifetime = duration_stats(all_lifetimes);
+
+  // What was live at the peak: replay the events up to it, by innermost name.
+  if (peak_event < events.size()) {
+    std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> at_peak;  // ptr -> bytes, name slot
+    std::vector<std::uint64_t> module_bytes(names.stats.size(), 0);
+    for (std::size_t i = 0; i <= peak_event; ++i) {
+      const Event& event = events[i];
+      if (event.alloc != nullptr) {
+        const AllocPayload& alloc = event.alloc->data;
+        if (failed(alloc)) continue;
+        const std::size_t slot = attribution.slots(alloc.path_id).by_name;
+        auto [it, inserted] = at_peak.try_emplace(alloc.ptr, alloc.bytes, slot);
+        if (!inserted) {
+          module_bytes[it->second.second] -= it->second.first;
+          it->second = {alloc.bytes, slot};
+        }
+        module_bytes[slot] += alloc.bytes;
+      } else if (auto found = at_peak.find(event.free->data.ptr); found != at_peak.end()) {
+        module_bytes[found->second.second] -= found->second.first;
+        at_peak.erase(found);
+      }
+    }
+    for (std::size_t slot = 0; slot < module_bytes.size(); ++slot) {
+      if (module_bytes[slot] != 0) summary.peak_modules.push_back({names.stats[slot].module, module_bytes[slot]});
+    }
+    std::sort(summary.peak_modules.begin(), summary.peak_modules.end(), [](const ModuleBytes& a, const ModuleBytes& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.module < b.module;
+    });
+  }
+
+  // Paging per module, counted where the allocations are.
+  for (const auto& page : trace.pages) {
+    const bool offload = page.type == RecordType::offload_begin;
+    const bool reload = page.type == RecordType::reload_begin;
+    if (!offload && !reload) continue;
+    const ModuleSlots slots = attribution.slots(page.data.path_id);
+    for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+      if (offload) {
+        ++stats->offloads;
+        stats->offloaded_bytes += page.data.bytes;
+      } else {
+        ++stats->reloads;
+        stats->reloaded_bytes += page.data.bytes;
+      }
+    }
+  }
+  for (const auto& stall : trace.stalls) {
+    const ModuleSlots slots = attribution.slots(stall.data.path_id);
+    for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+      ++stats->stalls;
+      stats->stall_ns += stall.data.wait_ns;
+    }
+  }
+
+  summary.modules = names.finish();
+  summary.module_paths = paths.finish();
+  for (auto& [id, count] : apis) {
+    count.api = api_name(id);
+    summary.apis.push_back(count);
+  }
+  std::sort(summary.apis.begin(), summary.apis.end(), [](const ApiCount& a, const ApiCount& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.api < b.api;
+  });
+}
+
+// BEGIN/END pairs of one direction, matched by pointer in time order.
+CopyStats copy_stats(const TraceFile& trace, RecordType begin, RecordType end) {
+  std::vector<const Timed<PagePayload>*> ordered;
+  for (const auto& page : trace.pages) {
+    if (page.type == begin || page.type == end) ordered.push_back(&page);
+  }
+  std::sort(ordered.begin(), ordered.end(), [](const Timed<PagePayload>* a, const Timed<PagePayload>* b) {
+    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
+  });
+  CopyStats stats;
+  std::unordered_map<std::uint64_t, std::deque<std::uint64_t>> started;  // ptr -> begin times
+  std::vector<std::uint64_t> durations;
+  for (const auto* page : ordered) {
+    if (page->type == begin) {
+      ++stats.count;
+      stats.bytes += page->data.bytes;
+      started[page->data.ptr].push_back(page->time_ns);
+      continue;
+    }
+    auto found = started.find(page->data.ptr);
+    if (found == started.end() || found->second.empty()) continue;
+    durations.push_back(page->time_ns - found->second.front());
+    found->second.pop_front();
+  }
+  for (const auto& [ptr, times] : started) stats.unfinished += times.size();
+  stats.duration = duration_stats(durations);
+  return stats;
+}
+
+}  // namespace
+
+std::string api_name(std::uint16_t id) {
+  switch (id) {
+#define ACTPAGE_API(api_id, name, family) \
+  case api_id: return #name;
+#include "actpage/api_list.def"
+#undef ACTPAGE_API
+    default: break;
+  }
+  return "api " + std::to_string(id);
+}
+
+Summary summarize(const TraceFile& trace) {
+  Summary summary;
+  summary.source = trace.source;
+  summary.pid = trace.header.pid;
+  summary.rank = trace.header.rank;
+  summary.device = trace.header.device;
+  summary.hostname = trace.hostname;
+  summary.start_unix_ns = trace.header.start_unix_ns;
+  summary.duration_ns = trace.last_time_ns;
+  summary.records = trace.record_count;
+  summary.unknown_records = trace.unknown_records;
+  summary.malformed_records = trace.malformed_records;
+  summary.lost_records = trace.lost_records;
+  summary.truncated = trace.truncated;
+  summary.warnings = trace.warnings;
+
+  summarize_allocations(trace, summary);
+
+  summary.offload = copy_stats(trace, RecordType::offload_begin, RecordType::offload_end);
+  summary.reload = copy_stats(trace, RecordType::reload_begin, RecordType::reload_end);
+  for (const auto& stall : trace.stalls) {
+    ++summary.stalls.count;
+    summary.stalls.total_ns += stall.data.wait_ns;
+    summary.stalls.max_ns = std::max(summary.stalls.max_ns, stall.data.wait_ns);
+  }
+
+  for (const auto& sample : trace.mem_samples) {
+    const std::uint64_t free_bytes = sample.data.free_bytes;
+    const std::uint64_t used = sample.data.total_bytes > free_bytes ? sample.data.total_bytes - free_bytes : 0;
+    if (summary.memory.samples == 0 || free_bytes < summary.memory.min_free_bytes) {
+      summary.memory.min_free_bytes = free_bytes;
+      summary.memory.min_free_time_ns = sample.time_ns;
+    }
+    if (summary.memory.samples == 0 || used > summary.memory.peak_used_bytes) {
+      summary.memory.peak_used_bytes = used;
+      summary.memory.peak_used_time_ns = sample.time_ns;
+      summary.memory.total_bytes = sample.data.total_bytes;
+      summary.memory.peak_device = sample.data.device;
+    }
+    ++summary.memory.samples;
+  }
+
+  summary.iterations = trace.iterations.size();
+  summary.messages = trace.messages.size();
+  for (const auto& range : trace.ranges) {
+    if (range.type == RecordType::range_push) ++summary.range_pushes;
+  }
+  for (const auto& call : trace.vmm) {
+    if (call.type == RecordType::map) ++summary.maps;
+    if (call.type == RecordType::unmap) ++summary.unmaps;
+    if (call.type == RecordType::vmm_call) ++summary.vmm_calls;
+  }
+  return summary;
+}
+
+}  // namespace actpage::trace

@@ -1,0 +1,277 @@
+// `actpage dump` (cli::dump) against golden files in tests/golden/, and the version-1 format itself
+// against a committed file. ACTPAGE_UPDATE_GOLDEN=1 rewrites the golden files instead of comparing.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "commands.hpp"
+#include "common/units.hpp"
+#include "temp_dir.hpp"
+#include "trace/builder.hpp"
+#include "trace/reader.hpp"
+
+namespace actpage::trace {
+namespace {
+
+using testing::TempDir;
+
+const std::string kGoldenDir = std::string(ACTPAGE_SOURCE_DIR) + "/tests/golden/";
+
+bool updating() {
+  const char* update = std::getenv("ACTPAGE_UPDATE_GOLDEN");
+  return update != nullptr && std::string(update) == "1";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Compares with the golden file, naming the first line that differs.
+void expect_golden(const std::string& name, const std::string& actual) {
+  const std::string path = kGoldenDir + name;
+  if (updating()) {
+    std::ofstream(path, std::ios::binary) << actual;
+    std::cout << "rewrote " << path << '\n';
+    return;
+  }
+  std::ifstream probe(path);
+  ASSERT_TRUE(probe.good()) << path << " is missing: run the test with ACTPAGE_UPDATE_GOLDEN=1 to create it";
+  const std::string expected = read_text(path);
+  if (expected == actual) return;
+  std::istringstream want(expected);
+  std::istringstream got(actual);
+  std::string want_line;
+  std::string got_line;
+  for (int line = 1;; ++line) {
+    const bool more_want = static_cast<bool>(std::getline(want, want_line));
+    const bool more_got = static_cast<bool>(std::getline(got, got_line));
+    if (!more_want && !more_got) break;
+    if (!more_want || !more_got || want_line != got_line) {
+      ADD_FAILURE() << name << " differs at line " << line << "\n  expected: " << (more_want ? want_line : "<end>")
+                    << "\n  actual:   " << (more_got ? got_line : "<end>")
+                    << "\n(ACTPAGE_UPDATE_GOLDEN=1 rewrites the file if the change is intended)";
+      return;
+    }
+  }
+  ADD_FAILURE() << name << " differs (line endings?)";
+}
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// One training iteration of a two-layer model, written the way the library would: a main thread
+// (tid 11) allocating and freeing, an engine worker (tid 12) paging the mlp activations, a sampler
+// (tid 13). Deterministic: every time is fixed.
+TraceBuilder golden_trace() {
+  TraceBuilder b;
+  b.pid(4242).rank(0).device(0).hostname("golden-host").start_unix_ns(1'795'341'600'000'000'000ull);
+  constexpr std::uint64_t us = 1000;
+  b.at(0, 11);
+  const std::uint32_t attn[2] = {b.path("model/model.layers.0/model.layers.0.self_attn"),
+                                 b.path("model/model.layers.1/model.layers.1.self_attn")};
+  const std::uint32_t mlp[2] = {b.path("model/model.layers.0/model.layers.0.mlp"),
+                                b.path("model/model.layers.1/model.layers.1.mlp")};
+  const std::uint32_t loss = b.path("loss");
+  b.at(1 * us).iteration(0);
+  b.at(2 * us).alloc(0x7f0000000000, 256 * MiB, 0, 0, 3, 0x10);  // weights, before any range
+  std::uint64_t t = 10 * us;
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::uint64_t base = 0x7f1000000000ull + static_cast<std::uint64_t>(layer) * 0x100000000ull;
+    b.at(t).range_push(attn[layer]);
+    b.at(t + 5 * us).alloc(base + 0x0000000, 24 * MiB, attn[layer], 0, 3, 0x10);
+    b.at(t + 9 * us).alloc(base + 0x2000000, 8 * MiB, attn[layer], 0, 3, 0x10);
+    b.at(t + 20 * us).range_pop(attn[layer]);
+    b.at(t + 21 * us).range_push(mlp[layer]);
+    b.at(t + 25 * us).alloc(base + 0x4000000, 64 * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
+    b.at(t + 30 * us).alloc(base + 0x8000000, 64 * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
+    b.at(t + 40 * us).range_pop(mlp[layer]);
+    t += 50 * us;
+  }
+  b.at(t).range_push(loss);
+  b.at(t + 2 * us).alloc(0x7f3000000000, 16 * MiB, loss, 0, 3, 0x10);
+  b.at(t + 3 * us).alloc(0, 1 * GiB, loss, kAllocFailed, 3, 0x10);
+  b.at(t + 4 * us).range_pop(loss);
+  // Backward, in reverse: frees.
+  t = 200 * us;
+  b.at(t).free(0x7f3000000000, loss);
+  for (int layer = 1; layer >= 0; --layer) {
+    const std::uint64_t base = 0x7f1000000000ull + static_cast<std::uint64_t>(layer) * 0x100000000ull;
+    b.at(t + 10 * us).free(base + 0x8000000, mlp[layer], kAllocOwned);
+    b.at(t + 12 * us).free(base + 0x4000000, mlp[layer], kAllocOwned);
+    b.at(t + 20 * us).free(base + 0x2000000, attn[layer]);
+    b.at(t + 22 * us).free(base + 0x0000000, attn[layer]);
+    t += 40 * us;
+  }
+  b.at(t + 5 * us).free(0x7f00deadbeef);  // a free actpage never saw allocated
+  // The engine worker: offload layer 0's mlp after its forward, reload it before its backward.
+  const std::uint64_t mlp0 = 0x7f1000000000ull;
+  b.at(62 * us, 12).page(RecordType::offload_begin, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
+  b.at(63 * us).page(RecordType::offload_begin, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
+  b.at(1300 * us).page(RecordType::offload_end, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
+  b.at(2500 * us).page(RecordType::offload_end, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
+  b.at(2501 * us).vmm(RecordType::unmap, mlp0 + 0x4000000, 128 * MiB);
+  b.at(3000 * us).vmm(RecordType::map, mlp0 + 0x4000000, 128 * MiB);
+  b.at(3001 * us).page(RecordType::reload_begin, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
+  b.at(3002 * us).page(RecordType::reload_begin, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
+  b.at(4200 * us).page(RecordType::reload_end, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
+  b.at(5400 * us).page(RecordType::reload_end, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
+  b.at(5401 * us).stall(1100 * us, mlp[0], 1);
+  b.at(5402 * us).lost(3);
+  b.at(5403 * us).message(1, "host pool: 1.00 GiB of 32.00 GiB in use");
+  // The sampler.
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    const std::uint64_t used[4] = {1 * GiB, 2 * GiB, 3 * GiB / 2, 1 * GiB};
+    b.at(i * 2000 * us, 13).mem_sample(80 * GiB - used[i], 80 * GiB, 0);
+  }
+  // A record from a newer writer: skipped, with a warning.
+  const std::uint64_t future[2] = {1, 2};
+  b.at(6000 * us, 11).record(static_cast<RecordType>(40), future);
+  return b;
+}
+
+struct DumpOutput {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+DumpOutput run_dump(const cli::DumpArgs& args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  DumpOutput result;
+  result.exit_code = cli::dump(args, out, err);
+  result.out = out.str();
+  result.err = err.str();
+  return result;
+}
+
+TEST(TraceDumpGolden, TextReport) {
+  TempDir dir;
+  const std::string path = dir.file("golden.trace");
+  ASSERT_TRUE(golden_trace().write_file(path).ok());
+  cli::DumpArgs args;
+  args.trace_path = path;
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  expect_golden("dump_text.txt", replace_all(result.out, path, "TRACE"));
+}
+
+TEST(TraceDumpGolden, JsonReport) {
+  TempDir dir;
+  const std::string path = dir.file("golden.trace");
+  ASSERT_TRUE(golden_trace().write_file(path).ok());
+  cli::DumpArgs args;
+  args.trace_path = path;
+  args.json = true;
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << "not JSON:\n" << result.out;
+  EXPECT_EQ(json["source"], path);
+  expect_golden("dump_json.json", replace_all(result.out, path, "TRACE"));
+}
+
+TEST(TraceDumpGolden, TruncatedTraceStillReportsWithAWarning) {
+  TempDir dir;
+  const std::string path = dir.file("cut.trace");
+  TraceBuilder builder = golden_trace();
+  std::vector<std::byte> bytes = builder.bytes();
+  bytes.resize(builder.record_ends()[20] + 5);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+  cli::DumpArgs args;
+  args.trace_path = path;
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0);
+  const std::string warning = "truncated at byte " + std::to_string(builder.record_ends()[20]) + ": read 21 whole records";
+  EXPECT_NE(result.out.find(warning), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("records   21 "), std::string::npos) << result.out;
+}
+
+TEST(TraceDumpGolden, UnreadableTraceExitsOneNamingTheFile) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_path = dir.file("missing.trace");
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.out, "");
+  EXPECT_EQ(result.err.rfind("actpage dump: open('" + args.trace_path + "'): ENOENT", 0), 0u) << result.err;
+}
+
+TEST(TraceDumpGolden, LaterOptionsAreRefusedWithUsageExit) {
+  for (const char* flag : {"--plot", "--perfetto", "--diff"}) {
+    cli::DumpArgs args;
+    args.trace_path = "whatever.trace";
+    const std::string option = flag;
+    if (option == "--plot") args.plot_path = "memory.png";
+    if (option == "--perfetto") args.perfetto_path = "trace.json";
+    if (option == "--diff") args.diff_path = "other.trace";
+    const DumpOutput result = run_dump(args);
+    EXPECT_EQ(result.exit_code, 2);
+    EXPECT_EQ(result.err, "actpage dump: " + option + " is not implemented yet\n");
+    EXPECT_EQ(result.out, "");
+  }
+}
+
+// The committed file pins the version-1 layout: the builder must still produce it byte for byte
+// and the reader must still decode it. A change here is a format change (docs/trace-format.md).
+TraceBuilder format_sample() {
+  TraceBuilder b;
+  b.pid(7).rank(2).device(1).hostname("format-host").start_unix_ns(1'000'000'000ull);
+  b.at(1, 5).name(1, "layer").path_node(1, 0, 1).path_node(2, 1, 1, kPathBackward);
+  b.at(2).alloc(0x1000, 4096, 1, kAllocCandidate, 3, 0x20, 1);
+  b.at(3).free(0x1000, 1, 0, 4, 0x20, 1);
+  b.at(4).range_push(1, 9).range_pop(1, 9);
+  b.at(5).page(RecordType::offload_begin, 0x1000, 4096, 1, 3).page(RecordType::offload_end, 0x1000, 4096, 1, 3);
+  b.at(6).page(RecordType::reload_begin, 0x1000, 4096, 1, 3).page(RecordType::reload_end, 0x1000, 4096, 1, 3);
+  b.at(7).vmm(RecordType::map, 0x200000, 2 * MiB, 0, 0, 0, 1).vmm(RecordType::unmap, 0x200000, 2 * MiB, 0, 1, 0, 1);
+  b.at(8, 6).vmm(RecordType::vmm_call, 0x400000, 2 * MiB, 40, 0, 2, 1);
+  b.at(9).mem_sample(3 * GiB, 8 * GiB, 1).stall(250, 1, 3).lost(4).iteration(5).message(2, "note");
+  return b;
+}
+
+TEST(TraceFormatGolden, VersionOneLayoutIsStable) {
+  const std::string path = kGoldenDir + "format_v1.trace.bin";
+  const std::vector<std::byte> built = format_sample().bytes();
+  if (updating()) {
+    ASSERT_TRUE(format_sample().write_file(path).ok());
+    return;
+  }
+  const std::vector<std::byte> committed = testing::read_bytes(path);
+  ASSERT_FALSE(committed.empty()) << path << " is missing: run with ACTPAGE_UPDATE_GOLDEN=1";
+  EXPECT_TRUE(committed == built) << "the builder no longer writes the committed version-1 bytes";
+  auto file = read_trace_file(path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_TRUE(file->warnings.empty());
+  EXPECT_EQ(file->record_count, format_sample().record_count());
+  EXPECT_EQ(file->hostname, "format-host");
+  EXPECT_EQ(file->header.rank, 2);
+  EXPECT_EQ(file->path(2)->full, "layer/layer");
+  EXPECT_TRUE(file->path(2)->backward);
+  ASSERT_EQ(file->allocs.size(), 1u);
+  EXPECT_EQ(file->allocs[0].data.stream, 0x20u);
+  EXPECT_EQ(file->allocs[0].data.device, 1);
+  EXPECT_EQ(file->vmm.at(2).tid, 6u);
+  EXPECT_EQ(file->vmm.at(2).data.result, 2u);
+  EXPECT_EQ(file->mem_samples.at(0).data.total_bytes, 8 * GiB);
+  EXPECT_EQ(file->stalls.at(0).data.wait_ns, 250u);
+  EXPECT_EQ(file->lost_records, 4u);
+  EXPECT_EQ(file->iterations.at(0).data.index, 5u);
+  EXPECT_EQ(file->messages.at(0).data.text, "note");
+  EXPECT_EQ(file->last_time_ns, 9u);
+}
+
+}  // namespace
+}  // namespace actpage::trace
