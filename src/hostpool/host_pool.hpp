@@ -1,0 +1,144 @@
+// HostPool: pinned host memory for offload copies, carved out of large slabs that a background thread
+// allocates ahead of need.
+//
+// Why: pinning costs about 0.45 s per GiB (FACTS.md), far too slow for the offload path. So memory is
+// pinned in slabs of HostPoolConfig::slab_bytes on the pool's own thread, up to a budget, and blocks
+// are handed out from the slabs without ever waiting.
+//
+// Contract:
+// - The constructor starts the background thread and asks it for prealloc_bytes (whole slabs, within
+//   the budget). It never blocks on pinning.
+// - try_allocate(bytes) never blocks on pinning or on the background thread (it takes one short
+//   lock). It returns a block of at least `bytes` (rounded up to 256 bytes; its pointer is 256-byte
+//   aligned) from the existing slabs, best fit, or nullopt. On nullopt it asks the background thread
+//   to add a slab (a dedicated slab of the block's size when the block is larger than a slab), unless
+//   that would pass the budget: then the pool is *exhausted*: one warning ("host pool budget of X
+//   exhausted: offloading of further activations stops") and exhausted() turns true for good.
+//   The caller treats nullopt as "keep this activation resident". A single request larger than the
+//   whole budget is refused with its own one-time warning and does not make the pool exhausted.
+//   A budget of 0 pins nothing: the first request makes the pool exhausted.
+// - A slab whose alloc_pinned() fails stops all growth, with one warning; exhausted() turns true.
+//   Nothing crashes; existing slabs keep serving.
+// - free(block) returns the block; adjacent free space in a slab is merged. Freeing a block the pool
+//   did not hand out (or twice) is logged and ignored.
+// - Slabs are kept until the pool is destroyed (pinned memory is too slow to get to give it back).
+// - Thread safety: every method may be called from any thread.
+// - Destruction stops the background thread (waiting for a slab being pinned) and frees every slab.
+//   The owner guarantees that no copy still reads or writes a block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "actpage/device.hpp"
+
+namespace actpage::hostpool {
+
+struct HostPoolConfig {
+  std::uint64_t budget_bytes = std::uint64_t{32} << 30;    // all slabs together never exceed this
+  std::uint64_t slab_bytes = std::uint64_t{256} << 20;     // the unit of growth
+  std::uint64_t prealloc_bytes = std::uint64_t{2} << 30;   // asked for at construction
+  // Where the pool's two warnings go (budget exhausted, growth failed); empty: the actpage log.
+  std::function<void(const std::string& message)> warn;
+};
+
+// A piece of pinned host memory handed out by the pool. Pass it back to free() unchanged.
+struct HostBlock {
+  void* pointer = nullptr;
+  std::size_t bytes = 0;    // the block's size: the request rounded up to kHostBlockAlignment
+  std::uint32_t slab = 0;   // which slab it was carved from
+};
+
+inline constexpr std::size_t kHostBlockAlignment = 256;
+
+struct HostPoolStats {
+  std::uint64_t slabs = 0;
+  std::uint64_t slab_bytes = 0;           // pinned memory the pool holds
+  std::uint64_t bytes_in_use = 0;         // handed out and not freed
+  std::uint64_t peak_bytes_in_use = 0;
+  std::uint64_t blocks_in_use = 0;
+  std::uint64_t largest_free_block = 0;
+  std::uint64_t allocations = 0;          // try_allocate() calls that returned a block
+  std::uint64_t failed_requests = 0;      // try_allocate() calls that returned nullopt
+  std::uint64_t pending_growth_bytes = 0; // slabs asked of the background thread, not there yet
+  bool budget_exhausted = false;
+  bool growth_failed = false;
+};
+
+class HostPool {
+ public:
+  HostPool(Device& device, HostPoolConfig config);
+  ~HostPool();
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  std::optional<HostBlock> try_allocate(std::size_t bytes) noexcept;
+  void free(const HostBlock& block) noexcept;
+
+  // True once offloading should stop: the budget ran out or pinning failed (see the contract).
+  bool exhausted() const noexcept;
+  // Waits until the background thread has nothing left to do (every slab asked for is there, or
+  // growth failed). False when `timeout` passed first. For tests and start-up.
+  bool wait_for_growth(std::chrono::milliseconds timeout);
+  HostPoolStats stats() const;
+  const HostPoolConfig& config() const noexcept { return config_; }
+
+ private:
+  struct Slab {
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    std::map<std::size_t, std::size_t> free_by_offset;  // offset -> bytes, merged
+  };
+  // A free extent, ordered for best fit: smallest first, then lowest slab and offset.
+  using FreeExtent = std::tuple<std::size_t, std::uint32_t, std::size_t>;  // bytes, slab, offset
+
+  // With mutex_ held.
+  std::optional<HostBlock> take_best_fit(std::size_t bytes);
+  void add_free(std::uint32_t slab, std::size_t offset, std::size_t bytes);
+  void remove_free(std::uint32_t slab, std::size_t offset, std::size_t bytes);
+  // Asks for growth that can serve `bytes`; false when the budget does not allow it.
+  bool request_growth(std::size_t bytes);
+  void warn(const std::string& message);
+
+  void grow_loop();
+
+  Device& device_;
+  const HostPoolConfig config_;
+  const std::size_t slab_bytes_;  // config_.slab_bytes rounded to the block alignment
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;   // growth requested, or stopping
+  std::condition_variable grown_cv_;  // the background thread finished a request
+  std::vector<Slab> slabs_;
+  std::set<FreeExtent> free_extents_;
+  std::unordered_map<const void*, std::pair<std::uint32_t, std::size_t>> in_use_;  // pointer -> slab, bytes
+  std::deque<std::size_t> growth_queue_;  // slab sizes to pin, in order
+  std::uint64_t slab_total_ = 0;
+  std::uint64_t pending_bytes_ = 0;       // in growth_queue_ or being pinned now
+  bool growing_ = false;                  // the background thread is pinning a slab now
+  std::size_t inflight_bytes_ = 0;        // the size of that slab
+  std::uint64_t bytes_in_use_ = 0;
+  std::uint64_t peak_bytes_in_use_ = 0;
+  std::uint64_t allocations_ = 0;
+  std::uint64_t failed_requests_ = 0;
+  bool budget_exhausted_ = false;
+  bool growth_failed_ = false;
+  bool oversize_warned_ = false;
+  bool stopping_ = false;
+  std::thread grower_;
+};
+
+}  // namespace actpage::hostpool

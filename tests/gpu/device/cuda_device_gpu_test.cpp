@@ -1,0 +1,149 @@
+// CudaDevice on the real GPU, beyond the shared contract: driver error messages, the captured
+// context on other threads, event queries while work is queued, and the host pool over real pinned
+// memory. Without a CUDA driver every test skips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/units.hpp"
+#include "device/cuda_device.hpp"
+#include "hostpool/host_pool.hpp"
+#include "status_matchers.hpp"
+
+namespace actpage::device {
+namespace {
+
+class CudaGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto device = CudaDevice::create(0);
+    if (!device.ok()) {
+      if (device.status().code() == ErrorCode::not_supported) GTEST_SKIP() << device.status().message();
+      FAIL() << device.status().message();
+    }
+    device_ = std::move(device.value());
+    ACTPAGE_ASSERT_OK(device_->bind_thread());
+  }
+
+  void drain(StreamHandle stream) {
+    auto event = device_->create_event();
+    ACTPAGE_ASSERT_OK(event);
+    ACTPAGE_ASSERT_OK(device_->record_event(*event, stream));
+    ACTPAGE_ASSERT_OK(device_->synchronize_event(*event));
+    ACTPAGE_ASSERT_OK(device_->destroy_event(*event));
+  }
+
+  std::unique_ptr<CudaDevice> device_;
+};
+
+TEST_F(CudaGpu, AFailedCallNamesTheCallTheErrorAndWhatWasBeingDone) {
+  const std::size_t g = device_->granularity();
+  // An address that was reserved and given back: certainly not reserved now.
+  auto va = device_->reserve(g);
+  ACTPAGE_ASSERT_OK(va);
+  ACTPAGE_ASSERT_OK(device_->unreserve(*va, g));
+  auto handle = device_->create_physical(g, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(handle);
+  Status status = device_->map(*va, g, *handle);
+  EXPECT_FALSE(status.ok());
+  EXPECT_EQ(status.message().rfind("cuMemMap: CUDA_ERROR_", 0), 0u) << status.message();
+  EXPECT_NE(status.message().find("while mapping " + format_bytes(g) + " at 0x"), std::string::npos) << status.message();
+  ACTPAGE_EXPECT_OK(device_->release_physical(*handle));
+}
+
+TEST_F(CudaGpu, AnotherThreadWorksAfterBindThread) {
+  const std::size_t g = device_->granularity();
+  Status outcome;
+  std::thread worker([&] {
+    if (Status bound = device_->bind_thread(); !bound.ok()) {
+      outcome = bound;
+      return;
+    }
+    auto va = device_->reserve(g);
+    auto handle = device_->create_physical(g, MemoryLocation::device);
+    if (!va.ok() || !handle.ok()) {
+      outcome = va.ok() ? handle.status() : va.status();
+      return;
+    }
+    outcome = device_->map(*va, g, *handle);
+    if (outcome.ok()) outcome = device_->unmap(*va, g);
+    if (outcome.ok()) outcome = device_->release_physical(*handle);
+    if (outcome.ok()) outcome = device_->unreserve(*va, g);
+  });
+  worker.join();
+  ACTPAGE_EXPECT_OK(outcome);
+}
+
+TEST_F(CudaGpu, AnEventIsNotReadyWhileItsStreamIsBusy) {
+  const std::size_t bytes = 256 * MiB;
+  auto va = device_->reserve(bytes);
+  ACTPAGE_ASSERT_OK(va);
+  auto handle = device_->create_physical(bytes, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(handle);
+  ACTPAGE_ASSERT_OK(device_->map(*va, bytes, *handle));
+  auto stream = device_->create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  auto host = device_->alloc_pinned(bytes);
+  ACTPAGE_ASSERT_OK(host);
+  auto event = device_->create_event();
+  ACTPAGE_ASSERT_OK(event);
+
+  // ~5 ms of copying at PCIe speed: the query right after enqueueing finds the event pending.
+  ACTPAGE_ASSERT_OK(device_->fill(*va, 0x42, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device_->copy_to_host(*host, *va, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device_->record_event(*event, *stream));
+  Status early = device_->query_event(*event);
+  EXPECT_EQ(early.code(), ErrorCode::not_ready) << early.message();
+  ACTPAGE_ASSERT_OK(device_->synchronize_event(*event));
+  ACTPAGE_EXPECT_OK(device_->query_event(*event));
+  const auto* bytes_seen = static_cast<const std::uint8_t*>(*host);
+  EXPECT_TRUE(std::all_of(bytes_seen, bytes_seen + bytes, [](std::uint8_t b) { return b == 0x42; }));
+
+  ACTPAGE_EXPECT_OK(device_->destroy_event(*event));
+  ACTPAGE_EXPECT_OK(device_->free_pinned(*host));
+  ACTPAGE_EXPECT_OK(device_->destroy_stream(*stream));
+  ACTPAGE_EXPECT_OK(device_->unmap(*va, bytes));
+  ACTPAGE_EXPECT_OK(device_->release_physical(*handle));
+  ACTPAGE_EXPECT_OK(device_->unreserve(*va, bytes));
+}
+
+TEST_F(CudaGpu, TheHostPoolServesRealPinnedMemoryForCopies) {
+  hostpool::HostPoolConfig config;
+  config.budget_bytes = 64 * MiB;
+  config.slab_bytes = 16 * MiB;
+  config.prealloc_bytes = 32 * MiB;
+  std::vector<std::string> warnings;
+  config.warn = [&warnings](const std::string& message) { warnings.push_back(message); };
+  hostpool::HostPool pool(*device_, config);
+  ASSERT_TRUE(pool.wait_for_growth(std::chrono::seconds(30)));
+  ASSERT_FALSE(pool.stats().growth_failed) << (warnings.empty() ? std::string() : warnings[0]);
+  EXPECT_EQ(pool.stats().slab_bytes, 32 * MiB);
+
+  const std::size_t bytes = round_up(8 * MiB, device_->granularity());
+  auto block = pool.try_allocate(bytes);
+  ASSERT_TRUE(block.has_value());
+  auto va = device_->reserve(bytes);
+  ACTPAGE_ASSERT_OK(va);
+  auto handle = device_->create_physical(bytes, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(handle);
+  ACTPAGE_ASSERT_OK(device_->map(*va, bytes, *handle));
+  auto stream = device_->create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  ACTPAGE_ASSERT_OK(device_->fill(*va, 0x3c, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device_->copy_to_host(block->pointer, *va, bytes, *stream));
+  drain(*stream);
+  const auto* seen = static_cast<const std::uint8_t*>(block->pointer);
+  EXPECT_TRUE(std::all_of(seen, seen + bytes, [](std::uint8_t b) { return b == 0x3c; }));
+  pool.free(*block);
+  EXPECT_TRUE(warnings.empty());
+
+  ACTPAGE_EXPECT_OK(device_->destroy_stream(*stream));
+  ACTPAGE_EXPECT_OK(device_->unmap(*va, bytes));
+  ACTPAGE_EXPECT_OK(device_->release_physical(*handle));
+  ACTPAGE_EXPECT_OK(device_->unreserve(*va, bytes));
+}
+
+}  // namespace
+}  // namespace actpage::device
