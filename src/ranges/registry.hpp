@@ -55,6 +55,11 @@ class Registry {
   std::uint32_t node_count() const;
 
   // Called by the registry when a name or node is first created, so the trace can define it.
+  // Setting a hook also calls it once for every name and node that exists already (in id order,
+  // names first), so a trace opened late, or a new trace after fork(), still defines them all. Each
+  // entry is passed to the hook exactly once per set_define_hook(), on the thread that created it or
+  // in the replay, outside the registry's lock (in no particular order across threads). nullptr
+  // removes the hook.
   using DefineHook = void (*)(bool is_path, std::uint32_t id);
   void set_define_hook(DefineHook hook);
 
@@ -64,11 +69,15 @@ class Registry {
   Impl* impl_;
 };
 
-// The calling thread's range stack.
-void push(NameId name);          // opens a range named `name` inside the thread's current node
+// The calling thread's range stack. push() and pop() write RANGE_PUSH / RANGE_POP records to the
+// active trace (trace::active()) and then call the listener.
+// Opens a range named `name` inside the thread's current node. `domain` is the interned name of the
+// NVTX domain (0: the default domain); it is recorded, and ranges of every domain share the stack.
+// Ranges nested deeper than 256 are counted by depth() but neither tagged nor traced.
+void push(NameId name, NameId domain = 0);
 void pop();                      // closes the innermost range; a pop with nothing open is ignored
 PathId current() noexcept;       // innermost open node, kNoPath when none
 std::uint32_t depth() noexcept;  // number of open ranges
-void set_listener(Listener* listener);
+void set_listener(Listener* listener);  // nullptr: none
 
 }  // namespace actpage::ranges

@@ -1,0 +1,11 @@
+// The C API of include/actpage/c_api.h, for the Python hook package (ctypes) and tests.
+#include "actpage/c_api.h"
+
+#include "interpose/runtime.hpp"
+
+#define ACTPAGE_EXPORT extern "C" __attribute__((visibility("default")))
+
+ACTPAGE_EXPORT int actpage_api_version(void) { return 1; }
+ACTPAGE_EXPORT int actpage_is_active(void) { return actpage::interpose::ensure_active() ? 1 : 0; }
+ACTPAGE_EXPORT int actpage_python_hooks_mode(void) { return actpage::interpose::python_hooks_mode(); }
+ACTPAGE_EXPORT void actpage_flush_trace(void) { actpage::interpose::flush_trace(); }

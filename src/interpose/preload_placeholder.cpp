@@ -1,1 +1,0 @@
-extern "C" int actpage_placeholder() { return 0; }
