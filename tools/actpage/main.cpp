@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands.hpp"
 
@@ -10,8 +13,31 @@
 #define ACTPAGE_VERSION "unknown"
 #endif
 
+namespace {
+// `actpage run [opts] -- CMD...`: CLI11 2.1 mangles what follows "--" in a prefix-command subcommand
+// (moves the "--" to the end, rejects "--x"). So when "--" ends run's own options, hand CLI11 only
+// what comes before it and take the rest verbatim as the command.
+std::vector<std::string> split_run_command(int& argc, char** argv) {
+  int i = 1;
+  while (i < argc && argv[i][0] == '-') ++i;  // the app's own flags (--help, --version)
+  if (i >= argc || std::string_view(argv[i]) != "run") return {};
+  for (int j = i + 1; j < argc; ++j) {
+    const std::string_view arg(argv[j]);
+    if (arg == "--") {
+      std::vector<std::string> command(argv + j + 1, argv + argc);
+      argc = j;
+      return command;
+    }
+    if (arg.empty() || arg[0] != '-') return {};  // the command starts here, without "--"
+    if (arg == "--policy" || arg == "-p" || arg == "--trace" || arg == "-t") ++j;  // skip the value
+  }
+  return {};
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace actpage::cli;
+  std::vector<std::string> run_command_after_separator = split_run_command(argc, argv);
   CLI::App app{"actpage: pages a GPU training job's activations to pinned host memory, from outside the job"};
   app.set_version_flag("--version", std::string("actpage ") + ACTPAGE_VERSION);
   app.require_subcommand(1);
@@ -33,8 +59,7 @@ int main(int argc, char** argv) {
   auto* run_cmd = app.add_subcommand("run", "Run a command with libactpage preloaded: actpage run [opts] -- CMD...");
   run_cmd->add_option("--policy,-p", run_args.policy_path, "Policy file (checked before the job starts)");
   run_cmd->add_option("--trace,-t", run_args.trace_path, "Trace file to write (%p pid, %r rank)");
-  run_cmd->add_option("command", run_args.command, "The command to run, after --")->required();
-  run_cmd->prefix_command();
+  run_cmd->prefix_command();  // the command: everything from the first positional (or after "--")
 
   ReplayArgs replay_args;
   auto* replay_cmd = app.add_subcommand("replay", "Run a recorded trace through the engine on the simulated device");
@@ -53,6 +78,7 @@ int main(int argc, char** argv) {
   if (*run_cmd) {
     // prefix_command(): everything after the first positional (or "--") is the job's own argv.
     for (const auto& rest : run_cmd->remaining()) run_args.command.push_back(rest);
+    for (auto& rest : run_command_after_separator) run_args.command.push_back(std::move(rest));
     return run(run_args, std::cerr);
   }
   if (*replay_cmd) return replay(replay_args, std::cout, std::cerr);

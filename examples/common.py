@@ -1,0 +1,775 @@
+"""The training loop shared by the example jobs (train_llama.py, train_qwen3_moe.py).
+
+Model construction is the scripts' business (Hugging Face, random weights from a config); this file
+knows nothing of transformers, so the tests drive it with a tiny pure-torch model on the CPU.
+
+What a run reports: one final line on stdout,
+    ACTPAGE_RESULT {"losses": [float.hex, ...], "step_ms": [...], "median_step_ms": ..., ...}
+with the losses as exact hex strings (compare bits, not rounded prints), per-step times (the step is
+bracketed by torch.cuda.synchronize), the median after --warmup steps, the peak of the device memory
+in use (total - free from cudaMemGetInfo, sampled every 2 ms by a thread, as FACTS.md measured it)
+and torch's own peak (max_memory_allocated). examples/compare_runs.py collects these lines.
+
+Methods (--method), the things a user would do instead of actpage:
+  none            nothing
+  checkpointing   model.gradient_checkpointing_enable() (Hugging Face activation checkpointing)
+  save_on_cpu     torch.autograd.graph.save_on_cpu(pin_memory=True) around the forward pass
+  stream_offload  StreamOffload below: saved-tensor hooks copying the activations of selected
+                  module classes to pinned host memory on a side stream (torchtune-style)
+  cuda_graph      the whole training step captured once with torch.cuda.graph and replayed
+"""
+
+import argparse
+import contextlib
+import ctypes
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import weakref
+
+RESULT_PREFIX = "ACTPAGE_RESULT "
+METHODS = ("none", "checkpointing", "save_on_cpu", "stream_offload", "cuda_graph")
+MIB = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments and process set-up
+# ---------------------------------------------------------------------------------------------
+def parse_size(text):
+    """'1MiB', '512KiB', '2GiB', '1048576' -> bytes."""
+    units = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6,
+             "gb": 10**9}
+    text = str(text).strip()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = text[len(number):].strip().lower()
+    if unit not in units or not number:
+        raise argparse.ArgumentTypeError("expected a size such as 1MiB, got %r" % text)
+    return int(float(number) * units[unit])
+
+
+def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048, default_batch=4):
+    group = parser.add_argument_group("training loop (examples/common.py)")
+    group.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    group.add_argument("--warmup", type=int, default=3,
+                       help="steps left out of the median step time (default 3)")
+    group.add_argument("--seq", type=int, default=default_seq, help="sequence length")
+    group.add_argument("--batch", type=int, default=default_batch, help="batch size")
+    group.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    group.add_argument("--seed", type=int, default=1234, help="seed of the weights and the data")
+    group.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                       help="parameter and activation dtype (default bf16)")
+    group.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    group.add_argument("--method", choices=METHODS, default="none",
+                       help="what the job does about activation memory (default none)")
+    group.add_argument("--deterministic", action="store_true",
+                       help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8, "
+                            "so losses compare bit for bit across runs")
+    group.add_argument("--offload-modules", default=default_offload_modules,
+                       help="stream_offload: comma-separated class names (or parts of them) whose "
+                            "saved tensors are offloaded (default %(default)s)")
+    group.add_argument("--offload-min-bytes", type=parse_size, default=MIB,
+                       help="stream_offload: smallest tensor offloaded (default 1MiB)")
+    group.add_argument("--graph-warmup", type=int, default=3,
+                       help="cuda_graph: eager steps before the capture (default 3)")
+    group.add_argument("--sample-ms", type=float, default=2.0,
+                       help="device-memory sampling interval in ms (default 2)")
+    group.add_argument("--result-json", default=None, help="also write the result to this file")
+    return parser
+
+
+def prepare_process(args):
+    """Seeds and determinism. Call before anything initialises CUDA (cuBLAS reads
+    CUBLAS_WORKSPACE_CONFIG when its first handle is made)."""
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    return torch
+
+
+def pick_device(args):
+    import torch
+
+    if args.device:
+        return torch.device(args.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def torch_dtype(name):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Device memory in use: total - free from cudaMemGetInfo, sampled by a thread
+# ---------------------------------------------------------------------------------------------
+def find_process_library(fragment, maps_path="/proc/self/maps"):
+    """Path of a shared library already mapped into this process whose name contains `fragment`."""
+    try:
+        with open(maps_path) as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) == 6:
+                    path = parts[5].strip()
+                    if fragment in os.path.basename(path):
+                        return path
+    except OSError:
+        pass
+    return None
+
+
+class CudaRuntime:
+    """cudaSetDevice/cudaMemGetInfo of the libcudart the process already uses (torch's), via ctypes."""
+
+    def __init__(self, path):
+        self.path = path
+        self._lib = ctypes.CDLL(path)
+        self._lib.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+        self._lib.cudaMemGetInfo.restype = ctypes.c_int
+        self._lib.cudaSetDevice.argtypes = [ctypes.c_int]
+        self._lib.cudaSetDevice.restype = ctypes.c_int
+
+    @classmethod
+    def find(cls):
+        path = find_process_library("libcudart.so")
+        if path is None:
+            return None
+        try:
+            return cls(path)
+        except (OSError, AttributeError):
+            return None
+
+    def set_device(self, index):
+        return self._lib.cudaSetDevice(int(index))
+
+    def used_bytes(self):
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        if self._lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+            return None
+        return total.value - free.value
+
+
+class MemorySampler:
+    """Peak of the device memory in use, sampled every `interval_ms` on a thread of its own.
+
+    Without CUDA (or without a libcudart in the process) it does nothing and reports None. `query`
+    can be given a callable returning the bytes in use (tests)."""
+
+    def __init__(self, device_index=0, interval_ms=2.0, query=None, runtime=None, enabled=True):
+        self.interval = max(interval_ms, 0.1) / 1000.0
+        self.device_index = device_index
+        self.peak_bytes = None
+        self.first_bytes = None
+        self.samples = 0
+        self.source = None
+        self._stop = threading.Event()
+        self._thread = None
+        self._query = query
+        self._runtime = runtime
+        if self._query is None and enabled:
+            self._query = self._default_query()
+
+    def _default_query(self):
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return None
+        except Exception:
+            return None
+        runtime = self._runtime or CudaRuntime.find()
+        if runtime is not None:
+            self.source = "cudaMemGetInfo (%s)" % os.path.basename(runtime.path)
+            self._runtime = runtime
+            return runtime.used_bytes
+        import torch  # no libcudart mapped (static runtime): torch's own wrapper of the same call
+
+        self.source = "torch.cuda.mem_get_info"
+
+        def query():
+            free, total = torch.cuda.mem_get_info(self.device_index)
+            return total - free
+
+        return query
+
+    @property
+    def available(self):
+        return self._query is not None
+
+    def sample(self):
+        if self._query is None:
+            return None
+        used = self._query()
+        if used is not None:
+            self.samples += 1
+            if self.first_bytes is None:
+                self.first_bytes = used
+            if self.peak_bytes is None or used > self.peak_bytes:
+                self.peak_bytes = used
+        return used
+
+    def _run(self):
+        if self._runtime is not None:
+            self._runtime.set_device(self.device_index)
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception:
+                return
+            self._stop.wait(self.interval)
+
+    def start(self):
+        if self._query is None or self._thread is not None:
+            return self
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="actpage-memory-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sample()
+        return self.peak_mib()
+
+    def peak_mib(self):
+        return None if self.peak_bytes is None else round(self.peak_bytes / MIB, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# stream_offload: a torchtune-style streamed offload written inside the job
+# ---------------------------------------------------------------------------------------------
+def _storage_ptr(tensor):
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except AttributeError:  # torch < 2.0
+        return tensor.storage().data_ptr()
+
+
+def _dense_strides(tensor):
+    """The tensor's strides when it covers its elements densely without overlap (a permuted
+    contiguous layout), else the contiguous strides: the layout of its host copy."""
+    if tensor.is_contiguous():
+        return tuple(tensor.stride())
+    order = sorted(range(tensor.dim()), key=lambda d: tensor.stride(d))
+    expected = 1
+    for dim in order:
+        if tensor.size(dim) == 1:
+            continue
+        if tensor.stride(dim) != expected:
+            strides, running = [0] * tensor.dim(), 1
+            for d in reversed(range(tensor.dim())):
+                strides[d] = running
+                running *= tensor.size(d)
+            return tuple(strides)
+        expected *= tensor.size(dim)
+    return tuple(tensor.stride())
+
+
+class PinnedPool:
+    """Host buffers pooled by exact size (a training loop asks for the same sizes every step).
+
+    A buffer comes back with the event after which it is free (its last copy); it is handed out again
+    only once that event has completed, so a copy never reads or writes a reused buffer."""
+
+    def __init__(self, pin):
+        import torch
+
+        self._torch = torch
+        self.pin = pin
+        self._free = {}
+        self._returning = []
+        self._lock = threading.Lock()
+        self.allocated_bytes = 0
+        self.allocations = 0
+
+    def get(self, nbytes):
+        with self._lock:
+            self._reap()
+            bucket = self._free.get(nbytes)
+            if bucket:
+                return bucket.pop()
+        self.allocations += 1
+        self.allocated_bytes += nbytes
+        return self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=self.pin)
+
+    def put(self, buffer, event=None):
+        with self._lock:
+            if event is None:
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+            else:
+                self._returning.append((event, buffer))
+
+    def _reap(self):
+        still = []
+        for event, buffer in self._returning:
+            if event.query():
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+            else:
+                still.append((event, buffer))
+        self._returning = still
+
+    def free_buffers(self):
+        with self._lock:
+            self._reap()
+            return sum(len(b) for b in self._free.values())
+
+
+class _Offloaded:
+    """What the pack hook hands autograd for an offloaded tensor; gives its buffer back when freed."""
+
+    __slots__ = ("owner", "buffer", "host", "size", "stride", "dtype", "device", "d2h_event", "h2d_event")
+
+    def __init__(self, owner, buffer, host, tensor, stride, d2h_event):
+        self.owner = owner
+        self.buffer = buffer
+        self.host = host
+        self.size = tuple(tensor.size())
+        self.stride = stride
+        self.dtype = tensor.dtype
+        self.device = tensor.device
+        self.d2h_event = d2h_event
+        self.h2d_event = None
+
+    def __del__(self):
+        try:
+            self.owner.pool.put(self.buffer, self.h2d_event or self.d2h_event)
+        except Exception:
+            pass
+
+
+class StreamOffload:
+    """Saved-tensor hooks that move the activations of selected module classes to pinned host memory.
+
+    Inside a forward of a selected module, each saved tensor of at least `min_bytes` that is not a
+    parameter (or a view of one) is copied device-to-host on a side stream into a pooled pinned buffer;
+    the device tensor is let go once its copy is done (checked without blocking at the next pack, and
+    at the end of the forward after making the compute stream wait for the copy stream, so freed blocks
+    are reused only after the copies). Backward's unpack copies it back host-to-device on the compute
+    stream, after the D2H event. A tensor saved twice in one forward is copied once. On the CPU (tests)
+    the same logic runs with plain synchronous copies.
+
+    Use: `with offload: loss = model(batch)`, then `loss.backward()` outside.
+    """
+
+    def __init__(self, model, module_classes, min_bytes=MIB, device=None):
+        import torch
+
+        self._torch = torch
+        self.model = model
+        self.patterns = [p.strip() for p in (module_classes.split(",") if isinstance(module_classes, str)
+                                             else module_classes) if p.strip()]
+        self.min_bytes = int(min_bytes)
+        if device is None:
+            first = next(model.parameters(), None)
+            device = first.device if first is not None else torch.device("cpu")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.pool = PinnedPool(pin=self.cuda)
+        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.selected = [m for m in model.modules() if self.matches(type(m).__name__)]
+        if not self.selected:
+            raise ValueError("stream_offload: no module class matches %r" % (self.patterns,))
+        self._depth = 0
+        self._pending = []
+        self._packed_this_forward = {}
+        self._param_storages = set()
+        self._handles = []
+        for module in self.selected:
+            self._handles.append(module.register_forward_pre_hook(self._enter_module))
+            self._handles.append(module.register_forward_hook(self._leave_module))
+        self._saved_hooks = None
+        self.offloaded_bytes = 0
+        self.offloaded_tensors = 0
+        self.shared_tensors = 0
+        self.kept_tensors = 0
+        self.reloaded_tensors = 0
+
+    def matches(self, class_name):
+        return any(p == class_name or p in class_name for p in self.patterns)
+
+    def _enter_module(self, module, args):
+        self._depth += 1
+
+    def _leave_module(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+
+    def __enter__(self):
+        self._param_storages = {_storage_ptr(p) for p in self.model.parameters()}
+        self._saved_hooks = self._torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        self._saved_hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._saved_hooks.__exit__(*exc)
+        self._saved_hooks = None
+        self.finish_forward()
+        return False
+
+    def finish_forward(self):
+        """Lets go of every device tensor still being copied: the compute stream waits for the copy
+        stream first, so whatever reuses their blocks runs after the copies."""
+        if self.cuda and self._pending:
+            self._torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+        self._pending = []
+        self._packed_this_forward = {}
+
+    def _reap(self):
+        if self._pending:
+            self._pending = [(event, tensor) for event, tensor in self._pending if not event.query()]
+
+    def wants(self, tensor):
+        if self._depth == 0 or tensor.device != self.device:
+            return False
+        if tensor.numel() * tensor.element_size() < self.min_bytes:
+            return False
+        return _storage_ptr(tensor) not in self._param_storages
+
+    def pack(self, tensor):
+        if not self.wants(tensor):
+            self.kept_tensors += 1
+            return tensor
+        # One tensor saved twice (the input of gate_proj and up_proj, seen through two views) is copied
+        # once: same address, shape, strides and dtype as a tensor packed earlier in this forward that
+        # is still alive (so the memory is still its) and unmodified since (views share the version).
+        key = (tensor.data_ptr(), tuple(tensor.size()), tuple(tensor.stride()), tensor.dtype)
+        seen = self._packed_this_forward.get(key)
+        if seen is not None:
+            first = seen[0]()
+            if first is not None and first._version == seen[1] == tensor._version:
+                self.shared_tensors += 1
+                return seen[2]
+        torch = self._torch
+        nbytes = tensor.numel() * tensor.element_size()
+        stride = _dense_strides(tensor)
+        buffer = self.pool.get(nbytes)
+        host = buffer.view(tensor.dtype).as_strided(tensor.size(), stride)
+        event = None
+        if self.cuda:
+            self._reap()
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.copy_stream):
+                host.copy_(tensor, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.copy_stream)
+            self._pending.append((event, tensor))
+        else:
+            host.copy_(tensor)
+        self.offloaded_bytes += nbytes
+        self.offloaded_tensors += 1
+        packed = _Offloaded(self, buffer, host, tensor, stride, event)
+        self._packed_this_forward[key] = (weakref.ref(tensor), tensor._version, packed)
+        return packed
+
+    def unpack(self, packed):
+        if not isinstance(packed, _Offloaded):
+            return packed
+        torch = self._torch
+        result = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype, device=packed.device)
+        if self.cuda:
+            stream = torch.cuda.current_stream(packed.device)
+            if packed.d2h_event is not None:
+                stream.wait_event(packed.d2h_event)
+            result.copy_(packed.host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+            packed.h2d_event = event
+        else:
+            result.copy_(packed.host)
+        self.reloaded_tensors += 1
+        return result
+
+    def stats(self):
+        return {"modules": sorted({type(m).__name__ for m in self.selected}),
+                "selected_modules": len(self.selected),
+                "offloaded_tensors": self.offloaded_tensors, "offloaded_mib": round(self.offloaded_bytes / MIB, 1),
+                "shared_tensors": self.shared_tensors,
+                "kept_tensors": self.kept_tensors, "reloaded_tensors": self.reloaded_tensors,
+                "pinned_mib": round(self.pool.allocated_bytes / MIB, 1)}
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+# ---------------------------------------------------------------------------------------------
+# The job and the loop
+# ---------------------------------------------------------------------------------------------
+class Job:
+    """What the loop needs to know about a model.
+
+    name          a label for the result ("llama")
+    model         an nn.Module on its device, in train mode
+    make_batch    step -> dict of tensors on the device (deterministic in the step)
+    compute_loss  (model, batch) -> scalar loss tensor
+    config        a dict describing the model, copied into the result
+    """
+
+    def __init__(self, name, model, make_batch, compute_loss, config=None):
+        self.name = name
+        self.model = model
+        self.make_batch = make_batch
+        self.compute_loss = compute_loss
+        self.config = dict(config or {})
+
+
+def random_token_batches(vocab, batch, seq, seed, device):
+    """make_batch for a causal LM: random token ids from a generator seeded by (seed, step), on the
+    CPU (identical everywhere), then moved to the device; labels are the inputs (HF shifts them)."""
+    import torch
+
+    def make_batch(step):
+        generator = torch.Generator().manual_seed(int(seed) * 1000003 + int(step))
+        ids = torch.randint(0, vocab, (batch, seq), generator=generator)
+        ids = ids.to(device)
+        return {"input_ids": ids, "labels": ids}
+
+    return make_batch
+
+
+def enable_checkpointing(model):
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise SystemExit("--method checkpointing needs a model with gradient_checkpointing_enable()")
+    try:
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    except TypeError:
+        enable()
+
+
+def actpage_status():
+    """Whether libactpage.so is in this process, and whether it says it is active."""
+    try:
+        process = ctypes.CDLL(None)
+        active = process.actpage_is_active
+    except (OSError, AttributeError):
+        return {"loaded": False, "active": False}
+    active.restype = ctypes.c_int
+    return {"loaded": True, "active": bool(active())}
+
+
+def _median(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return round(statistics.median(values), 3) if values else None
+
+
+def _finite_or_none(value):
+    return value if math.isfinite(value) else None
+
+
+def _ms(values):
+    return [round(v, 3) if math.isfinite(v) else None for v in values]
+
+
+class _Timer:
+    """Marks inside a step: CUDA events on the GPU (no extra synchronisation), perf_counter on CPU."""
+
+    def __init__(self, torch, cuda):
+        self._torch = torch
+        self.cuda = cuda
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            event = self._torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def spans_ms(self):
+        """Milliseconds between consecutive marks (call after synchronising)."""
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]
+
+
+def train(job, args, out=None):
+    """Runs args.steps training steps of `job` with args.method; prints and returns the result."""
+    import torch
+
+    out = sys.stdout if out is None else out
+    model = job.model
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    device_index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
+    sampler = MemorySampler(device_index, interval_ms=args.sample_ms, enabled=cuda)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    sampler.start()
+    model.train()
+    method = args.method
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
+                                  **({"capturable": True} if method == "cuda_graph" else {}))
+    offload = None
+    forward_context = contextlib.nullcontext
+    if method == "checkpointing":
+        enable_checkpointing(model)
+    elif method == "save_on_cpu":
+        def forward_context():
+            return torch.autograd.graph.save_on_cpu(pin_memory=cuda)
+    elif method == "stream_offload":
+        offload = StreamOffload(model, args.offload_modules, args.offload_min_bytes, device)
+
+        def forward_context():
+            return offload
+    elif method == "cuda_graph" and not cuda:
+        raise SystemExit("--method cuda_graph needs a CUDA device")
+
+    losses, step_ms, fwd_ms, bwd_ms = [], [], [], []
+
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    try:
+        if method == "cuda_graph":
+            _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms)
+        else:
+            for step in range(args.steps):
+                batch = job.make_batch(step)
+                timer = _Timer(torch, cuda)
+                synchronize()
+                start = time.perf_counter()
+                timer.mark()
+                with forward_context():
+                    loss = job.compute_loss(model, batch)
+                timer.mark()
+                loss.backward()
+                timer.mark()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                synchronize()
+                elapsed = (time.perf_counter() - start) * 1000.0
+                spans = timer.spans_ms()
+                losses.append(float(loss.detach().float().item()))
+                step_ms.append(elapsed)
+                fwd_ms.append(spans[0])
+                bwd_ms.append(spans[1])
+                del loss, batch
+    finally:
+        sampler.stop()
+
+    warmup = args.warmup
+    if method == "cuda_graph":
+        warmup = max(warmup, args.graph_warmup + 1)  # the capture step is no steady-state step
+    measured = step_ms[warmup:] if len(step_ms) > warmup else step_ms
+    result = {
+        "job": job.name,
+        "method": method,
+        "config": job.config,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__,
+        "deterministic": bool(args.deterministic),
+        "seed": args.seed,
+        "steps": len(losses),
+        "warmup": warmup,
+        "losses": [float(v).hex() for v in losses],
+        "loss_values": [_finite_or_none(v) for v in losses],
+        "step_ms": _ms(step_ms),
+        "fwd_ms": _ms(fwd_ms),
+        "bwd_ms": _ms(bwd_ms),
+        "median_step_ms": _median(measured),
+        "median_fwd_ms": _median(fwd_ms[warmup:] if len(fwd_ms) > warmup else fwd_ms),
+        "device_used_peak_mib": sampler.peak_mib(),
+        "device_used_start_mib": None if sampler.first_bytes is None else round(sampler.first_bytes / MIB, 1),
+        "device_memory_samples": sampler.samples,
+        "device_memory_source": sampler.source,
+        "torch_peak_mib": round(torch.cuda.max_memory_allocated(device) / MIB, 1) if cuda else None,
+        "torch_reserved_peak_mib": round(torch.cuda.max_memory_reserved(device) / MIB, 1) if cuda else None,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "actpage": actpage_status(),
+    }
+    if offload is not None:
+        result["stream_offload"] = offload.stats()
+    emit_result(result, out, args.result_json)
+    return result
+
+
+def _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms):
+    """Eager steps on a side stream (torch's recipe for whole-network capture), then one captured
+    training step (forward, backward, optimizer step) replayed for every later step."""
+    import torch
+
+    model = job.model
+    static = job.make_batch(0)
+    side = torch.cuda.Stream()
+    graph = None
+    static_loss = None
+    for step in range(args.steps):
+        batch = job.make_batch(step)
+        for key, value in batch.items():
+            static[key].copy_(value)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if step < args.graph_warmup:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = job.compute_loss(model, static)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            torch.cuda.current_stream().wait_stream(side)
+            value = loss.detach()
+            del loss  # its graph would keep the eager AccumulateGrad nodes alive into the capture
+        else:
+            if graph is None:
+                graph = torch.cuda.CUDAGraph()
+                optimizer.zero_grad(set_to_none=True)
+                with torch.cuda.graph(graph):
+                    static_loss = job.compute_loss(model, static)
+                    static_loss.backward()
+                    optimizer.step()
+            graph.replay()
+            value = static_loss.detach()
+        torch.cuda.synchronize()
+        step_ms.append((time.perf_counter() - start) * 1000.0)
+        losses.append(float(value.float().item()))
+        fwd_ms.append(float("nan"))
+        bwd_ms.append(float("nan"))
+
+
+def emit_result(result, out=None, path=None):
+    out = sys.stdout if out is None else out
+    line = RESULT_PREFIX + json.dumps(result, sort_keys=True, allow_nan=False, default=_json_default)
+    out.write(line + "\n")
+    out.flush()
+    if path:
+        with open(path, "w") as handle:
+            json.dump(result, handle, indent=2, sort_keys=True, default=_json_default)
+            handle.write("\n")
+
+
+def _json_default(value):
+    if isinstance(value, float):
+        return None
+    return str(value)
+
+
+def parse_result_lines(text):
+    """Every ACTPAGE_RESULT object in `text` (a job's stdout), in order."""
+    results = []
+    for line in text.splitlines():
+        index = line.find(RESULT_PREFIX)
+        if index < 0:
+            continue
+        try:
+            results.append(json.loads(line[index + len(RESULT_PREFIX):]))
+        except ValueError:
+            continue
+    return results

@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Runs one job command several ways and compares them: losses, step time, device memory.
+
+    compare_runs.py [--policy P] [--reps 3] [--out DIR] -- python3 examples/train_llama.py --deterministic
+
+Each variant is a way of running the command: plain (as is) or under `actpage run --policy P`, with
+an allocator setting (PYTORCH_CUDA_ALLOC_CONF). The default variants are the cross product of
+--modes (plain, actpage) and --allocators (native, async, expandable): native is an explicit
+`backend:native` (actpage run would otherwise select the async backend), async is
+`backend:cudaMallocAsync`, expandable is `expandable_segments:True`; any other text is used as the
+value itself, and `unset` removes the variable. --variant "NAME;MODE;ALLOC[;EXTRA ARGS]" adds a
+variant of your own (EXTRA ARGS are appended to the command), e.g.
+    --variant "ckpt;plain;async;--method checkpointing"
+
+Repetitions are interleaved (rep 1 of every variant, then rep 2, each rep in a rotated order) so
+that drift of the machine hits every variant alike. Each run must print an ACTPAGE_RESULT line
+(examples/common.py); the last one counts.
+
+Every variant is compared with a reference: an actpage variant with the plain variant of the same
+allocator setting (FACTS.md: losses are bit-identical only within one allocator backend), any other
+with the baseline (--baseline, default the first variant). The table says whether the losses are
+bit-identical (their float.hex strings) to the reference's and within the variant's repetitions, the
+median step time (median over repetitions of each run's median) and its ratio to the reference, the
+device-used peak and torch's peak. Written to OUT/results.json and OUT/results.md, logs in OUT/logs/.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+RESULT_PREFIX = "ACTPAGE_RESULT "
+ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
+              "expandable": "expandable_segments:True", "unset": None}
+MODES = ("plain", "actpage")
+
+
+class Variant:
+    def __init__(self, name, mode, alloc, extra_args=()):
+        if mode not in MODES:
+            raise ValueError("variant %s: mode must be plain or actpage, got %r" % (name, mode))
+        self.name = name
+        self.mode = mode
+        self.alloc_label = alloc
+        self.alloc = ALLOCATORS.get(alloc, alloc)
+        self.extra_args = list(extra_args)
+
+    def to_json(self):
+        return {"name": self.name, "mode": self.mode, "alloc": self.alloc_label, "alloc_conf": self.alloc,
+                "extra_args": self.extra_args}
+
+
+def parse_variant(spec):
+    parts = spec.split(";")
+    if len(parts) < 3:
+        raise argparse.ArgumentTypeError("expected NAME;MODE;ALLOC[;EXTRA ARGS], got %r" % spec)
+    name, mode, alloc = (p.strip() for p in parts[:3])
+    extra = shlex.split(";".join(parts[3:])) if len(parts) > 3 else []
+    try:
+        return Variant(name, mode, alloc, extra)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+
+
+def default_variants(modes, allocators):
+    return [Variant("%s-%s" % (mode, alloc), mode, alloc) for mode in modes for alloc in allocators]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", default=None, help="policy for the actpage variants")
+    parser.add_argument("--actpage", default=None,
+                        help="the actpage executable (default: ../build/bin/actpage beside this script, "
+                             "else actpage on PATH)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each variant (default 3)")
+    parser.add_argument("--out", default="out/compare", help="output folder (default out/compare)")
+    parser.add_argument("--modes", default="plain,actpage", help="default variants' modes")
+    parser.add_argument("--allocators", default="native,async,expandable",
+                        help="default variants' allocator settings (native, async, expandable, unset, or a value)")
+    parser.add_argument("--variant", action="append", type=parse_variant, default=[],
+                        help="NAME;MODE;ALLOC[;EXTRA ARGS]: a variant of your own (repeatable); with any "
+                             "--variant, the defaults are used only if --with-defaults is given")
+    parser.add_argument("--with-defaults", action="store_true", help="keep the default variants with --variant")
+    parser.add_argument("--baseline", default=None, help="reference for plain variants (default: the first)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the job command")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no job command given (after --)")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
+    variants = list(args.variant)
+    if not variants or args.with_defaults:
+        variants = default_variants(modes, allocators) + variants
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        parser.error("variant names must be unique: %s" % ", ".join(names))
+    if any(v.mode == "actpage" for v in variants) and not args.policy:
+        parser.error("actpage variants need --policy")
+    if args.baseline is not None and args.baseline not in names:
+        parser.error("--baseline %s is not a variant (%s)" % (args.baseline, ", ".join(names)))
+    args.variants = variants
+    return args
+
+
+def find_actpage(explicit=None):
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidate = os.path.join(here, os.pardir, "build", "bin", "actpage")
+    if os.access(candidate, os.X_OK):
+        return os.path.normpath(candidate)
+    return "actpage"
+
+
+def command_for(variant, command, actpage, policy):
+    job = list(command) + variant.extra_args
+    if variant.mode == "actpage":
+        return [actpage, "run", "--policy", policy, "--"] + job
+    return job
+
+
+def environment_for(variant, base=None):
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTORCH_ALLOC_CONF", None)  # one variable, so that each variant says what it runs with
+    if variant.alloc is None:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    else:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = variant.alloc
+    return env
+
+
+def parse_results(text):
+    results = []
+    for line in text.splitlines():
+        index = line.find(RESULT_PREFIX)
+        if index < 0:
+            continue
+        try:
+            results.append(json.loads(line[index + len(RESULT_PREFIX):]))
+        except ValueError:
+            continue
+    return results
+
+
+def schedule(variants, reps):
+    """(rep, variant) pairs, interleaved: every variant once per rep, each rep rotated by one."""
+    order = []
+    for rep in range(reps):
+        shift = rep % len(variants) if variants else 0
+        for variant in variants[shift:] + variants[:shift]:
+            order.append((rep, variant))
+    return order
+
+
+def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None):
+    log = sys.stderr if log is None else log
+    argv = command_for(variant, command, actpage, policy)
+    env = environment_for(variant)
+    logs = os.path.join(out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    stem = os.path.join(logs, "%s.rep%d" % (variant.name, rep + 1))
+    log.write("[compare] %s rep %d: %s\n" % (variant.name, rep + 1, " ".join(shlex.quote(a) for a in argv)))
+    log.flush()
+    start = time.time()
+    record = {"variant": variant.name, "rep": rep + 1, "argv": argv, "alloc_conf": variant.alloc}
+    try:
+        with open(stem + ".err", "w") as err:
+            done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=err, timeout=timeout,
+                                  universal_newlines=True)
+        stdout, record["rc"] = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        raw = expired.stdout or b""  # bytes whatever text mode says
+        stdout = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        record["rc"] = "timeout"
+    except OSError as error:
+        stdout, record["rc"] = "", "error: %s" % error
+    record["wall_s"] = round(time.time() - start, 2)
+    with open(stem + ".out", "w") as handle:
+        handle.write(stdout)
+    results = parse_results(stdout)
+    record["result"] = results[-1] if results else None
+    record["ok"] = record["rc"] == 0 and record["result"] is not None
+    if not record["ok"]:
+        log.write("[compare] %s rep %d FAILED (rc %s%s); see %s.err\n" % (
+            variant.name, rep + 1, record["rc"], "" if record["result"] else ", no ACTPAGE_RESULT", stem))
+    return record
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _first_difference(a, b):
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return min(len(a), len(b)) if len(a) != len(b) else None
+
+
+def reference_of(variant, variants, baseline_name):
+    if variant.mode == "actpage":
+        for other in variants:
+            if other.mode == "plain" and other.alloc == variant.alloc and other.extra_args == variant.extra_args:
+                return other.name
+    baseline = baseline_name or (variants[0].name if variants else None)
+    return None if baseline == variant.name else baseline
+
+
+def summarize(variants, records, baseline_name=None):
+    """One row per variant (see the module's docstring)."""
+    by_variant = {v.name: [r for r in records if r["variant"] == v.name] for v in variants}
+    rows = []
+    medians = {}
+    first_losses = {}
+    for variant in variants:
+        ok = [r for r in by_variant[variant.name] if r["ok"]]
+        medians[variant.name] = _median([r["result"].get("median_step_ms") for r in ok])
+        first_losses[variant.name] = ok[0]["result"].get("losses") if ok else None
+    for variant in variants:
+        runs = by_variant[variant.name]
+        ok = [r for r in runs if r["ok"]]
+        losses = [r["result"].get("losses") for r in ok]
+        stable = None if not losses else all(l == losses[0] for l in losses)
+        ref = reference_of(variant, variants, baseline_name)
+        identical, differs_at = None, None
+        if ref is not None and losses and first_losses.get(ref) is not None:
+            ref_losses = first_losses[ref]
+            identical = all(l == ref_losses for l in losses)
+            if not identical:
+                differs_at = min(d for d in (_first_difference(l, ref_losses) for l in losses) if d is not None)
+        median_ms = medians[variant.name]
+        ref_ms = medians.get(ref) if ref is not None else None
+        rows.append({
+            "variant": variant.name, "mode": variant.mode, "alloc": variant.alloc_label,
+            "alloc_conf": variant.alloc, "extra_args": variant.extra_args,
+            "runs": len(runs), "ok": len(ok),
+            "reference": ref,
+            "losses_identical_to_reference": identical,
+            "losses_first_difference_step": differs_at,
+            "losses_stable_across_reps": stable,
+            "median_step_ms": None if median_ms is None else round(median_ms, 3),
+            "step_ms_min": _min([r["result"].get("median_step_ms") for r in ok]),
+            "step_ms_max": _max([r["result"].get("median_step_ms") for r in ok]),
+            "ratio_to_reference": (round(median_ms / ref_ms, 4) if median_ms is not None and ref_ms else None),
+            "device_used_peak_mib": _round(_median([r["result"].get("device_used_peak_mib") for r in ok])),
+            "torch_peak_mib": _round(_median([r["result"].get("torch_peak_mib") for r in ok])),
+            "actpage_active": _any([((r["result"].get("actpage") or {}).get("active")) for r in ok]),
+        })
+    return rows
+
+
+def _min(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def _max(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def _round(value, digits=1):
+    return None if value is None else round(value, digits)
+
+
+def _any(values):
+    values = [v for v in values if v is not None]
+    return any(values) if values else None
+
+
+def _cell(value, fmt="%s"):
+    if value is None:
+        return "-"
+    return fmt % value
+
+
+def _yes_no(flag, detail=None):
+    if flag is None:
+        return "-"
+    if flag:
+        return "yes"
+    return "no" if detail is None else "no (step %d)" % detail
+
+
+def format_table(rows):
+    header = ["variant", "actpage", "allocator", "ok/runs", "losses = ref", "ref", "stable", "median step ms",
+              "x ref", "device used peak MiB", "torch peak MiB"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    for row in rows:
+        cells = [
+            row["variant"] + (" " + " ".join(row["extra_args"]) if row["extra_args"] else ""),
+            "yes" if row["mode"] == "actpage" else "no",
+            row["alloc_conf"] or "unset",
+            "%d/%d" % (row["ok"], row["runs"]),
+            _yes_no(row["losses_identical_to_reference"], row["losses_first_difference_step"]),
+            row["reference"] or "-",
+            _yes_no(row["losses_stable_across_reps"]),
+            _cell(row["median_step_ms"], "%.1f"),
+            _cell(row["ratio_to_reference"], "%.3f"),
+            _cell(row["device_used_peak_mib"], "%.0f"),
+            _cell(row["torch_peak_mib"], "%.0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir, args_record, rows, records):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as handle:
+        json.dump({"settings": args_record, "summary": rows, "runs": records}, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    table = format_table(rows)
+    with open(os.path.join(out_dir, "results.md"), "w") as handle:
+        handle.write("# compare_runs\n\n")
+        handle.write("Command: `%s`\n\n" % " ".join(shlex.quote(a) for a in args_record["command"]))
+        if args_record.get("policy"):
+            handle.write("Policy: `%s`\n\n" % args_record["policy"])
+        handle.write("Repetitions: %d, interleaved. Losses compared bit for bit (float.hex) with the reference "
+                     "run; step time is the median over repetitions of each run's median after warm-up.\n\n"
+                     % args_record["reps"])
+        handle.write(table + "\n")
+    return table
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    actpage = find_actpage(args.actpage)
+    policy = os.path.abspath(args.policy) if args.policy else None
+    records = []
+    for rep, variant in schedule(args.variants, args.reps):
+        records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout))
+    rows = summarize(args.variants, records, args.baseline)
+    settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
+                "variants": [v.to_json() for v in args.variants], "baseline": args.baseline}
+    table = write_outputs(args.out, settings, rows, records)
+    print(table)
+    print("\nwritten: %s, %s" % (os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")))
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""actpage's PyTorch hooks: name each nn.Module's forward and backward with an NVTX range.
+
+`actpage run` puts the folder holding this package first on PYTHONPATH; its sitecustomize calls
+`install_import_hook()`, which waits for the job's own `import torch` (importing this package costs
+no torch import) and then calls `on_torch_imported()`: that asks libactpage.so for the python_hooks
+mode (see _mode.py) and, unless it is off, registers global module hooks (see _hooks.py) that push
+a range per module forward, named by module path ("model.layers.3.mlp"), and mark each module's
+backward with a range "<path>.backward". libactpage.so, loaded as the NVTX injection library, sees
+those ranges and tags device allocations with them.
+
+Public functions, for jobs and tests:
+  install(mode=None, force=False, push=None, pop=None)  registers the hooks now (imports torch)
+  uninstall()                                          removes them (outside a forward pass)
+  installed()                                          the ModuleHooks object, or None
+  set_range_functions(push, pop)                       replaces torch.cuda.nvtx.range_push/pop, e.g.
+                                                       with a recorder; None restores them
+  module_name(module)                                  the name the hooks use for a module
+"""
+
+import threading
+
+from . import _log, _mode
+
+__all__ = ["install", "uninstall", "installed", "install_import_hook", "on_torch_imported",
+           "set_range_functions", "module_name", "resolve_mode"]
+
+_lock = threading.RLock()
+_installed = None
+_import_hook = None
+
+
+def resolve_mode():
+    """'auto', 'on' or 'off': from the preloaded library, else ACTPAGE_PYTHON_HOOKS (see _mode)."""
+    return _mode.resolve()
+
+
+def installed():
+    """The installed hooks (an _hooks.ModuleHooks), or None."""
+    return _installed
+
+
+def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None):
+    """Registers the global module hooks (idempotent; imports torch).
+
+    mode: 'auto' or 'on' (default: resolve_mode(); 'off' installs nothing and returns None).
+    force: push ranges even when CUDA is not available (tests). Custom push/pop functions imply it.
+    use_node_prehook: mark backward with grad_fn pre-hooks (default when torch has them) or, False,
+    with tensor hooks on the outputs (the fallback for older torch).
+    """
+    global _installed
+    with _lock:
+        if _installed is not None:
+            if push is not None or pop is not None:
+                _installed.set_range_functions(push, pop)
+            return _installed
+        mode = resolve_mode() if mode is None else mode
+        if mode == _mode.OFF:
+            _log.debug("off (python_hooks mode)")
+            return None
+        from . import _hooks as hooks_module
+
+        _installed = hooks_module.ModuleHooks(mode, push=push, pop=pop, force=force,
+                                          use_node_prehook=use_node_prehook).install()
+        _log.debug("installed (mode %s)" % mode)
+        return _installed
+
+
+def uninstall():
+    """Removes the hooks (call outside a forward pass). Safe when none are installed."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            _installed.remove()
+            _installed = None
+
+
+def set_range_functions(push, pop):
+    """Swaps the functions that push and pop ranges (None: torch.cuda.nvtx's). Custom functions
+    make the hooks push even without CUDA."""
+    with _lock:
+        if _installed is not None:
+            _installed.set_range_functions(push, pop)
+
+
+def module_name(module):
+    """The range name the hooks give `module` (names its tree if needed); None when not installed."""
+    hooks = _installed
+    return hooks.name_of(module) if hooks is not None else None
+
+
+def on_torch_imported(torch_module=None):
+    """Called right after `import torch` (by the import hook). Never raises."""
+    try:
+        install()
+    except Exception as error:
+        _log.warn_once("install", "could not install the module hooks: %r" % (error,))
+
+
+def install_import_hook():
+    """Arranges for on_torch_imported() to run right after torch is first imported (at once if it
+    already is). Imports nothing heavy. Idempotent."""
+    global _import_hook
+    with _lock:
+        if _import_hook is not None:
+            return _import_hook
+        from . import _importhook
+
+        _import_hook = _importhook.install(on_torch_imported) or True
+        return _import_hook

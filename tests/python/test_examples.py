@@ -1,0 +1,259 @@
+"""examples/common.py on the CPU with a tiny pure-torch language model (no transformers here)."""
+
+import argparse
+import io
+import json
+import threading
+import unittest
+
+import helpers  # noqa: F401  (puts examples/ on sys.path)
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+import common
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.down(F.silu(self.up(x)))
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = TinyMLP(width)
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class TinyLM(nn.Module):
+    """Embedding, a few MLP layers, a head; HF-like enough for the loop (checkpointing included)."""
+
+    def __init__(self, vocab=50, width=16, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(TinyLayer(width) for _ in range(layers))
+        self.head = nn.Linear(width, vocab)
+        self.checkpointing = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        self.checkpointing = True
+        self.checkpoint_kwargs = dict(gradient_checkpointing_kwargs or {})
+
+    def forward(self, input_ids, labels):
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            if self.checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(layer, x, **self.checkpoint_kwargs)
+            else:
+                x = layer(x)
+        logits = self.head(x)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+
+
+def make_args(*extra):
+    parser = argparse.ArgumentParser()
+    common.add_common_arguments(parser, default_offload_modules="TinyMLP")
+    return parser.parse_args(["--steps", "4", "--warmup", "1", "--seq", "12", "--batch", "3", "--dtype", "fp32",
+                              "--device", "cpu", "--seed", "7"] + list(extra))
+
+
+def run_job(*extra):
+    args = make_args(*extra)
+    common.prepare_process(args)
+    model = TinyLM()
+    job = common.Job("tiny", model, common.random_token_batches(50, args.batch, args.seq, args.seed, "cpu"),
+                     lambda m, batch: m(batch["input_ids"], batch["labels"]), {"width": 16})
+    out = io.StringIO()
+    result = common.train(job, args, out=out)
+    return result, out.getvalue()
+
+
+class TrainingLoopTest(unittest.TestCase):
+    def test_result_line_is_the_last_line_and_complete(self):
+        result, text = run_job()
+        last = text.strip().splitlines()[-1]
+        self.assertTrue(last.startswith(common.RESULT_PREFIX))
+        parsed = json.loads(last[len(common.RESULT_PREFIX):])
+        self.assertEqual(parsed, json.loads(json.dumps(result)))
+        self.assertEqual(parsed["steps"], 4)
+        self.assertEqual(len(parsed["losses"]), 4)
+        self.assertEqual([float.fromhex(h) for h in parsed["losses"]], parsed["loss_values"])
+        self.assertEqual(len(parsed["step_ms"]), 4)
+        self.assertEqual(parsed["median_step_ms"], round(sorted(parsed["step_ms"][1:])[1], 3))
+        self.assertTrue(all(f is not None and f > 0 for f in parsed["fwd_ms"]))
+        self.assertIsNone(parsed["device_used_peak_mib"])
+        self.assertIsNone(parsed["torch_peak_mib"])
+        self.assertEqual(parsed["actpage"], {"loaded": False, "active": False})
+        self.assertEqual(parsed["config"], {"width": 16})
+        self.assertEqual(common.parse_result_lines("noise\n" + text + "more noise\n"), [parsed])
+
+    def test_the_model_learns_and_runs_repeat_bit_for_bit(self):
+        first, _ = run_job("--deterministic")
+        second, _ = run_job("--deterministic")
+        self.assertEqual(first["losses"], second["losses"])
+        self.assertLess(first["loss_values"][-1], first["loss_values"][0])
+
+    def test_every_cpu_method_gives_the_same_losses(self):
+        reference, _ = run_job()
+        for method in ("checkpointing", "save_on_cpu", "stream_offload"):
+            with self.subTest(method=method):
+                result, _ = run_job("--method", method, "--offload-min-bytes", "1KiB")
+                self.assertEqual(result["losses"], reference["losses"])
+                self.assertEqual(result["method"], method)
+        result, _ = run_job("--method", "stream_offload", "--offload-min-bytes", "1KiB")
+        stats = result["stream_offload"]
+        self.assertEqual(stats["modules"], ["TinyMLP"])
+        self.assertGreater(stats["offloaded_tensors"], 0)
+        self.assertEqual(stats["reloaded_tensors"], stats["offloaded_tensors"])
+
+    def test_cuda_graph_needs_cuda(self):
+        if torch.cuda.is_available():
+            self.skipTest("CUDA present")
+        with self.assertRaises(SystemExit):
+            run_job("--method", "cuda_graph")
+
+    def test_batches_are_deterministic_per_step(self):
+        make = common.random_token_batches(50, 2, 8, 3, "cpu")
+        self.assertTrue(torch.equal(make(1)["input_ids"], make(1)["input_ids"]))
+        self.assertFalse(torch.equal(make(1)["input_ids"], make(2)["input_ids"]))
+
+    def test_parse_size(self):
+        self.assertEqual(common.parse_size("1MiB"), 1 << 20)
+        self.assertEqual(common.parse_size("512KiB"), 512 << 10)
+        self.assertEqual(common.parse_size("4096"), 4096)
+        with self.assertRaises(argparse.ArgumentTypeError):
+            common.parse_size("lots")
+
+
+class MemorySamplerTest(unittest.TestCase):
+    def test_without_cuda_it_reports_nothing(self):
+        if torch.cuda.is_available():
+            self.skipTest("CUDA present")
+        sampler = common.MemorySampler()
+        self.assertFalse(sampler.available)
+        sampler.start()
+        self.assertIsNone(sampler.stop())
+        self.assertEqual(sampler.samples, 0)
+
+    def test_keeps_the_peak_of_what_the_query_reports(self):
+        values = iter([100 << 20, 300 << 20] + [200 << 20] * 100000)
+        lock = threading.Lock()
+
+        def query():
+            with lock:
+                return next(values)
+
+        sampler = common.MemorySampler(interval_ms=0.5, query=query).start()
+        done = threading.Event()
+        done.wait(0.05)
+        peak = sampler.stop()
+        self.assertEqual(peak, 300.0)
+        self.assertEqual(sampler.first_bytes, 100 << 20)
+        self.assertGreater(sampler.samples, 3)
+
+    def test_finds_libraries_mapped_into_the_process(self):
+        self.assertIn("libc.so", common.find_process_library("libc.so"))
+        self.assertIsNone(common.find_process_library("libnothing-like-this.so"))
+        if not torch.cuda.is_available():
+            self.assertIsNone(common.CudaRuntime.find())
+
+
+class StreamOffloadTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.model = TinyLM()
+        self.offload = common.StreamOffload(self.model, "TinyMLP", min_bytes=1024, device="cpu")
+
+    def test_selects_modules_by_class_name(self):
+        self.assertEqual(len(self.offload.selected), 2)
+        self.assertTrue(self.offload.matches("TinyMLP"))
+        self.assertFalse(self.offload.matches("TinyLayer"))
+        with self.assertRaises(ValueError):
+            common.StreamOffload(self.model, "NoSuchBlock", device="cpu")
+
+    def test_pack_and_unpack_inside_a_selected_module(self):
+        offload = self.offload
+        with offload:
+            offload._depth = 1  # as if inside TinyMLP's forward
+            big = torch.randn(32, 64)
+            transposed = torch.randn(64, 32).t()
+            small = torch.randn(4)
+            weight_view = self.model.head.weight.t()
+            packed = [offload.pack(t) for t in (big, transposed, small, weight_view)]
+            offload._depth = 0
+            outside = offload.pack(big)
+        self.assertIsInstance(packed[0], common._Offloaded)
+        self.assertIsInstance(packed[1], common._Offloaded)
+        self.assertIs(packed[2], small)        # below min_bytes
+        self.assertIs(packed[3], weight_view)  # a view of a parameter
+        self.assertIs(outside, big)            # not inside a selected module
+        restored = offload.unpack(packed[1])
+        self.assertTrue(torch.equal(restored, transposed))
+        self.assertEqual(restored.stride(), transposed.stride())
+        self.assertTrue(torch.equal(offload.unpack(packed[0]), big))
+        self.assertIs(offload.unpack(small), small)
+        self.assertEqual(offload.offloaded_tensors, 2)
+
+    def test_a_tensor_saved_twice_is_copied_once_unless_modified_between(self):
+        offload = self.offload
+        with offload:
+            offload._depth = 1
+            x = torch.randn(4, 8, 64)
+            before = x.clone()
+            view_a, view_b = x.view(-1, 64), x.view(-1, 64)  # what two Linear layers save
+            first, second = offload.pack(view_a), offload.pack(view_b)
+            x.add_(1)  # a new version: a new copy
+            third = offload.pack(x)
+        self.assertIs(first, second)
+        self.assertIsNot(third, first)
+        self.assertEqual((offload.offloaded_tensors, offload.shared_tensors), (2, 1))
+        self.assertTrue(torch.equal(offload.unpack(third), x))
+        self.assertTrue(torch.equal(offload.unpack(first), before.view(-1, 64)))
+        with offload:  # a new forward: nothing is shared across forwards
+            offload._depth = 1
+            self.assertIsNot(offload.pack(view_a), first)
+
+    def test_host_buffers_are_pooled(self):
+        offload = self.offload
+        offload._depth = 1
+        with offload:
+            offload._depth = 1
+            packed = offload.pack(torch.randn(32, 64))
+        del packed  # autograd let go of it: the buffer returns to the pool
+        with offload:
+            offload._depth = 1
+            again = offload.pack(torch.randn(32, 64))
+        self.assertEqual(offload.pool.allocations, 1)
+        del again
+
+    def test_gradients_match_without_offload(self):
+        x = torch.randint(0, 50, (2, 10))
+        reference = TinyLM()
+        reference.load_state_dict(self.model.state_dict())
+        reference(x, x).backward()
+        with self.offload:
+            loss = self.model(x, x)
+        loss.backward()
+        self.assertGreater(self.offload.offloaded_tensors, 0)
+        for a, b in zip(reference.parameters(), self.model.parameters()):
+            self.assertTrue(torch.equal(a.grad, b.grad))
+
+    def test_dense_strides(self):
+        self.assertEqual(common._dense_strides(torch.zeros(3, 4)), (4, 1))
+        self.assertEqual(common._dense_strides(torch.zeros(4, 3).t()), (1, 3))
+        self.assertEqual(common._dense_strides(torch.zeros(4, 6)[:, ::2]), (3, 1))
+
+
+if __name__ == "__main__":
+    unittest.main()

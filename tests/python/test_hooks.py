@@ -1,0 +1,375 @@
+"""The module hooks on real nn.Modules (Debian's CPU torch), ranges recorded instead of pushed."""
+
+import contextlib
+import copy
+import dataclasses
+import io
+import sys
+import unittest
+
+import helpers  # noqa: F401  (puts python/ on sys.path)
+from helpers import RangeRecorder
+
+import torch
+from torch import nn
+
+import actpage_hooks
+from actpage_hooks import _hooks, _log, _mode
+
+
+class MLP(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc1 = nn.Linear(width, 2 * width)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = MLP(width)
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class Tiny(nn.Module):
+    def __init__(self, width=8, layers=2):
+        super().__init__()
+        self.embed = nn.Linear(4, width)
+        self.layers = nn.ModuleList(Block(width) for _ in range(layers))
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def completion_order(events):
+    """Names in the order their forward ranges were popped."""
+    stack, done = [], []
+    for kind, name in events:
+        if kind == "push":
+            stack.append(name)
+        else:
+            done.append(stack.pop())
+    return done
+
+
+class HookTestCase(unittest.TestCase):
+    use_node_prehook = None
+
+    def setUp(self):
+        actpage_hooks.uninstall()
+        _log.reset()
+        torch.manual_seed(0)
+        self.rec = RangeRecorder()
+        self.hooks = actpage_hooks.install(mode=_mode.ON, push=self.rec.push, pop=self.rec.pop,
+                                           use_node_prehook=self.use_node_prehook)
+
+    def tearDown(self):
+        actpage_hooks.uninstall()
+
+    def input(self, rows=5):
+        return torch.randn(rows, 4)
+
+
+class NamesTest(HookTestCase):
+    def test_nested_names_are_module_paths_and_root_is_class_name(self):
+        model = Tiny()
+        model(self.input())
+        self.assertEqual(actpage_hooks.module_name(model), "Tiny")
+        self.assertEqual(actpage_hooks.module_name(model.layers[1].mlp), "layers.1.mlp")
+        self.assertEqual(actpage_hooks.module_name(model.layers[0].mlp.fc2), "layers.0.mlp.fc2")
+        self.assertEqual(self.rec.forward_names(), [
+            "Tiny", "embed",
+            "layers.0", "layers.0.norm", "layers.0.mlp", "layers.0.mlp.fc1", "layers.0.mlp.act", "layers.0.mlp.fc2",
+            "layers.1", "layers.1.norm", "layers.1.mlp", "layers.1.mlp.fc1", "layers.1.mlp.act", "layers.1.mlp.fc2",
+            "head"])
+
+    def test_module_shared_under_two_paths_keeps_the_first(self):
+        class Shared(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.first = nn.Linear(4, 4)
+                self.second = self.first
+
+            def forward(self, x):
+                return self.second(self.first(x))
+
+        model = Shared()
+        model(self.input())
+        self.assertEqual(self.rec.forward_names(), ["Shared", "first", "first"])
+
+    def test_submodule_run_alone_first_gets_its_path_once_the_whole_model_runs(self):
+        model = Tiny()
+        model.layers[0](torch.randn(2, 8))
+        self.assertEqual(self.rec.forward_names()[0], "Block")
+        self.rec.clear()
+        model(self.input())
+        self.assertIn("layers.0.mlp.fc1", self.rec.forward_names())
+        self.assertEqual(actpage_hooks.module_name(model.layers[0]), "layers.0")
+
+    def test_names_do_not_keep_modules_alive(self):
+        import gc
+        import weakref
+
+        model = Tiny()
+        model(self.input())
+        ref = weakref.ref(model)
+        del model
+        gc.collect()
+        self.assertIsNone(ref())
+
+
+class BalanceTest(HookTestCase):
+    def test_every_push_is_popped_with_the_right_nesting(self):
+        model = Tiny()
+        model(self.input()).sum().backward()
+        self.assertEqual(self.rec.depth, 0)
+        self.assertEqual(self.rec.underflows, 0)
+        self.assertEqual(self.rec.max_depth, 4)  # Tiny > layers.0 > mlp > fc1
+
+    def test_inner_forward_that_raises_is_popped_by_its_parent(self):
+        class Failing(nn.Module):
+            def forward(self, x):
+                raise ValueError("boom")
+
+        class Parent(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bad = Failing()
+                self.good = nn.Linear(4, 4)
+
+            def forward(self, x):
+                try:
+                    self.bad(x)
+                except ValueError:
+                    pass
+                return self.good(x)
+
+        Parent()(self.input())
+        self.assertEqual(self.rec.depth, 0)
+        self.assertEqual(self.rec.underflows, 0)
+
+    def test_ranges_still_pushed_without_grad_but_no_backward_markers(self):
+        model = Tiny()
+        with torch.no_grad():
+            model(self.input())
+        self.assertEqual(len(self.rec.forward_names()), 15)
+        self.assertEqual(self.rec.depth, 0)
+
+
+class BackwardMarkerTest(HookTestCase):
+    def test_markers_fire_in_reverse_order_of_forward_completion(self):
+        model = Tiny()
+        loss = model(self.input()).sum()
+        done = completion_order(self.rec.events)
+        self.rec.clear()
+        loss.backward()
+        self.assertEqual(self.rec.backward_names(), [name + ".backward" for name in reversed(done)])
+        self.assertEqual(self.rec.forward_names(), [])
+        self.assertEqual(self.rec.depth, 0)  # each marker is pushed and popped at once
+
+    def test_each_forward_call_marks_once_even_with_several_outputs(self):
+        class Two(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(4, 4)
+                self.b = nn.Linear(4, 4)
+
+            def forward(self, x):
+                a, b = self.a(x), self.b(x)
+                return {"a": a, "pair": (a, b)}
+
+        out = Two()(self.input())
+        self.rec.clear()
+        (out["a"].sum() + out["pair"][1].sum()).backward()
+        self.assertEqual(sorted(self.rec.backward_names()), ["Two.backward", "a.backward", "b.backward"])
+
+    def test_outputs_found_in_containers_and_dataclasses(self):
+        @dataclasses.dataclass
+        class Output:
+            loss: torch.Tensor
+            logits: torch.Tensor
+            extra: object = None
+
+        x = torch.randn(3, requires_grad=True)
+        y, z = x * 2, x + 1
+        found = _hooks.find_grad_tensors([{"k": (y,)}, Output(loss=z, logits=y), torch.ones(2), None, "s"])
+        self.assertEqual([id(t) for t in found], [id(y), id(z), id(y)])
+        self.assertEqual(_hooks.find_grad_tensors(x.detach()), [])
+
+    def test_module_called_twice_marks_each_call(self):
+        class Twice(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.lin(torch.tanh(self.lin(x)))
+
+        loss = Twice()(self.input()).sum()
+        self.rec.clear()
+        loss.backward()
+        self.assertEqual(self.rec.backward_names(), ["Twice.backward", "lin.backward", "lin.backward"])
+
+
+class BackwardMarkerTensorHookTest(BackwardMarkerTest):
+    """The fallback for torch without grad_fn pre-hooks: hooks on the output tensors."""
+
+    use_node_prehook = False
+
+
+class ResultsUnchangedTest(unittest.TestCase):
+    def tearDown(self):
+        actpage_hooks.uninstall()
+
+    def run_model(self, model, x):
+        out = model(x)
+        loss = (out * out).mean()
+        loss.backward()
+        return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
+
+    def check_identical(self, make_model, use_node_prehook=None):
+        torch.manual_seed(1)
+        reference = make_model()
+        hooked = copy.deepcopy(reference)
+        x = torch.randn(6, 4)
+        actpage_hooks.uninstall()
+        loss_a, grads_a = self.run_model(reference, x)
+        rec = RangeRecorder()
+        actpage_hooks.install(mode=_mode.ON, push=rec.push, pop=rec.pop, use_node_prehook=use_node_prehook)
+        loss_b, grads_b = self.run_model(hooked, x)
+        self.assertGreater(len(rec.backward_names()), 0)
+        self.assertTrue(torch.equal(loss_a, loss_b))
+        for a, b in zip(grads_a, grads_b):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_bit_identical_with_and_without_hooks(self):
+        self.check_identical(Tiny)
+        self.check_identical(Tiny, use_node_prehook=False)
+
+    def test_inplace_ops_after_hooked_modules_still_work(self):
+        class InPlace(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+                self.relu = nn.ReLU(inplace=True)
+                self.out = nn.Linear(4, 4)
+
+            def forward(self, x):
+                y = self.lin(x)
+                y.mul_(2)          # in place on a hooked module's output
+                y = self.relu(y)   # an in-place module right after a hooked one
+                z = self.out(y)
+                z += 1             # in place on the output of the last module
+                return z
+
+        self.check_identical(InPlace)
+        self.check_identical(InPlace, use_node_prehook=False)
+
+
+class FailureTest(unittest.TestCase):
+    def tearDown(self):
+        actpage_hooks.uninstall()
+
+    def test_a_failing_push_never_breaks_the_job_and_warns_once(self):
+        def bad_push(name):
+            raise RuntimeError("no NVTX here")
+
+        _log.reset()
+        actpage_hooks.install(mode=_mode.ON, push=bad_push, pop=lambda: None)
+        model = Tiny()
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            model(torch.randn(2, 4)).sum().backward()
+            model(torch.randn(2, 4)).sum().backward()
+        self.assertEqual(stderr.getvalue().count("[actpage]"), 1, stderr.getvalue())
+        self.assertIn("no NVTX here", stderr.getvalue())
+        self.assertFalse(actpage_hooks.installed().active)
+
+    def test_a_failing_marker_is_ignored(self):
+        rec = RangeRecorder()
+        calls = {"n": 0}
+
+        def push(name):
+            if name.endswith(".backward"):
+                calls["n"] += 1
+                raise RuntimeError("marker")
+            rec.push(name)
+
+        _log.reset()
+        actpage_hooks.install(mode=_mode.ON, push=push, pop=rec.pop)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            Tiny()(torch.randn(2, 4)).sum().backward()
+        self.assertGreater(calls["n"], 0)
+        self.assertEqual(stderr.getvalue().count("[actpage]"), 1)
+
+    def test_without_cuda_and_unforced_the_hooks_turn_themselves_off(self):
+        actpage_hooks.install(mode=_mode.ON)
+        Tiny()(torch.randn(2, 4)).sum().backward()  # torch.cuda.nvtx would raise on this CPU torch
+        hooks = actpage_hooks.installed()
+        if torch.cuda.is_available():
+            self.skipTest("CUDA present")
+        self.assertFalse(hooks.active)
+        self.assertIn("CUDA", hooks.disabled_reason)
+
+
+class ModeTest(unittest.TestCase):
+    def tearDown(self):
+        actpage_hooks.uninstall()
+        for name in ("transformer_engine", "megatron.core"):
+            sys.modules.pop(name, None)
+
+    def test_resolution_from_library_and_environment(self):
+        self.assertEqual(_mode.resolve(lambda: None, {}), _mode.OFF)
+        self.assertEqual(_mode.resolve(lambda: None, {"ACTPAGE_PYTHON_HOOKS": "on"}), _mode.ON)
+        self.assertEqual(_mode.resolve(lambda: None, {"ACTPAGE_PYTHON_HOOKS": "auto"}), _mode.OFF)
+        self.assertEqual(_mode.resolve(lambda: _mode.OFF, {"ACTPAGE_PYTHON_HOOKS": "on"}), _mode.OFF)
+        self.assertEqual(_mode.resolve(lambda: _mode.ON, {}), _mode.ON)
+        self.assertEqual(_mode.resolve(lambda: _mode.AUTO, {}), _mode.AUTO)
+
+    def test_library_not_loaded_in_this_process(self):
+        self.assertIsNone(_mode.library_mode())
+
+    def test_off_installs_nothing(self):
+        self.assertIsNone(actpage_hooks.install(mode=_mode.OFF))
+        self.assertIsNone(actpage_hooks.installed())
+
+    def test_on_pushes_even_when_the_job_has_its_own_ranges(self):
+        sys.modules["transformer_engine"] = type(sys)("transformer_engine")
+        rec = RangeRecorder()
+        actpage_hooks.install(mode=_mode.ON, push=rec.push, pop=rec.pop)
+        Tiny()(torch.randn(2, 4))
+        self.assertGreater(len(rec.pushed()), 0)
+
+    def test_auto_pushes_for_a_plain_job(self):
+        rec = RangeRecorder()
+        actpage_hooks.install(mode=_mode.AUTO, push=rec.push, pop=rec.pop)
+        Tiny()(torch.randn(2, 4))
+        self.assertGreater(len(rec.pushed()), 0)
+
+    def test_auto_stays_off_when_megatron_or_transformer_engine_is_imported(self):
+        for name in ("transformer_engine", "megatron.core"):
+            with self.subTest(module=name):
+                actpage_hooks.uninstall()
+                sys.modules[name] = type(sys)(name)
+                rec = RangeRecorder()
+                actpage_hooks.install(mode=_mode.AUTO, push=rec.push, pop=rec.pop)
+                Tiny()(torch.randn(2, 4)).sum().backward()
+                self.assertEqual(rec.pushed(), [])
+                self.assertFalse(actpage_hooks.installed().active)
+                sys.modules.pop(name)
+
+
+if __name__ == "__main__":
+    unittest.main()
