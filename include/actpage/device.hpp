@@ -46,6 +46,10 @@ struct EventHandle {
   std::uint64_t value = 0;
   bool operator==(const EventHandle&) const = default;
 };
+struct GateHandle {
+  std::uint64_t value = 0;
+  bool operator==(const GateHandle&) const = default;
+};
 struct PhysicalHandle {
   std::uint64_t value = 0;
   bool operator==(const PhysicalHandle&) const = default;
@@ -98,6 +102,14 @@ class Device {
   // ok: complete; ErrorCode::not_ready: not yet; any other code: a failure.
   virtual Status query_event(EventHandle event) = 0;
   virtual Status synchronize_event(EventHandle event) = 0;
+  // A gate holds `stream` at the current end of its queue: work enqueued after hold_stream() runs
+  // only after release_stream(). wait_stream_held() blocks the caller until everything enqueued
+  // before the gate has completed, so that, until release_stream(), no kernel of that stream can
+  // touch memory: the moment to change what is mapped at an address the stream may read.
+  // release_stream() must follow every successful hold_stream(), and ends the gate.
+  virtual Result<GateHandle> hold_stream(StreamHandle stream) = 0;
+  virtual Status wait_stream_held(GateHandle gate) = 0;
+  virtual Status release_stream(GateHandle gate) = 0;
   // Whether `stream` is being captured into a CUDA graph (then actpage must not touch it).
   virtual Result<bool> is_capturing(StreamHandle stream) = 0;
 
@@ -105,6 +117,9 @@ class Device {
   virtual Status copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamHandle stream) = 0;
   virtual Status copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) = 0;
   virtual Status fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) = 0;
+  // Copies between two device addresses; either may have host-located physical memory mapped
+  // (then the copy crosses PCIe). Used by StrayAccess::host_mapped.
+  virtual Status copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) = 0;
 };
 
 }  // namespace actpage

@@ -143,6 +143,11 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(int ordinal, const Driver
 
 CudaDevice::~CudaDevice() {
   // Errors are ignored: at process exit the driver may already be shutting down.
+  for (GateSlot& slot : gate_slots_) {
+    if (slot.reached) (void)driver_.cuEventDestroy_v2(slot.reached);
+    if (slot.passed) (void)driver_.cuEventDestroy_v2(slot.passed);
+  }
+  if (gate_words_) (void)driver_.cuMemFreeHost(gate_words_);
   if (retained_primary_) (void)driver_.cuDevicePrimaryCtxRelease_v2(device_);
 }
 
@@ -288,7 +293,8 @@ Status CudaDevice::destroy_stream(StreamHandle stream) {
 
 Result<EventHandle> CudaDevice::create_event() {
   CUevent event = nullptr;
-  const CUresult result = driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
+  // Blocking sync: actpage's workers wait on events; spinning would take a core from the job.
+  const CUresult result = driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
   if (result != CUDA_SUCCESS) {
     return driver_.check(result, "cuEventCreate", "creating an event on " + device_text(ordinal_));
   }
@@ -353,6 +359,92 @@ Status CudaDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes
   if (result == CUDA_SUCCESS) return {};
   return driver_.check(result, "cuMemcpyHtoDAsync",
                        "copying " + format_bytes(bytes) + " from the host to " + hex(dst) + " on stream " + hex(stream.value));
+}
+
+Status CudaDevice::copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) {
+  const CUresult result = driver_.cuMemcpyDtoDAsync_v2(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+                                                       bytes, to_cu(stream));
+  if (result == CUDA_SUCCESS) return {};
+  return driver_.check(result, "cuMemcpyDtoDAsync",
+                       "copying " + format_bytes(bytes) + " from " + hex(src) + " to " + hex(dst) + " on stream " +
+                           hex(stream.value));
+}
+
+Result<GateHandle> CudaDevice::hold_stream(StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(gates_mutex_);
+  const std::string what = "holding stream " + hex(stream.value) + " of " + device_text(ordinal_) + " at a gate";
+  if (gate_words_ == nullptr) {
+    void* words = nullptr;
+    Status status = driver_.check(
+        driver_.cuMemHostAlloc(&words, kGateSlots * sizeof(std::uint32_t),
+                               CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+        "cuMemHostAlloc", what);
+    if (!status.ok()) return status;
+    CUdeviceptr device_words = 0;
+    status = driver_.check(driver_.cuMemHostGetDevicePointer_v2(&device_words, words, 0), "cuMemHostGetDevicePointer",
+                           what);
+    if (!status.ok()) {
+      (void)driver_.cuMemFreeHost(words);
+      return status;
+    }
+    gate_words_ = static_cast<std::uint32_t*>(words);
+    gate_words_device_ = device_words;
+    gate_slots_.resize(kGateSlots);
+  }
+  // A free slot whose previous stream went through its gate (its word may be set to 0 again).
+  std::size_t index = kGateSlots;
+  for (std::size_t i = 0; i < kGateSlots; ++i) {
+    GateSlot& slot = gate_slots_[i];
+    if (slot.in_use) continue;
+    if (slot.used_before && driver_.cuEventQuery(slot.passed) != CUDA_SUCCESS) continue;
+    index = i;
+    break;
+  }
+  if (index == kGateSlots) return Status{ErrorCode::not_ready, "every stream gate is in use while " + what};
+  GateSlot& slot = gate_slots_[index];
+  for (CUevent* event : {&slot.reached, &slot.passed}) {
+    if (*event != nullptr) continue;
+    Status status = driver_.check(driver_.cuEventCreate(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
+                                  "cuEventCreate", what);
+    if (!status.ok()) return status;
+  }
+  __atomic_store_n(&gate_words_[index], 0u, __ATOMIC_RELEASE);
+  CUstream cu_stream = to_cu(stream);
+  Status status = driver_.check(driver_.cuEventRecord(slot.reached, cu_stream), "cuEventRecord", what);
+  if (status.ok()) {
+    status = driver_.check(driver_.cuStreamWaitValue32_v2(cu_stream, gate_words_device_ + index * sizeof(std::uint32_t),
+                                                           1, CU_STREAM_WAIT_VALUE_GEQ),
+                           "cuStreamWaitValue32", what);
+  }
+  if (!status.ok()) return status;
+  // From here the stream waits for the word: a failure must still let it go.
+  (void)driver_.cuEventRecord(slot.passed, cu_stream);
+  slot.in_use = true;
+  slot.used_before = true;
+  return GateHandle{index + 1};
+}
+
+Status CudaDevice::wait_stream_held(GateHandle gate) {
+  CUevent reached = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(gates_mutex_);
+    if (gate.value == 0 || gate.value > gate_slots_.size() || !gate_slots_[gate.value - 1].in_use) {
+      return {ErrorCode::invalid_argument, "wait_stream_held: gate " + std::to_string(gate.value) + " is not held"};
+    }
+    reached = gate_slots_[gate.value - 1].reached;
+  }
+  return driver_.check(driver_.cuEventSynchronize(reached), "cuEventSynchronize",
+                       "waiting for a stream to reach its gate on " + device_text(ordinal_));
+}
+
+Status CudaDevice::release_stream(GateHandle gate) {
+  std::lock_guard<std::mutex> lock(gates_mutex_);
+  if (gate.value == 0 || gate.value > gate_slots_.size() || !gate_slots_[gate.value - 1].in_use) {
+    return {ErrorCode::invalid_argument, "release_stream: gate " + std::to_string(gate.value) + " is not held"};
+  }
+  __atomic_store_n(&gate_words_[gate.value - 1], 1u, __ATOMIC_RELEASE);
+  gate_slots_[gate.value - 1].in_use = false;
+  return {};
 }
 
 Status CudaDevice::fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) {

@@ -27,6 +27,8 @@
 #include <cuda.h>
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "actpage/device.hpp"
 #include "device/driver_api.hpp"
@@ -73,6 +75,12 @@ class CudaDevice final : public Device {
 
   Status copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamHandle stream) override;
   Status copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) override;
+  Status copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) override;
+  // Gates: an event at the gate, then cuStreamWaitValue32 on a pinned host word that
+  // release_stream() sets. A gate's word is reused only once its stream has passed it.
+  Result<GateHandle> hold_stream(StreamHandle stream) override;
+  Status wait_stream_held(GateHandle gate) override;
+  Status release_stream(GateHandle gate) override;
   Status fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) override;
 
   // --- CUDA only
@@ -95,6 +103,18 @@ class CudaDevice final : public Device {
   bool host_numa_supported_ = false;
   bool host_supported_ = false;
   int host_numa_id_ = 0;
+
+  struct GateSlot {
+    CUevent reached = nullptr;  // recorded before the wait: complete when the stream is held
+    CUevent passed = nullptr;   // recorded after the wait: complete when the stream went through
+    bool in_use = false;
+    bool used_before = false;
+  };
+  static constexpr std::size_t kGateSlots = 1024;
+  std::mutex gates_mutex_;
+  std::uint32_t* gate_words_ = nullptr;  // kGateSlots pinned, device-mapped words
+  CUdeviceptr gate_words_device_ = 0;
+  std::vector<GateSlot> gate_slots_;
 };
 
 }  // namespace actpage::device

@@ -67,6 +67,8 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \
   X(cuStreamDestroy_v2, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)                      \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)                   \
+  X(cuStreamWaitValue32_v2, "cuStreamWaitValue32", PFN_cuStreamWaitValue32_v11070)          \
+  X(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer", PFN_cuMemHostGetDevicePointer_v3020) \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000)            \
   X(cuEventCreate, "cuEventCreate", PFN_cuEventCreate_v2000)                               \
   X(cuEventDestroy_v2, "cuEventDestroy", PFN_cuEventDestroy_v4000)                         \
@@ -75,6 +77,7 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuEventSynchronize, "cuEventSynchronize", PFN_cuEventSynchronize_v2000)                \
   X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", PFN_cuMemcpyDtoHAsync_v3020)                \
   X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", PFN_cuMemcpyHtoDAsync_v3020)                \
+  X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", PFN_cuMemcpyDtoDAsync_v3020)                \
   X(cuMemsetD8Async, "cuMemsetD8Async", PFN_cuMemsetD8Async_v3020)
 
 struct DriverApi {

@@ -35,6 +35,8 @@ const char* sim_op_call_name(SimOp op) noexcept {
     case SimOp::synchronize_event: return "cuEventSynchronize";
     case SimOp::copy_to_host: return "cuMemcpyDtoHAsync";
     case SimOp::copy_to_device: return "cuMemcpyHtoDAsync";
+    case SimOp::copy_within_device: return "cuMemcpyDtoDAsync";
+    case SimOp::hold_stream: return "cuStreamWaitValue32";
     case SimOp::fill: return "cuMemsetD8Async";
     case SimOp::mem_info: return "cuMemGetInfo";
     case SimOp::launch: return "cuLaunchKernel";
@@ -832,6 +834,84 @@ Status SimDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes,
             "write", context);
       },
       SimOp::copy_to_device);
+}
+
+Status SimDevice::copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) {
+  auto what = [&] {
+    return "copying " + format_bytes(bytes) + " from " + hex(src) + " to " + hex(dst) + " on " + stream_text(stream);
+  };
+  if (auto error = enter(SimOp::copy_within_device, what)) return *error;
+  const std::string context = "copy_within_device on " + stream_text(stream);
+  return enqueue(
+      stream,
+      [this, dst, src, bytes, context] {
+        // Through a host buffer: source and destination are checked like any other access.
+        std::vector<std::byte> staging(config_.data_less ? 0 : bytes);
+        const Status read_status = access(
+            src, bytes,
+            [&staging](std::byte* memory, std::size_t done, std::size_t n) {
+              if (memory != nullptr) std::memcpy(staging.data() + done, memory, n);
+            },
+            "read", context);
+        if (!read_status.ok()) return;
+        (void)access(
+            dst, bytes,
+            [&staging](std::byte* memory, std::size_t done, std::size_t n) {
+              if (memory != nullptr) std::memcpy(memory, staging.data() + done, n);
+            },
+            "write", context);
+      },
+      SimOp::copy_within_device);
+}
+
+Result<GateHandle> SimDevice::hold_stream(StreamHandle stream) {
+  auto what = [&] { return "holding " + stream_text(stream) + " at a gate"; };
+  if (auto error = enter(SimOp::hold_stream, what)) return *error;
+  auto gate = std::make_shared<Gate>();
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(gates_mutex_);
+    id = next_gate_++;
+    gates_.emplace(id, gate);
+  }
+  Status status = enqueue(
+      stream,
+      [this, gate] {
+        std::unique_lock<std::mutex> lock(gates_mutex_);
+        gate->held = true;
+        gates_cv_.notify_all();
+        gates_cv_.wait(lock, [&] { return gate->released; });
+      },
+      SimOp::hold_stream);
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(gates_mutex_);
+    gates_.erase(id);
+    return status;
+  }
+  return GateHandle{id};
+}
+
+Status SimDevice::wait_stream_held(GateHandle gate) {
+  std::unique_lock<std::mutex> lock(gates_mutex_);
+  auto it = gates_.find(gate.value);
+  if (it == gates_.end()) {
+    return {ErrorCode::invalid_argument, "cuEventSynchronize (simulated): no gate " + std::to_string(gate.value)};
+  }
+  auto held = it->second;
+  gates_cv_.wait(lock, [&] { return held->held; });
+  return {};
+}
+
+Status SimDevice::release_stream(GateHandle gate) {
+  std::lock_guard<std::mutex> lock(gates_mutex_);
+  auto it = gates_.find(gate.value);
+  if (it == gates_.end()) {
+    return {ErrorCode::invalid_argument, "release_stream (simulated): no gate " + std::to_string(gate.value)};
+  }
+  it->second->released = true;
+  gates_.erase(it);
+  gates_cv_.notify_all();
+  return {};
 }
 
 Status SimDevice::fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) {

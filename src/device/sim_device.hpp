@@ -147,6 +147,10 @@ class SimDevice final : public Device {
   Status copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamHandle stream) override;
   Status copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) override;
   Status fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) override;
+  Status copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) override;
+  Result<GateHandle> hold_stream(StreamHandle stream) override;
+  Status wait_stream_held(GateHandle gate) override;
+  Status release_stream(GateHandle gate) override;
 
   // --- Simulation only
   // Checked access to device memory, as a kernel would make it (see the fault model above).
@@ -237,6 +241,16 @@ class SimDevice final : public Device {
   std::condition_variable events_cv_;
   std::unordered_map<std::uint64_t, std::shared_ptr<EventRecord>> events_;  // id -> current record
   std::uint64_t next_event_ = 1;
+
+  // Stream gates: the stream's worker blocks inside the gate's operation until it is released.
+  struct Gate {
+    bool held = false;      // the stream reached the gate
+    bool released = false;
+  };
+  std::mutex gates_mutex_;
+  std::condition_variable gates_cv_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Gate>> gates_;
+  std::uint64_t next_gate_ = 1;
 
   // Fault injection and the bind_thread() check.
   mutable std::mutex plan_mutex_;

@@ -39,6 +39,8 @@ enum class SimOp : std::uint8_t {
   copy_to_host,
   copy_to_device,
   fill,
+  copy_within_device,
+  hold_stream,
   mem_info,
   launch,
 };

@@ -279,7 +279,7 @@ TEST_F(FakeDriver, HostPhysicalMemoryPrefersTheNumaNodeAndFallsBack) {
 TEST_F(FakeDriver, EventQueryNotReadyIsNotReady) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);
-  auto event = device->create_event();  // the fake refuses anything but CU_EVENT_DISABLE_TIMING
+  auto event = device->create_event();  // the fake refuses any flags but DISABLE_TIMING | BLOCKING_SYNC
   ACTPAGE_ASSERT_OK(event);
   fail("cuEventQuery", CUDA_ERROR_NOT_READY);
   EXPECT_EQ(device->query_event(*event).code(), ErrorCode::not_ready);

@@ -350,10 +350,94 @@ TYPED_TEST_P(DeviceContractTest, PinnedMemoryIsUsableHostMemory) {
   ACTPAGE_EXPECT_OK(device.free_pinned(*pinned));
 }
 
+TYPED_TEST_P(DeviceContractTest, CopyWithinDeviceCopiesBetweenAddresses) {
+  Device& device = *this->device_;
+  const std::size_t bytes = this->granularity_;
+  auto va = device.reserve(2 * bytes);
+  ACTPAGE_ASSERT_OK(va);
+  auto handle = device.create_physical(2 * bytes, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(handle);
+  ACTPAGE_ASSERT_OK(device.map(*va, 2 * bytes, *handle));
+  auto stream = device.create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  auto pinned = device.alloc_pinned(bytes);
+  ACTPAGE_ASSERT_OK(pinned);
+  std::memset(*pinned, 0x3c, bytes);
+  ACTPAGE_ASSERT_OK(device.copy_to_device(*va, *pinned, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device.copy_within_device(*va + bytes, *va, bytes, *stream));
+  this->drain(*stream);  // the copy from `pinned` has run: it may be overwritten now
+  std::memset(*pinned, 0, bytes);
+  ACTPAGE_ASSERT_OK(device.copy_to_host(*pinned, *va + bytes, bytes, *stream));
+  this->drain(*stream);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(*pinned)[0], 0x3c);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(*pinned)[bytes - 1], 0x3c);
+  ACTPAGE_EXPECT_OK(device.free_pinned(*pinned));
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*stream));
+  ACTPAGE_EXPECT_OK(device.unmap(*va, 2 * bytes));
+  ACTPAGE_EXPECT_OK(device.release_physical(*handle));
+  ACTPAGE_EXPECT_OK(device.unreserve(*va, 2 * bytes));
+}
+
+TYPED_TEST_P(DeviceContractTest, GateHoldsLaterWorkUntilReleased) {
+  Device& device = *this->device_;
+  const std::size_t bytes = this->granularity_;
+  auto va = device.reserve(bytes);
+  ACTPAGE_ASSERT_OK(va);
+  auto handle = device.create_physical(bytes, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(handle);
+  ACTPAGE_ASSERT_OK(device.map(*va, bytes, *handle));
+  auto stream = device.create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  auto pinned = device.alloc_pinned(bytes);
+  ACTPAGE_ASSERT_OK(pinned);
+  auto before = device.create_event();
+  auto after = device.create_event();
+  ACTPAGE_ASSERT_OK(before);
+  ACTPAGE_ASSERT_OK(after);
+
+  std::memset(*pinned, 0x11, bytes);
+  ACTPAGE_ASSERT_OK(device.copy_to_device(*va, *pinned, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device.record_event(*before, *stream));
+  auto gate = device.hold_stream(*stream);
+  ACTPAGE_ASSERT_OK(gate);
+  ACTPAGE_ASSERT_OK(device.fill(*va, 0x22, bytes, *stream));  // after the gate
+  ACTPAGE_ASSERT_OK(device.record_event(*after, *stream));
+  ACTPAGE_ASSERT_OK(device.wait_stream_held(*gate));
+  // Held: the work before the gate is done, the work after it has not run.
+  ACTPAGE_EXPECT_OK(device.query_event(*before));
+  EXPECT_EQ(device.query_event(*after).code(), ErrorCode::not_ready);
+  // While held, the mapping may change under the stream: remap the same memory.
+  ACTPAGE_ASSERT_OK(device.unmap(*va, bytes));
+  ACTPAGE_ASSERT_OK(device.map(*va, bytes, *handle));
+  ACTPAGE_ASSERT_OK(device.release_stream(*gate));
+  ACTPAGE_ASSERT_OK(device.synchronize_event(*after));
+  ACTPAGE_ASSERT_OK(device.copy_to_host(*pinned, *va, bytes, *stream));
+  this->drain(*stream);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(*pinned)[bytes / 2], 0x22);
+
+  // Many gates in a row (slots are reused once a stream went through).
+  for (int i = 0; i < 2000; ++i) {
+    auto again = device.hold_stream(*stream);
+    ACTPAGE_ASSERT_OK(again);
+    ACTPAGE_ASSERT_OK(device.wait_stream_held(*again));
+    ACTPAGE_ASSERT_OK(device.release_stream(*again));
+  }
+  this->drain(*stream);
+
+  ACTPAGE_EXPECT_OK(device.destroy_event(*before));
+  ACTPAGE_EXPECT_OK(device.destroy_event(*after));
+  ACTPAGE_EXPECT_OK(device.free_pinned(*pinned));
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*stream));
+  ACTPAGE_EXPECT_OK(device.unmap(*va, bytes));
+  ACTPAGE_EXPECT_OK(device.release_physical(*handle));
+  ACTPAGE_EXPECT_OK(device.unreserve(*va, bytes));
+}
+
 REGISTER_TYPED_TEST_SUITE_P(DeviceContractTest, GranularityIsAPowerOfTwo, ReservationsAreAlignedAndDisjoint,
                             CopiesRoundTripThroughMappedMemory, FillAndCopySpanAdjacentMappings,
                             MapRejectsMisalignedAndOverlappingRanges, HostPhysicalMemoryServesTheSameAddress,
                             StreamWaitEventOrdersTwoStreams, NeverRecordedEventIsComplete,
-                            MemInfoFreeBytesRiseAfterUnmapAndRelease, PinnedMemoryIsUsableHostMemory);
+                            MemInfoFreeBytesRiseAfterUnmapAndRelease, PinnedMemoryIsUsableHostMemory,
+                            CopyWithinDeviceCopiesBetweenAddresses, GateHoldsLaterWorkUntilReleased);
 
 }  // namespace actpage::testing

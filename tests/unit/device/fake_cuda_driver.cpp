@@ -238,7 +238,7 @@ CUresult CUDAAPI fake_cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* statu
 }
 CUresult CUDAAPI fake_cuEventCreate(CUevent* event, unsigned int flags) {
   FAKE_ENTER("cuEventCreate");
-  if (flags != CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != (CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC)) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(state().mutex);
   *event = reinterpret_cast<CUevent>(static_cast<std::uintptr_t>(state().next_handle++));
   return CUDA_SUCCESS;
@@ -265,6 +265,20 @@ CUresult CUDAAPI fake_cuMemcpyDtoHAsync(void*, CUdeviceptr, size_t, CUstream) {
 }
 CUresult CUDAAPI fake_cuMemcpyHtoDAsync(CUdeviceptr, const void*, size_t, CUstream) {
   FAKE_ENTER("cuMemcpyHtoDAsync");
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI fake_cuMemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream) {
+  FAKE_ENTER("cuMemcpyDtoDAsync");
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  FAKE_ENTER("cuStreamWaitValue32");
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_cuMemHostGetDevicePointer(CUdeviceptr* pointer, void* host, unsigned int) {
+  FAKE_ENTER("cuMemHostGetDevicePointer");
+  *pointer = reinterpret_cast<CUdeviceptr>(host);
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream) {
@@ -310,6 +324,9 @@ const Entry kEntries[] = {
     {"cuEventSynchronize", reinterpret_cast<void*>(&fake_cuEventSynchronize)},
     {"cuMemcpyDtoHAsync", reinterpret_cast<void*>(&fake_cuMemcpyDtoHAsync)},
     {"cuMemcpyHtoDAsync", reinterpret_cast<void*>(&fake_cuMemcpyHtoDAsync)},
+    {"cuMemcpyDtoDAsync", reinterpret_cast<void*>(&fake_cuMemcpyDtoDAsync)},
+    {"cuStreamWaitValue32", reinterpret_cast<void*>(&fake_cuStreamWaitValue32)},
+    {"cuMemHostGetDevicePointer", reinterpret_cast<void*>(&fake_cuMemHostGetDevicePointer)},
     {"cuMemsetD8Async", reinterpret_cast<void*>(&fake_cuMemsetD8Async)},
 };
 

@@ -94,6 +94,12 @@ class GatedDevice final : public Device {
   Status fill(DevPtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream) override {
     return inner_.fill(dst, value, bytes, stream);
   }
+  Status copy_within_device(DevPtr dst, DevPtr src, std::size_t bytes, StreamHandle stream) override {
+    return inner_.copy_within_device(dst, src, bytes, stream);
+  }
+  Result<GateHandle> hold_stream(StreamHandle stream) override { return inner_.hold_stream(stream); }
+  Status wait_stream_held(GateHandle gate) override { return inner_.wait_stream_held(gate); }
+  Status release_stream(GateHandle gate) override { return inner_.release_stream(gate); }
 
  private:
   SimDevice& inner_;
