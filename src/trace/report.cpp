@@ -227,6 +227,10 @@ void write_text_report(const Summary& s, std::ostream& out) {
         << " at " << format_duration(s.memory.peak_used_time_ns) << " (device " << s.memory.peak_device << ")\n";
     out << "  min free   " << format_bytes(s.memory.min_free_bytes) << " at "
         << format_duration(s.memory.min_free_time_ns) << '\n';
+    if (s.offload.count > 0) {
+      out << "  off the device at the peak " << format_bytes(s.memory.offloaded_at_peak_bytes) << " (at most "
+          << format_bytes(s.memory.peak_offloaded_bytes) << ")\n";
+    }
   }
   out << "\nOther: " << plural(s.iterations, "iteration", "iterations") << ", "
       << plural(s.messages, "message", "messages") << ", " << plural(s.range_pushes, "range push", "range pushes")
@@ -280,6 +284,8 @@ nlohmann::ordered_json json_report(const Summary& s) {
                       {"min_free_time_ns", s.memory.min_free_time_ns},
                       {"peak_used_bytes", s.memory.peak_used_bytes},
                       {"peak_used_time_ns", s.memory.peak_used_time_ns},
+                      {"offloaded_at_peak_bytes", s.memory.offloaded_at_peak_bytes},
+                      {"peak_offloaded_bytes", s.memory.peak_offloaded_bytes},
                       {"peak_device", s.memory.peak_device}};
   report["other"] = {{"iterations", s.iterations},
                      {"messages", s.messages},

@@ -369,6 +369,50 @@ Summary summarize(const TraceFile& trace) {
     ++summary.memory.samples;
   }
 
+  // Bytes off the device over time: from OFFLOAD_END until RELOAD_BEGIN or the free of the pointer.
+  {
+    struct Change {
+      std::uint64_t time_ns;
+      std::uint64_t index;
+      int kind;  // 0 off, 1 back (reload begins), 2 freed
+      std::uint64_t ptr;
+      std::uint64_t bytes;
+    };
+    std::vector<Change> changes;
+    for (const auto& page : trace.pages) {
+      if (page.type == RecordType::offload_end) changes.push_back({page.time_ns, page.index, 0, page.data.ptr, page.data.bytes});
+      if (page.type == RecordType::reload_begin) changes.push_back({page.time_ns, page.index, 1, page.data.ptr, 0});
+    }
+    if (!changes.empty()) {
+      for (const auto& free_record : trace.frees) {
+        changes.push_back({free_record.time_ns, free_record.index, 2, free_record.data.ptr, 0});
+      }
+    }
+    std::sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
+      return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
+    });
+    std::unordered_map<std::uint64_t, std::uint64_t> off;  // pointer -> bytes off the device
+    std::uint64_t off_now = 0;
+    bool peak_seen = false;
+    for (const Change& change : changes) {
+      if (summary.memory.samples > 0 && !peak_seen && change.time_ns > summary.memory.peak_used_time_ns) {
+        summary.memory.offloaded_at_peak_bytes = off_now;
+        peak_seen = true;
+      }
+      if (change.kind == 0) {
+        auto [it, inserted] = off.emplace(change.ptr, change.bytes);
+        if (inserted) off_now += change.bytes;
+      } else {
+        auto it = off.find(change.ptr);
+        if (it == off.end()) continue;
+        off_now -= it->second;
+        off.erase(it);
+      }
+      summary.memory.peak_offloaded_bytes = std::max(summary.memory.peak_offloaded_bytes, off_now);
+    }
+    if (summary.memory.samples > 0 && !peak_seen) summary.memory.offloaded_at_peak_bytes = off_now;
+  }
+
   summary.iterations = trace.iterations.size();
   summary.messages = trace.messages.size();
   for (const auto& range : trace.ranges) {

@@ -90,6 +90,10 @@ struct MemoryStats {
   std::uint64_t peak_used_bytes = 0;  // total - free
   std::uint64_t peak_used_time_ns = 0;
   std::int32_t peak_device = -1;
+  // Bytes whose device pages actpage had given back (OFFLOAD_END, not yet RELOAD_BEGIN or freed)
+  // at the time of the peak use: what the peak would have held without offloading.
+  std::uint64_t offloaded_at_peak_bytes = 0;
+  std::uint64_t peak_offloaded_bytes = 0;  // the most ever off the device at once
 };
 
 struct Summary {

@@ -241,6 +241,24 @@ TEST(TraceSummary, PagingStallsAndDeviceMemory) {
   EXPECT_EQ(s.duration_ns, 970u);
 }
 
+TEST(TraceSummary, BytesOffTheDeviceAtThePeakOfUse) {
+  constexpr std::uint64_t kMiB = 1ull << 20;
+  TraceBuilder b;
+  const std::uint32_t mlp = b.at(0, 1).path("model/model.layers.0/model.layers.0.mlp");
+  b.at(10, 1).alloc(0x1000, 64 * kMiB, mlp).alloc(0x2000, 32 * kMiB, mlp).alloc(0x3000, 16 * kMiB, mlp);
+  b.at(20, 9).page(RecordType::offload_begin, 0x1000, 64 * kMiB, mlp).page(RecordType::offload_end, 0x1000, 64 * kMiB, mlp);
+  b.at(21, 9).page(RecordType::offload_begin, 0x2000, 32 * kMiB, mlp).page(RecordType::offload_end, 0x2000, 32 * kMiB, mlp);
+  b.at(22, 9).page(RecordType::offload_begin, 0x3000, 16 * kMiB, mlp).page(RecordType::offload_end, 0x3000, 16 * kMiB, mlp);
+  b.at(25, 1).free(0x3000);                                          // dropped while offloaded
+  b.at(30, 8).mem_sample(70 * 1024 * kMiB, 80 * 1024 * kMiB);      // the peak: 10 GiB used
+  b.at(40, 9).page(RecordType::reload_begin, 0x1000, 64 * kMiB, mlp);
+  b.at(50, 8).mem_sample(75 * 1024 * kMiB, 80 * 1024 * kMiB);
+  const Summary s = summarize_built(b);
+  EXPECT_EQ(s.memory.peak_used_bytes, 10 * 1024 * kMiB);
+  EXPECT_EQ(s.memory.offloaded_at_peak_bytes, 96 * kMiB);  // 64 + 32: the 16 MiB one was freed
+  EXPECT_EQ(s.memory.peak_offloaded_bytes, 112 * kMiB);
+}
+
 TEST(TraceSummary, EmptyTrace) {
   const Summary s = summarize_built(TraceBuilder());
   EXPECT_EQ(s.allocations, 0u);
