@@ -1,0 +1,212 @@
+// DeviceEngine: offload and reload of one device's selected activations.
+//
+// It owns, for one Device: the address-space arena offloadable allocations live in, a cache of
+// mapped ranges for reuse, a D2H copy stream and an H2D copy stream, the pinned host pool, and two
+// worker threads (offload: issues D2H copies and gives pages back when they complete; reload: maps
+// pages back and issues H2D copies). The job's threads call allocate()/free() and the range events;
+// they only ever make short asynchronous calls (event record, stream wait), except on a cache miss.
+//
+// Correctness rules this class keeps (docs/engine.md explains each):
+// 1. A D2H copy starts only after the release event recorded on the allocating stream at the release
+//    point, so it sees everything forward wrote.
+// 2. Pages are unmapped only after the copy's completion was observed (which implies rule 1's event).
+// 3. Before a backward that needs an allocation, the job's stream waits on the event of the reload
+//    copy; the job's thread blocks only if the reload is not yet issued ("late costs time").
+// 4. A host block is reused only after the H2D copy that reads it completed.
+// 5. An address freed by the job is reused only after the free's stream point (event), and never
+//    while a copy of ours touches it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "actpage/options.hpp"
+#include "engine/engine_stats.hpp"
+#include "engine/node_verdict.hpp"
+#include "engine/page_state.hpp"
+#include "engine/range_cache.hpp"
+#include "engine/va_arena.hpp"
+#include "hostpool/host_pool.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine {
+
+class DeviceEngine {
+ public:
+  DeviceEngine(Device& device, const Options& options, const NodeClassifier& classifier);
+  ~DeviceEngine();
+  DeviceEngine(const DeviceEngine&) = delete;
+  DeviceEngine& operator=(const DeviceEngine&) = delete;
+
+  // Creates streams, reserves the arena, starts the workers. Until it succeeds nothing is served.
+  Status start();
+  // Drains every copy, releases every resource (tests, orderly shutdown; not at process exit).
+  void shutdown();
+
+  bool owns(DevPtr ptr) const noexcept { return arena_.contains(ptr); }
+
+  // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
+  DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict);
+  void free(DevPtr ptr, StreamHandle stream);
+
+  // Range events of the job's threads, forwarded by Engine.
+  void on_selected_push(ranges::PathId node);
+  void on_pop(ranges::PathId node);
+  void on_backward_marker(ranges::NameId module_name);
+
+  // Blocks until no copy is queued or in flight (tests, replay).
+  void quiesce();
+  // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
+  void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
+  EngineStats stats() const;
+  // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
+  std::size_t open_groups() const;
+
+ private:
+  struct Group;
+  struct Allocation {
+    DevPtr va = 0;
+    std::size_t bytes = 0;         // what the job asked for: what is copied
+    std::size_t mapped_bytes = 0;  // rounded to the granularity: what is mapped
+    StreamHandle stream;           // the allocating stream (where forward reads and backward waits)
+    PhysicalHandle physical;       // valid while pages are mapped (fault mode)
+    bool has_physical = false;
+    std::optional<hostpool::HostBlock> host;
+    PageState state = PageState::resident;
+    Group* group = nullptr;
+    bool freed = false;            // the job freed it while a copy was in flight
+    bool wanted_back = false;      // backward asked for it while its D2H copy was in flight
+    bool reload_queued = false;
+    bool reload_urgent = false;
+    StreamHandle free_stream;      // where the job freed it: reuse waits for this point
+    EventHandle free_event;
+    bool has_free_event = false;
+    PhysicalHandle host_physical;  // host_mapped: the host-located copy
+    bool has_host_physical = false;
+    DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
+    EventHandle copy_event;        // D2H or H2D completion, valid while a copy is in flight
+    bool has_copy_event = false;
+    std::uint64_t copy_started_ns = 0;
+  };
+  struct Group {
+    std::uint32_t id = 0;
+    ranges::PathId selected = ranges::kNoPath;
+    ranges::PathId release_node = ranges::kNoPath;  // popping it seals the group
+    ranges::PathId layer_node = ranges::kNoPath;    // groups sharing it form one keep_last layer
+    std::thread::id thread;
+    std::uint64_t iteration = 0;
+    std::vector<Allocation*> allocations;           // live ones
+    std::vector<ranges::NameId> names;              // selected range's name and its parent's
+    std::vector<std::pair<StreamHandle, EventHandle>> release_events;
+    bool sealed = false;
+  };
+  using CachedRange = RangeCache::Range;
+
+  // Everything below runs with mutex_ held unless it says otherwise.
+  Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
+  void seal(Group& group);
+  void queue_offload(Group& group);
+  void keep_resident(Allocation& allocation);
+  void backward_begins();
+  void request_reload(Allocation& allocation, bool urgent);
+  void prefetch_before(std::uint64_t position);
+  void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
+  void detach_from_group(Allocation& allocation);
+  void maybe_destroy_group(Group* group);
+  std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
+  void put_cached(const CachedRange& range);
+  // The sizes the next allocations are expected to ask for: the rest of the last iteration's
+  // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
+  RangeCache::Demand demand() const;
+  EventHandle acquire_event();
+  void recycle_event(EventHandle event);
+  void note_failure(const char* what, const Status& status);
+
+  void start_iteration();
+  bool issue_offload(Allocation& allocation);
+  // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
+  bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
+  // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is
+  // mapped there now. Unlocks meanwhile.
+  Status swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
+                         std::unique_lock<std::mutex>& lock);
+  void reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
+  // host_mapped: gives back a host copy that was made but never swapped in (freed, wanted back).
+  void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
+  void issue_offloads_now(Group& group);
+  void offload_worker();
+  void reload_worker();
+  void reload_completion_worker();
+  void sampler_worker();
+  // Gives back the cached ranges the demand does not need (all of them when `everything`).
+  void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
+  // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
+  void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
+  void finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock);
+  void finish_reload(Allocation& allocation);
+
+  Device& device_;
+  const Options& options_;
+  const NodeClassifier& classifier_;
+  const std::size_t granularity_;
+
+  VaArena arena_;
+  std::unique_ptr<hostpool::HostPool> host_pool_;
+  StreamHandle copy_stream_;
+  StreamHandle reload_stream_;
+  bool started_ = false;
+  std::atomic<bool> wait_for_host_memory_{false};
+
+  mutable std::mutex mutex_;
+  std::condition_variable offload_cv_;  // offload worker: work queued
+  std::condition_variable reload_cv_;   // reload worker: work queued
+  std::condition_variable reload_done_cv_;  // reload completion worker: a copy is in flight
+  std::condition_variable issued_cv_;   // job threads: a reload was issued / state changed
+  bool stopping_ = false;
+
+  std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
+  std::unordered_map<std::uint32_t, std::unique_ptr<Group>> groups_;
+  std::uint32_t next_group_id_ = 1;
+  std::vector<Group*> open_groups_;       // not yet sealed, any thread
+  std::deque<std::vector<Group*>> keep_window_;  // released layers held back by keep_last
+  std::vector<std::uint32_t> forward_order_;     // this iteration's groups, in forward order
+  ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
+  std::deque<Allocation*> offload_queue_;
+  std::deque<Allocation*> offload_inflight_;
+  std::deque<Allocation*> reload_queue_;
+  std::deque<Allocation*> reload_inflight_;
+  std::uint32_t unmapping_ = 0;          // workers between unlock and relock around VMM calls
+  std::uint32_t reload_preparing_ = 0;
+  std::uint32_t trimming_ = 0;
+  std::uint32_t offload_preparing_ = 0;
+  std::vector<CachedRange> deferred_releases_;  // host_mapped frees: unmapped by the offload worker
+  bool in_backward_ = false;
+  std::thread::id forward_thread_;
+  std::uint64_t iteration_ = 0;
+
+  RangeCache cache_;
+  std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
+  std::vector<std::size_t> sizes_last_iteration_;
+  std::size_t cursor_ = 0;                          // candidates served so far this iteration
+  bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
+  std::vector<EventHandle> free_events_;
+
+  EngineStats stats_;
+  std::thread offload_thread_;
+  std::thread reload_thread_;
+  std::thread reload_completion_thread_;
+  std::thread sampler_thread_;           // MEM_SAMPLE records, when tracing
+  std::condition_variable sampler_cv_;
+};
+
+}  // namespace actpage::engine

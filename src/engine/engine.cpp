@@ -1,0 +1,118 @@
+#include "engine/engine.hpp"
+
+#include "common/log.hpp"
+
+namespace actpage::engine {
+
+Engine::Engine(const Options& options, DeviceProvider devices)
+    : options_(options), provider_(std::move(devices)), classifier_(options_) {}
+
+Engine::~Engine() { shutdown(); }
+
+DeviceEngine* Engine::device_engine(int ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
+  if (DeviceEngine* existing = devices_[ordinal].load(std::memory_order_acquire)) return existing;
+  if (unavailable_[ordinal].load(std::memory_order_relaxed)) return nullptr;
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  if (DeviceEngine* existing = devices_[ordinal].load(std::memory_order_acquire)) return existing;
+  auto device = provider_(ordinal);
+  Status status = device.ok() ? Status{} : device.status();
+  std::unique_ptr<DeviceEngine> engine;
+  if (status.ok()) {
+    engine = std::make_unique<DeviceEngine>(**device, options_, classifier_);
+    engine->set_wait_for_host_memory(wait_for_host_memory_);
+    status = engine->start();
+  }
+  if (!status.ok()) {
+    ACTPAGE_LOG_WARN("device {}: offloading is off: {}", ordinal, status.message());
+    unavailable_[ordinal].store(true);
+    return nullptr;
+  }
+  DeviceEngine* raw = engine.get();
+  owned_.push_back(std::move(engine));
+  devices_[ordinal].store(raw, std::memory_order_release);
+  return raw;
+}
+
+template <class Fn>
+void Engine::for_each_device(Fn&& fn) {
+  for (auto& slot : devices_) {
+    if (DeviceEngine* engine = slot.load(std::memory_order_acquire)) fn(*engine);
+  }
+}
+
+DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
+  if (options_.mode != Mode::offload || !options_.enabled) return 0;
+  const NodeVerdict verdict = classifier_.classify(request.path);
+  if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  DeviceEngine* engine = device_engine(request.device);
+  if (engine == nullptr) return 0;
+  return engine->allocate(request.bytes, request.stream, verdict);
+}
+
+bool Engine::owns(DevPtr ptr) const noexcept {
+  for (const auto& slot : devices_) {
+    if (const DeviceEngine* engine = slot.load(std::memory_order_acquire); engine && engine->owns(ptr)) return true;
+  }
+  return false;
+}
+
+void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcept {
+  // A synchronous free (cudaFree) arrives with the legacy default stream, which orders after all
+  // blocking streams' work: the same rule as a stream-ordered free on stream 0.
+  for (auto& slot : devices_) {
+    DeviceEngine* engine = slot.load(std::memory_order_acquire);
+    if (engine && engine->owns(ptr)) {
+      engine->free(ptr, stream);
+      return;
+    }
+  }
+}
+
+void Engine::on_push(ranges::PathId node) {
+  const NodeVerdict verdict = classifier_.classify(node);
+  if (verdict.backward_marker) {
+    auto module = classifier_.backward_module(node);
+    if (!module) return;
+    const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
+    for_each_device([&](DeviceEngine& engine) { engine.on_backward_marker(name); });
+  } else if (verdict.selected_here) {
+    for_each_device([&](DeviceEngine& engine) { engine.on_selected_push(node); });
+  }
+}
+
+void Engine::on_pop(ranges::PathId node) {
+  for_each_device([&](DeviceEngine& engine) {
+    if (engine.open_groups() != 0) engine.on_pop(node);
+  });
+}
+
+void Engine::quiesce() {
+  for_each_device([](DeviceEngine& engine) { engine.quiesce(); });
+}
+
+void Engine::shutdown() {
+  for_each_device([](DeviceEngine& engine) { engine.shutdown(); });
+}
+
+EngineStats Engine::stats() const {
+  EngineStats total;
+  for (const auto& slot : devices_) {
+    const DeviceEngine* engine = slot.load(std::memory_order_acquire);
+    if (!engine) continue;
+    const EngineStats s = engine->stats();
+#define ACTPAGE_SUM(field) total.field += s.field;
+    ACTPAGE_SUM(allocations_served) ACTPAGE_SUM(bytes_served) ACTPAGE_SUM(allocations_passed)
+    ACTPAGE_SUM(groups_created) ACTPAGE_SUM(groups_kept_resident) ACTPAGE_SUM(offloads_started)
+    ACTPAGE_SUM(offloads_completed) ACTPAGE_SUM(offloads_cancelled) ACTPAGE_SUM(bytes_offloaded)
+    ACTPAGE_SUM(reloads_completed) ACTPAGE_SUM(bytes_reloaded) ACTPAGE_SUM(dropped_offloaded)
+    ACTPAGE_SUM(stalls) ACTPAGE_SUM(stall_ns) ACTPAGE_SUM(job_thread_vmm_calls) ACTPAGE_SUM(worker_vmm_calls)
+    ACTPAGE_SUM(host_pool_misses) ACTPAGE_SUM(iterations) ACTPAGE_SUM(live_owned_bytes)
+    ACTPAGE_SUM(offloaded_bytes_now) ACTPAGE_SUM(peak_offloaded_bytes) ACTPAGE_SUM(cached_bytes)
+    ACTPAGE_SUM(failures)
+#undef ACTPAGE_SUM
+  }
+  return total;
+}
+
+}  // namespace actpage::engine

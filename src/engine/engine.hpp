@@ -1,0 +1,72 @@
+// Engine: the process's offload engine. It is the AllocationHandler the hooks call and the
+// ranges::Listener the range stack calls, and routes both to one DeviceEngine per device.
+//
+// Contract:
+// - try_allocate() serves only candidates: the innermost range that a module rule matches selects
+//   offloading, the request is at least the rule's min_bytes, mode is offload and the device engine
+//   started. Everything else returns 0 (pass through) after one atomic load and a few compares.
+// - owns() is lock-free (address-range checks against each device's arena).
+// - Device engines are created on first use of a device, from the DeviceProvider; if one cannot
+//   start (no VMM support, no libcuda), that device passes everything through, with one warning.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "actpage/device.hpp"
+#include "actpage/options.hpp"
+#include "engine/allocation_handler.hpp"
+#include "engine/device_engine.hpp"
+#include "engine/engine_stats.hpp"
+#include "engine/node_verdict.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine {
+
+class Engine final : public AllocationHandler, public ranges::Listener {
+ public:
+  // Returns the Device for an ordinal; the device must outlive the engine.
+  using DeviceProvider = std::function<Result<Device*>(int ordinal)>;
+  static constexpr int kMaxDevices = 64;
+
+  Engine(const Options& options, DeviceProvider devices);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  DevPtr try_allocate(const AllocRequest& request) noexcept override;
+  bool owns(DevPtr ptr) const noexcept override;
+  void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept override;
+
+  void on_push(ranges::PathId node) override;
+  void on_pop(ranges::PathId node) override;
+
+  // Waits until every queued or in-flight copy on every device is done (tests, replay).
+  void quiesce();
+  // Stops the workers and gives every resource back (tests, replay). Not run at process exit.
+  void shutdown();
+  EngineStats stats() const;  // summed over devices
+  // Replay: offloads wait for pinned memory being prepared rather than skip (a prediction must
+  // not depend on timing). Applies to device engines created afterwards.
+  void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
+  const Options& options() const { return options_; }
+
+ private:
+  DeviceEngine* device_engine(int ordinal);
+  template <class Fn>
+  void for_each_device(Fn&& fn);
+
+  Options options_;
+  DeviceProvider provider_;
+  NodeClassifier classifier_;
+  std::mutex create_mutex_;
+  std::array<std::atomic<DeviceEngine*>, kMaxDevices> devices_{};
+  std::array<std::atomic<bool>, kMaxDevices> unavailable_{};
+  std::vector<std::unique_ptr<DeviceEngine>> owned_;
+  bool wait_for_host_memory_ = false;
+};
+
+}  // namespace actpage::engine

@@ -1,0 +1,70 @@
+#include "engine/range_cache.hpp"
+
+namespace actpage::engine {
+
+std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
+  // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
+  // expert batches vary a little.
+  auto best = ranges_.end();
+  for (auto it = ranges_.begin(); it != ranges_.end(); ++it) {
+    if (it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) continue;
+    if (best == ranges_.end() || it->mapped_bytes < best->mapped_bytes) best = it;
+    if (best->mapped_bytes == mapped_bytes) break;
+  }
+  if (best == ranges_.end()) return std::nullopt;
+  Range range = *best;
+  ranges_.erase(best);
+  bytes_ -= range.mapped_bytes;
+  return range;
+}
+
+void RangeCache::put(const Range& range) {
+  ranges_.push_back(range);
+  bytes_ += range.mapped_bytes;
+}
+
+std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::uint64_t limit) {
+  // Keep the newest ranges that the demand asks for (they are the likeliest to be warm), within the
+  // byte limit; hand back the rest.
+  std::map<std::size_t, std::size_t> kept;
+  std::uint64_t kept_bytes = 0;
+  std::vector<bool> keep(ranges_.size(), false);
+  for (std::size_t i = ranges_.size(); i-- > 0;) {
+    const Range& range = ranges_[i];
+    auto wanted = demand.find(range.mapped_bytes);
+    if (wanted == demand.end() || kept[range.mapped_bytes] >= wanted->second) continue;
+    if (kept_bytes + range.mapped_bytes > limit) continue;
+    ++kept[range.mapped_bytes];
+    kept_bytes += range.mapped_bytes;
+    keep[i] = true;
+  }
+  std::vector<Range> out;
+  std::deque<Range> left;
+  for (std::size_t i = 0; i < ranges_.size(); ++i) {
+    if (keep[i]) {
+      left.push_back(ranges_[i]);
+    } else {
+      out.push_back(ranges_[i]);
+    }
+  }
+  ranges_ = std::move(left);
+  bytes_ = kept_bytes;
+  return out;
+}
+
+bool RangeCache::wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const {
+  auto wanted = demand.find(mapped_bytes);
+  if (wanted == demand.end() || bytes_ + mapped_bytes > limit) return false;
+  std::size_t have = 0;
+  for (const Range& range : ranges_) have += range.mapped_bytes == mapped_bytes ? 1 : 0;
+  return have < wanted->second;
+}
+
+std::vector<RangeCache::Range> RangeCache::take_all() {
+  std::vector<Range> out(ranges_.begin(), ranges_.end());
+  ranges_.clear();
+  bytes_ = 0;
+  return out;
+}
+
+}  // namespace actpage::engine

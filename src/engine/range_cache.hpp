@@ -1,0 +1,51 @@
+// RangeCache: device ranges that stay mapped between uses, so that the steady state of a training
+// loop makes no VMM call on the job's thread.
+//
+// Contract (a plain data structure; the DeviceEngine serialises access and makes the device calls):
+// - take(bytes) returns a cached range of at least `bytes` and at most 1/8 more (best fit), or none.
+// - A range put back after a free carries the free's stream point (event); whoever reuses it orders
+//   after that point (rule 5 of docs/engine.md).
+// - How much to keep is decided by *demand*: the sizes the next allocations are expected to ask
+//   for (the engine learns them from the previous iteration). surplus() removes and returns every
+//   range the demand does not need, oldest first, and everything beyond `limit` bytes; wants() says
+//   whether one more range of a size would be needed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "actpage/device.hpp"
+
+namespace actpage::engine {
+
+class RangeCache {
+ public:
+  struct Range {
+    DevPtr va = 0;
+    std::size_t mapped_bytes = 0;
+    PhysicalHandle physical;
+    StreamHandle free_stream;
+    EventHandle free_event;
+    bool has_event = false;
+  };
+  using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
+
+  std::optional<Range> take(std::size_t mapped_bytes);
+  void put(const Range& range);
+  std::vector<Range> surplus(const Demand& demand, std::uint64_t limit);
+  bool wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const;
+  std::vector<Range> take_all();
+
+  std::uint64_t bytes() const { return bytes_; }
+  std::size_t size() const { return ranges_.size(); }
+
+ private:
+  std::deque<Range> ranges_;  // oldest first
+  std::uint64_t bytes_ = 0;
+};
+
+}  // namespace actpage::engine

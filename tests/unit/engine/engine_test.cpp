@@ -1,0 +1,420 @@
+// The engine on the simulated device: offload after forward, reload before backward, every byte
+// checked, nothing leaked. Random delays on every simulated stream shake out ordering bugs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <thread>
+
+#include "engine/engine.hpp"
+#include "sim_job.hpp"
+
+namespace actpage::engine {
+namespace {
+
+using device::SimDevice;
+using device::SimDeviceConfig;
+using testing::SimJob;
+using testing::Tensor;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+Options offload_options() {
+  Options options = Options::defaults();
+  options.mode = Mode::offload;
+  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  options.min_bytes = 64 * 1024;
+  options.keep_last = 0;
+  options.host_pool_bytes = 1ull << 30;
+  options.host_pool_slab_bytes = 64 * kMiB;
+  options.host_pool_prealloc_bytes = 64 * kMiB;
+  options.vmm_arena_bytes = 64ull << 30;
+  options.vmm_cache_bytes = 256 * kMiB;
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  return options;
+}
+
+SimDeviceConfig sim_config(std::uint64_t seed, std::uint32_t max_delay_us) {
+  SimDeviceConfig config;
+  config.seed = seed;
+  config.max_delay_us = max_delay_us;
+  config.capacity_bytes = 8ull << 30;
+  config.fresh_memory_pattern = std::uint8_t{0xa5};
+  config.require_bind_thread = false;
+  return config;
+}
+
+// Owns the device, the engine and the job's stream, and installs the engine as range listener.
+struct Rig {
+  explicit Rig(const Options& options, SimDeviceConfig config = sim_config(1, 20))
+      : device(config),
+        engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
+    // Exact counts below must not depend on how fast the host pool pins its first slab.
+    engine.set_wait_for_host_memory(true);
+    ranges::set_listener(&engine);
+    stream = *device.create_stream(0);
+    job = std::make_unique<SimJob>(device, engine, stream);
+  }
+  ~Rig() {
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device.synchronize();
+    (void)device.destroy_stream(stream);
+  }
+  std::uint64_t device_bytes_in_use() { return device.stats().device_resident_bytes; }
+
+  SimDevice device;
+  Engine engine;
+  StreamHandle stream;
+  std::unique_ptr<SimJob> job;
+};
+
+// Forward of a small transformer-shaped model: per layer an attention and an MLP module, each
+// allocating `per_module` activations kept for backward, plus a temporary and an output.
+struct Forward {
+  std::map<std::string, std::vector<Tensor>> saved;  // by module path
+};
+
+Forward run_forward(SimJob& job, int layers, int per_module, std::size_t bytes) {
+  Forward forward;
+  job.push("model");
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::string layer_name = "model.layers." + std::to_string(layer);
+    job.push(layer_name);
+    for (const char* module : {"attn", "mlp"}) {
+      const std::string name = layer_name + "." + module;
+      job.push(name);
+      Tensor temporary = job.allocate(bytes / 2);
+      job.write(temporary);
+      for (int i = 0; i < per_module; ++i) {
+        Tensor tensor = job.allocate(bytes);
+        job.write(tensor);
+        forward.saved[name].push_back(tensor);
+      }
+      Tensor output = job.allocate(bytes);
+      job.write(output);
+      job.check(temporary);
+      job.free(temporary);
+      job.pop();
+      // The residual add reads the module's output after its range closed, inside the layer.
+      job.check(output);
+      job.free(output);
+    }
+    job.pop();
+  }
+  job.pop();
+  return forward;
+}
+
+// Backward on another thread, as autograd does: markers for layer then modules, in reverse.
+void run_backward(SimJob& job, Forward& forward, int layers) {
+  std::thread autograd([&] {
+    for (int layer = layers; layer-- > 0;) {
+      const std::string layer_name = "model.layers." + std::to_string(layer);
+      job.marker(layer_name + ".backward");
+      for (const char* module : {"mlp", "attn"}) {
+        const std::string name = layer_name + "." + module;
+        job.marker(name + ".backward");
+        for (const Tensor& tensor : forward.saved[name]) {
+          job.check(tensor);
+          job.free(tensor);
+        }
+      }
+    }
+  });
+  autograd.join();
+}
+
+TEST(Engine, OffloadsSelectedActivationsAndBringsEveryByteBack) {
+  Rig rig(offload_options());
+  Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+  rig.engine.quiesce();
+  const EngineStats after_forward = rig.engine.stats();
+  // 4 layers x 2 MLP activations of 3 MiB (mapped as 4 MiB): all offloaded with keep_last 0.
+  EXPECT_EQ(after_forward.offloads_completed, 8u);
+  EXPECT_EQ(after_forward.offloaded_bytes_now, 8 * 4 * kMiB);
+  run_backward(*rig.job, forward, 4);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, 8u);
+  EXPECT_EQ(stats.offloaded_bytes_now, 0u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  EXPECT_GT(rig.job->checks(), 0u);
+}
+
+TEST(Engine, OffloadGivesDeviceMemoryBackAsMemInfoShows) {
+  Rig rig(offload_options());
+  const std::uint64_t before = rig.device_bytes_in_use();
+  Forward forward = run_forward(*rig.job, 6, 2, 4 * kMiB);
+  rig.engine.quiesce();
+  const std::uint64_t after = rig.device_bytes_in_use();
+  const EngineStats stats = rig.engine.stats();
+  // Attention activations stay (not selected); the MLP ones left the device.
+  std::uint64_t attention_bytes = 0;
+  for (auto& [name, tensors] : forward.saved) {
+    if (name.ends_with(".attn")) attention_bytes += tensors.size() * 4 * kMiB;
+  }
+  EXPECT_EQ(stats.offloaded_bytes_now, 12 * 4 * kMiB);
+  EXPECT_EQ(after - before, attention_bytes + stats.cached_bytes);
+  auto info = rig.device.mem_info();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->total_bytes - info->free_bytes, after);
+  run_backward(*rig.job, forward, 6);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+}
+
+TEST(Engine, KeepLastKeepsTheLastLayersResident) {
+  Options options = offload_options();
+  options.keep_last = 2;
+  Rig rig(options);
+  Forward forward = run_forward(*rig.job, 5, 1, 2 * kMiB);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloads_completed, 3u);  // layers 0..2; 3 and 4 held back
+  run_backward(*rig.job, forward, 5);
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.groups_kept_resident, 2u);
+  EXPECT_EQ(stats.reloads_completed, 3u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
+TEST(Engine, FreedWhileOffloadedIsDroppedNeverReloaded) {
+  Rig rig(offload_options());
+  Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);
+  rig.engine.quiesce();
+  // An evaluation step: no backward, the activations are simply dropped.
+  for (auto& [name, tensors] : forward.saved) {
+    for (const Tensor& tensor : tensors) rig.job->free(tensor);
+  }
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, 0u);
+  EXPECT_EQ(stats.dropped_offloaded, 6u);
+  EXPECT_EQ(stats.offloaded_bytes_now, 0u);
+  EXPECT_EQ(stats.live_owned_bytes, 0u);
+}
+
+TEST(Engine, SmallAllocationsAndUnselectedModulesPassThrough) {
+  Options options = offload_options();
+  options.min_bytes = 4 * kMiB;
+  Rig rig(options);
+  rig.job->push("model.layers.0");
+  rig.job->push("model.layers.0.mlp");
+  Tensor small = rig.job->allocate(kMiB);
+  Tensor large = rig.job->allocate(4 * kMiB);
+  rig.job->pop();
+  rig.job->push("model.layers.0.attn");
+  Tensor unselected = rig.job->allocate(8 * kMiB);
+  rig.job->pop();
+  rig.job->pop();
+  Tensor outside = rig.job->allocate(8 * kMiB);
+  EXPECT_FALSE(small.owned);
+  EXPECT_TRUE(large.owned);
+  EXPECT_TRUE(rig.engine.owns(large.va));
+  EXPECT_FALSE(unselected.owned);
+  EXPECT_FALSE(outside.owned);
+  EXPECT_FALSE(rig.engine.owns(outside.va));
+  for (const Tensor& t : {small, large, unselected, outside}) rig.job->free(t);
+}
+
+TEST(Engine, ObserveModeServesNothing) {
+  Options options = offload_options();
+  options.mode = Mode::observe;
+  Rig rig(options);
+  rig.job->push("model.layers.0.mlp");
+  Tensor tensor = rig.job->allocate(8 * kMiB);
+  rig.job->pop();
+  EXPECT_FALSE(tensor.owned);
+  rig.job->free(tensor);
+}
+
+TEST(Engine, ExclusionRuleWinsForInnerRanges) {
+  Options options = offload_options();
+  options.modules = {ModuleRule{{"*.mlp.down_proj"}, false, std::nullopt}, ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  Rig rig(options);
+  rig.job->push("model.layers.0");
+  rig.job->push("model.layers.0.mlp");
+  rig.job->push("model.layers.0.mlp.down_proj");
+  Tensor excluded = rig.job->allocate(4 * kMiB);
+  rig.job->pop();
+  rig.job->push("model.layers.0.mlp.up_proj");
+  Tensor included = rig.job->allocate(4 * kMiB);
+  rig.job->pop();
+  rig.job->pop();
+  rig.job->pop();
+  EXPECT_FALSE(excluded.owned);
+  EXPECT_TRUE(included.owned);
+  rig.job->free(excluded);
+  rig.job->free(included);
+}
+
+TEST(Engine, RecomputationDuringBackwardOnAnotherThreadIsLeftAlone) {
+  Rig rig(offload_options());
+  Forward forward = run_forward(*rig.job, 2, 1, 2 * kMiB);
+  std::thread autograd([&] {
+    rig.job->marker("model.layers.1.backward");
+    // Activation checkpointing re-runs the module's forward inside backward.
+    rig.job->push("model.layers.1");
+    rig.job->push("model.layers.1.mlp");
+    Tensor recomputed = rig.job->allocate(4 * kMiB);
+    rig.job->pop();
+    rig.job->pop();
+    EXPECT_FALSE(recomputed.owned);
+    rig.job->free(recomputed);
+  });
+  autograd.join();
+  run_backward(*rig.job, forward, 2);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+}
+
+TEST(Engine, PoisonModeExposesAReadAfterTheReleasePoint) {
+  Options options = offload_options();
+  options.stray_access = StrayAccess::poison;
+  options.release_after = ReleaseAfter::range_end;  // unsafe: the residual reads the output later
+  Rig rig(options);
+  rig.job->push("model.layers.0");
+  rig.job->push("model.layers.0.mlp");
+  Tensor output = rig.job->allocate(4 * kMiB);
+  rig.job->write(output);
+  rig.job->pop();         // release point under range_end: the output is offloaded and poisoned
+  rig.job->check(output);  // the residual add reads it: poisoned
+  rig.job->pop();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 1u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);  // poison keeps the pages: wrong data, no crash
+  rig.job->free(output);
+}
+
+TEST(Engine, PoisonModePassesASafePolicy) {
+  Options options = offload_options();
+  options.stray_access = StrayAccess::poison;
+  Rig rig(options);
+  Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);
+  run_backward(*rig.job, forward, 3);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 6u);
+}
+
+TEST(Engine, HostMappedServesAReadAfterTheReleasePointCorrectly) {
+  Options options = offload_options();
+  options.stray_access = StrayAccess::host_mapped;
+  options.release_after = ReleaseAfter::range_end;  // unsafe: the residual reads the output later
+  Rig rig(options);
+  rig.job->push("model.layers.0");
+  rig.job->push("model.layers.0.mlp");
+  Tensor output = rig.job->allocate(4 * kMiB);
+  rig.job->write(output);
+  rig.job->pop();  // release point: the output leaves the device
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloads_completed, 1u);
+  auto where = rig.device.location_of(output.va);
+  ASSERT_TRUE(where.ok());
+  EXPECT_EQ(*where, MemoryLocation::host);  // the host copy is at the same address
+  rig.job->check(output);  // the stray read: slow on a GPU, but right
+  rig.job->pop();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  rig.job->free(output);
+  rig.engine.quiesce();
+}
+
+TEST(Engine, HostMappedOffloadsAndReloadsWithEveryByteIntact) {
+  Options options = offload_options();
+  options.stray_access = StrayAccess::host_mapped;
+  Rig rig(options);
+  const std::uint64_t before = rig.device_bytes_in_use();
+  Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloads_completed, 8u);
+  // Host-located memory does not count as device memory: the MLP activations left the device.
+  std::uint64_t attention_bytes = 0;
+  for (auto& [name, tensors] : forward.saved) {
+    if (name.ends_with(".attn")) attention_bytes += tensors.size() * 4 * kMiB;
+  }
+  EXPECT_EQ(rig.device_bytes_in_use() - before, attention_bytes + rig.engine.stats().cached_bytes);
+  run_backward(*rig.job, forward, 4);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 8u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  EXPECT_EQ(rig.device.stats().host_handles, 0u);
+}
+
+TEST(Engine, SteadyStateMakesNoVmmCallOnTheJobThread) {
+  Options options = offload_options();
+  options.vmm_cache_bytes = 1ull << 30;
+  Rig rig(options);
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    const std::uint64_t before = rig.engine.stats().job_thread_vmm_calls;
+    Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);
+    run_backward(*rig.job, forward, 3);
+    rig.engine.quiesce();
+    const std::uint64_t calls = rig.engine.stats().job_thread_vmm_calls - before;
+    if (iteration == 0) {
+      EXPECT_GT(calls, 0u);
+    } else {
+      EXPECT_EQ(calls, 0u) << "iteration " << iteration;
+    }
+  }
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.engine.stats().iterations, 3u);
+}
+
+TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
+  Options options = offload_options();
+  options.host_pool_bytes = 4 * kMiB;
+  options.host_pool_slab_bytes = 4 * kMiB;
+  options.host_pool_prealloc_bytes = 4 * kMiB;
+  Rig rig(options);
+  Forward forward = run_forward(*rig.job, 4, 1, 3 * kMiB);
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GE(stats.host_pool_misses, 1u);
+  EXPECT_LE(stats.offloads_started, 1u);
+  run_backward(*rig.job, forward, 4);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
+TEST(Engine, ShutdownLeavesNothingBehind) {
+  SimDeviceConfig config = sim_config(7, 10);
+  auto device = std::make_unique<SimDevice>(config);
+  {
+    Engine engine(offload_options(), [&](int) -> Result<Device*> { return static_cast<Device*>(device.get()); });
+    ranges::set_listener(&engine);
+    StreamHandle stream = *device->create_stream(0);
+    SimJob job(*device, engine, stream);
+    Forward forward = run_forward(job, 3, 2, 2 * kMiB);
+    run_backward(job, forward, 3);
+    Forward leaked = run_forward(job, 2, 1, 2 * kMiB);  // never freed by the job
+    engine.quiesce();
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device->synchronize();
+    (void)device->destroy_stream(stream);
+    EXPECT_EQ(job.mismatches(), 0u);
+  }
+  const auto stats = device->stats();
+  // The job's own pass-through allocations of `leaked` are the job's business; the engine's are gone.
+  EXPECT_EQ(stats.pinned_bytes, 0u) << stats.to_string();
+  EXPECT_EQ(stats.streams, 0u) << stats.to_string();
+  EXPECT_EQ(stats.events, 0u) << stats.to_string();
+  EXPECT_EQ(stats.host_handles, 0u) << stats.to_string();
+}
+
+}  // namespace
+}  // namespace actpage::engine

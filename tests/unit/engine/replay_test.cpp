@@ -1,0 +1,143 @@
+// Replaying a recorded trace through the engine on the simulated device.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "commands.hpp"
+#include "engine/replay.hpp"
+#include "trace/builder.hpp"
+
+namespace actpage::engine {
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+// A 4-layer forward (attention keeps 4 MiB, the MLP 2 x 4 MiB per layer) on thread 1, then a
+// backward with markers on thread 2 that frees everything, layer by layer.
+trace::TraceBuilder four_layer_step() {
+  trace::TraceBuilder b;
+  std::uint64_t t = 1000;
+  std::uint64_t next_ptr = 0x100000000ull;
+  std::map<int, std::vector<std::uint64_t>> saved_mlp, saved_attn;
+  const std::uint32_t model = b.at(t, 1).path("model");
+  b.range_push(model);
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string l = "model/model.layers." + std::to_string(layer);
+    const std::uint32_t layer_path = b.path(l);
+    b.at(t += 10, 1).range_push(layer_path);
+    for (const char* module : {"attn", "mlp"}) {
+      const std::uint32_t m = b.path(l + "/model.layers." + std::to_string(layer) + "." + module);
+      b.at(t += 10, 1).range_push(m);
+      const int count = std::string(module) == "mlp" ? 2 : 1;
+      for (int i = 0; i < count; ++i) {
+        b.at(t += 10, 1).alloc(next_ptr, 4 * kMiB, m);
+        (std::string(module) == "mlp" ? saved_mlp : saved_attn)[layer].push_back(next_ptr);
+        next_ptr += 4 * kMiB;
+      }
+      b.at(t += 10, 1).range_pop(m);
+    }
+    b.at(t += 10, 1).range_pop(layer_path);
+  }
+  b.at(t += 10, 1).range_pop(model);
+  for (int layer = 4; layer-- > 0;) {
+    const std::uint32_t marker = b.path("model.layers." + std::to_string(layer) + ".mlp.backward", trace::kPathBackward);
+    b.at(t += 10, 2).range_push(marker);
+    b.at(t += 1, 2).range_pop(marker);
+    for (std::uint64_t ptr : saved_mlp[layer]) b.at(t += 10, 2).free(ptr);
+    for (std::uint64_t ptr : saved_attn[layer]) b.at(t += 10, 2).free(ptr);
+  }
+  return b;
+}
+
+Options mlp_policy() {
+  Options options = Options::defaults();
+  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  options.keep_last = 0;
+  options.prefetch_ahead_bytes = 0;
+  options.host_pool_prealloc_bytes = 64 * kMiB;
+  options.host_pool_slab_bytes = 64 * kMiB;
+  return options;
+}
+
+TEST(Replay, PredictsThePeakAPolicyLeaves) {
+  auto bytes = four_layer_step().bytes();
+  auto trace = trace::read_trace_bytes(bytes);
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  auto result = replay_trace(*trace, mlp_policy());
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  // Everything is live at the end of forward: 4 x 12 MiB.
+  EXPECT_EQ(result->baseline_peak_bytes, 48 * kMiB);
+  // Each layer's MLP leaves when the layer ends; the peak is in the last layer: 3 x 4 MiB of
+  // attention + 12 MiB of the last layer.
+  EXPECT_EQ(result->predicted_peak_bytes, 24 * kMiB);
+  EXPECT_EQ(result->stats.offloads_completed, 8u);
+  EXPECT_EQ(result->stats.reloads_completed, 8u);
+  EXPECT_EQ(result->unmatched_frees, 0u);
+}
+
+TEST(Replay, ObservePolicyPredictsNoSaving) {
+  auto bytes = four_layer_step().bytes();
+  auto trace = trace::read_trace_bytes(bytes);
+  ASSERT_TRUE(trace.ok());
+  Options options = mlp_policy();
+  options.mode = Mode::observe;
+  auto result = replay_trace(*trace, options);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->predicted_peak_bytes, result->baseline_peak_bytes);
+  EXPECT_EQ(result->stats.allocations_served, 0u);
+}
+
+TEST(Replay, KeepLastRaisesThePeak) {
+  auto bytes = four_layer_step().bytes();
+  auto trace = trace::read_trace_bytes(bytes);
+  ASSERT_TRUE(trace.ok());
+  Options options = mlp_policy();
+  options.keep_last = 2;
+  auto result = replay_trace(*trace, options);
+  ASSERT_TRUE(result.ok());
+  // Layers 2 and 3 keep their MLP activations: 4 x 4 + 2 x 8 MiB.
+  EXPECT_EQ(result->predicted_peak_bytes, 32 * kMiB);
+  EXPECT_EQ(result->stats.groups_kept_resident, 2u);
+}
+
+TEST(Replay, CommandSaysItIsSimulated) {
+  const std::string dir = ::testing::TempDir();
+  const std::string trace_path = dir + "/replay_cli.trace";
+  ASSERT_TRUE(four_layer_step().write_file(trace_path).ok());
+  const std::string policy_path = dir + "/replay_cli.json";
+  {
+    std::ofstream policy(policy_path);
+    policy << R"({"version": 1, "modules": [{"match": "*.mlp"}], "keep_last": 0, "prefetch": {"ahead_bytes": 0}})";
+  }
+  std::ostringstream out, err;
+  const int code = cli::replay({trace_path, policy_path, false}, out, err);
+  EXPECT_EQ(code, 0) << err.str();
+  EXPECT_NE(out.str().find("SIMULATED"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("48 MiB"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("24 MiB"), std::string::npos) << out.str();
+
+  std::ostringstream json_out;
+  EXPECT_EQ(cli::replay({trace_path, policy_path, true}, json_out, err), 0);
+  EXPECT_NE(json_out.str().find("\"simulated\": true"), std::string::npos);
+  EXPECT_NE(json_out.str().find("\"predicted_peak_bytes\": 25165824"), std::string::npos) << json_out.str();
+}
+
+TEST(Replay, BadPolicyIsAnErrorNamingTheFile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string trace_path = dir + "/replay_bad.trace";
+  ASSERT_TRUE(four_layer_step().write_file(trace_path).ok());
+  const std::string policy_path = dir + "/replay_bad.json";
+  {
+    std::ofstream policy(policy_path);
+    policy << R"({"version": 1, "keep_lats": 0})";
+  }
+  std::ostringstream out, err;
+  EXPECT_EQ(cli::replay({trace_path, policy_path, false}, out, err), 1);
+  EXPECT_NE(err.str().find("replay_bad.json"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("keep_last"), std::string::npos) << err.str();
+}
+
+}  // namespace
+}  // namespace actpage::engine

@@ -1,0 +1,154 @@
+// SimJob: a training job in miniature, driving an Engine on a SimDevice the way PyTorch drives
+// libactpage: ranges pushed per module, tensors allocated in stream order on the job's stream,
+// "kernels" that write activations in forward and check them in backward, frees in stream order,
+// backward markers pushed from a second thread (autograd's).
+//
+// Every activation's bytes are derived from (seed, tensor id), so a check needs no stored copy.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device/sim_device.hpp"
+#include "engine/engine.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine::testing {
+
+// Fills `out` with the bytes activation `id` holds.
+inline void activation_bytes(std::uint64_t id, std::size_t bytes, std::vector<std::uint8_t>& out) {
+  out.resize(bytes);
+  std::uint64_t x = id * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < bytes; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(out.data() + i, &x, std::min<std::size_t>(8, bytes - i));
+  }
+}
+
+// The job's own allocator for what the engine passes through: its own reserve+map per tensor.
+class PassThroughAllocator {
+ public:
+  explicit PassThroughAllocator(device::SimDevice& device) : device_(device) {}
+  DevPtr allocate(std::size_t bytes) {
+    const std::size_t mapped = (bytes + device_.granularity() - 1) / device_.granularity() * device_.granularity();
+    auto va = device_.reserve(mapped);
+    auto physical = device_.create_physical(mapped, MemoryLocation::device);
+    if (!va.ok() || !physical.ok() || !device_.map(*va, mapped, *physical).ok()) return 0;
+    (void)device_.release_physical(*physical);  // freed when unmapped
+    return *va;
+  }
+  // Synchronous: the caller made sure the device is done with it.
+  void free(DevPtr va, std::size_t bytes) {
+    const std::size_t mapped = (bytes + device_.granularity() - 1) / device_.granularity() * device_.granularity();
+    (void)device_.unmap(va, mapped);
+    (void)device_.unreserve(va, mapped);
+  }
+
+ private:
+  device::SimDevice& device_;
+};
+
+struct Tensor {
+  DevPtr va = 0;
+  std::size_t bytes = 0;
+  std::uint64_t id = 0;
+  bool owned = false;  // served by the engine
+};
+
+// Checks run on the device; mismatches and failed reads are counted, never thrown.
+class SimJob {
+ public:
+  SimJob(device::SimDevice& device, Engine& engine, StreamHandle stream)
+      : device_(device), engine_(engine), stream_(stream), passthrough_(device) {}
+
+  Tensor allocate(std::size_t bytes) {
+    Tensor tensor;
+    tensor.bytes = bytes;
+    tensor.id = next_id_++;
+    AllocRequest request;
+    request.bytes = bytes;
+    request.stream = stream_;
+    request.path = ranges::current();
+    request.device = device_.ordinal();
+    tensor.va = engine_.try_allocate(request);
+    tensor.owned = tensor.va != 0;
+    if (!tensor.owned) tensor.va = passthrough_.allocate(bytes);
+    return tensor;
+  }
+
+  // Forward writes the activation (a kernel on the job's stream).
+  void write(const Tensor& tensor) {
+    (void)device_.launch(stream_, [this, tensor] {
+      std::vector<std::uint8_t> data;
+      activation_bytes(tensor.id, tensor.bytes, data);
+      if (!device_.write(tensor.va, data.data(), data.size()).ok()) failed_.fetch_add(1);
+    });
+  }
+
+  // A later kernel reads it and compares with what was written.
+  void check(const Tensor& tensor) {
+    (void)device_.launch(stream_, [this, tensor] {
+      std::vector<std::uint8_t> expected;
+      std::vector<std::uint8_t> seen(tensor.bytes);
+      activation_bytes(tensor.id, tensor.bytes, expected);
+      if (!device_.read(tensor.va, seen.data(), seen.size()).ok()) {
+        failed_.fetch_add(1);
+      } else if (seen != expected) {
+        mismatches_.fetch_add(1);
+        if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
+          std::size_t at = 0;
+          while (at < seen.size() && seen[at] == expected[at]) ++at;
+          std::fprintf(stderr, "mismatch: tensor %llu at %#llx (%zu bytes, owned %d): first wrong byte %zu: %02x\n",
+                       static_cast<unsigned long long>(tensor.id), static_cast<unsigned long long>(tensor.va),
+                       tensor.bytes, tensor.owned ? 1 : 0, at, seen[at]);
+        }
+      }
+      checks_.fetch_add(1);
+      bytes_checked_.fetch_add(tensor.bytes);
+    });
+  }
+
+  void free(const Tensor& tensor) {
+    if (tensor.owned) {
+      engine_.free(tensor.va, stream_, false);
+    } else {
+      // The job's allocator frees in stream order too; here we simply wait for the stream.
+      device_.synchronize();
+      passthrough_.free(tensor.va, tensor.bytes);
+    }
+  }
+
+  void push(const std::string& name) { ranges::push(ranges::Registry::instance().intern_name(name)); }
+  void pop() { ranges::pop(); }
+  void marker(const std::string& name) {
+    push(name);
+    pop();
+  }
+
+  std::uint64_t mismatches() const { return mismatches_.load(); }
+  std::uint64_t failed() const { return failed_.load(); }
+  std::uint64_t checks() const { return checks_.load(); }
+  std::uint64_t bytes_checked() const { return bytes_checked_.load(); }
+  StreamHandle stream() const { return stream_; }
+
+ private:
+  device::SimDevice& device_;
+  Engine& engine_;
+  StreamHandle stream_;
+  PassThroughAllocator passthrough_;
+  std::uint64_t next_id_ = 1;
+  std::atomic<std::uint64_t> mismatches_{0};
+  std::atomic<std::uint64_t> failed_{0};
+  std::atomic<std::uint64_t> checks_{0};
+  std::atomic<std::uint64_t> bytes_checked_{0};
+};
+
+}  // namespace actpage::engine::testing
