@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The GPU checks, run on the GPU machine from the repository root, with the bundle that
+# scripts/gpu-bundle.sh stages in .gpu/ carried along. One run does every stage named, in order:
+#
+#   device   the Device contract on the real driver (tests/gpu/device)
+#   hooks    every hooked call made directly, through cuGetProcAddress and cudaGetDriverEntryPoint*:
+#            each appears once in the trace (tests/gpu/hooks)
+#   smoke    a small Llama, plain and under actpage offloading its MLPs: same losses, memory given back
+#   observe  observe-only against plain, three allocator settings, Llama and Qwen3-MoE (interposition)
+#   paging   Llama MLPs (all but the last 2 layers) and Qwen3-MoE experts, 20 steps (paging)
+#   safety   an unsafe policy (release at the MLP's own end): caught by poison, survived by host_mapped
+#   graph    a CUDA-graph-captured training step under actpage
+#   demo     records the observe-only trace that examples/ ships for the simulated demo
+#
+# Usage: scripts/gpu-test.sh STAGE...    Results: $OUT (the device tool's folder) or out/gpu.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/out/gpu}
+mkdir -p "$out"
+bundle=$root/.gpu
+actpage=$bundle/bin/actpage
+python=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+failed=0
+
+say() { printf '\n=== %s\n' "$*"; }
+check() {  # check NAME CMD...: runs, logs to $out/NAME.log, notes a failure
+  local name=$1; shift
+  if "$@" >"$out/$name.log" 2>&1; then echo "ok: $name"; else echo "FAILED: $name (exit $?)"; tail -n 25 "$out/$name.log"; failed=1; fi
+}
+
+[[ -x $actpage ]] || { echo "no $actpage: run scripts/gpu-bundle.sh and carry .gpu" >&2; exit 2; }
+say "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+echo "bundle: $(cat "$bundle/COMMIT" | tr '\n' ' ')"
+
+small_llama=(--layers 4 --hidden 1024 --ffn 2816 --heads 8 --seq 1024 --batch 4)
+llama=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
+qwen=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
+
+for stage in "$@"; do
+  case $stage in
+    device)
+      say "device: the Device contract on CUDA"
+      check device "$bundle/tests/device_gpu_test"
+      grep -E "PASSED|FAILED|SKIPPED" "$out/device.log" | head -5
+      ;;
+    hooks)
+      say "hooks: every hooked call once in the trace"
+      ACTPAGE_PRELOAD_LIBRARY=$bundle/lib/libactpage.so ACTPAGE_GPU_HOOKS_PROGRAM=$bundle/tests/actpage_gpu_hooks_program \
+        ACTPAGE_GPU_HOOKS_OUT=$out check hooks "$bundle/tests/gpu_hooks_test"
+      grep -E "PASSED|FAILED|SKIPPED|calls" "$out/hooks.log" | head -20
+      ;;
+    smoke)
+      say "smoke: small Llama, plain vs offloading the MLPs"
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check smoke-plain \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 8 --warmup 3 --deterministic
+      check smoke-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/smoke.trace" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 8 --warmup 3 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/smoke-plain.log" "$out/smoke-actpage.log" --trace "$out/smoke.trace" \
+        --actpage "$actpage" --json "$out/smoke.json" || failed=1
+      ;;
+    observe)
+      say "observe: observe-only vs plain, three allocators"
+      check observe-llama "$python" examples/compare_runs.py --policy config/observe.json --reps 2 --actpage "$actpage" \
+        --out "$out/observe-llama" -- "$python" examples/train_llama.py "${llama[@]}" --layers 8 --steps 12 --warmup 4 --deterministic
+      tail -n 12 "$out/observe-llama.log"
+      check observe-qwen "$python" examples/compare_runs.py --policy config/observe.json --reps 2 --actpage "$actpage" \
+        --out "$out/observe-qwen" -- "$python" examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 12 --warmup 4 --deterministic
+      tail -n 12 "$out/observe-qwen.log"
+      ;;
+    attribution)
+      say "attribution: trace bytes by module vs torch's allocated-bytes counter (cudaMallocAsync)"
+      check attribution "$actpage" run --policy config/observe.json --trace "$out/attribution.trace" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      "$python" scripts/gpu_report.py attribution "$out/attribution.log" --trace "$out/attribution.trace" \
+        --actpage "$actpage" --json "$out/attribution.json" || failed=1
+      ;;
+    paging)
+      say "paging: Llama MLPs (keep_last 2) and Qwen3-MoE experts, 20 steps"
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check paging-llama-plain \
+        "$python" examples/train_llama.py "${llama[@]}" --steps 20 --warmup 5 --deterministic
+      check paging-llama-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/paging-llama.trace" -- \
+        "$python" examples/train_llama.py "${llama[@]}" --steps 20 --warmup 5 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/paging-llama-plain.log" "$out/paging-llama-actpage.log" \
+        --trace "$out/paging-llama.trace" --actpage "$actpage" --json "$out/paging-llama.json" || failed=1
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check paging-qwen-plain \
+        "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 20 --warmup 5 --deterministic
+      check paging-qwen-actpage "$actpage" run --policy config/qwen3-moe-experts.json --trace "$out/paging-qwen.trace" -- \
+        "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 20 --warmup 5 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/paging-qwen-plain.log" "$out/paging-qwen-actpage.log" \
+        --trace "$out/paging-qwen.trace" --actpage "$actpage" --json "$out/paging-qwen.json" || failed=1
+      ;;
+    safety)
+      say "safety: release at the MLP's own end (its output is read again by the residual add)"
+      unsafe=$out/unsafe-policy.json
+      printf '{"version": 1, "modules": [{"match": "*.mlp"}], "keep_last": 0, "release_after": "range_end", "stray_access": "%s"}\n' poison >"$unsafe.poison"
+      printf '{"version": 1, "modules": [{"match": "*.mlp"}], "keep_last": 0, "release_after": "range_end", "stray_access": "%s"}\n' host_mapped >"$unsafe.host_mapped"
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check safety-plain \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      check safety-poison "$actpage" run --policy "$unsafe.poison" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      check safety-host-mapped "$actpage" run --policy "$unsafe.host_mapped" --trace "$out/safety-host-mapped.trace" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      "$python" scripts/gpu_report.py safety "$out/safety-plain.log" "$out/safety-poison.log" \
+        "$out/safety-host-mapped.log" --json "$out/safety.json" || failed=1
+      ;;
+    graph)
+      say "graph: a CUDA-graph-captured step under actpage"
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check graph-plain \
+        "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
+      check graph-actpage "$actpage" run --policy config/llama-mlp.json -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/graph-plain.log" "$out/graph-actpage.log" --json "$out/graph.json" || failed=1
+      ;;
+    demo)
+      say "demo: the observe-only trace examples/ ships"
+      check demo "$actpage" run --policy config/observe.json --trace "$out/llama-observe.trace" -- \
+        "$python" examples/train_llama.py "${llama[@]}" --layers 8 --steps 3 --warmup 1
+      ls -la "$out/llama-observe.trace"
+      ;;
+    *) echo "unknown stage $stage" >&2; failed=1 ;;
+  esac
+done
+exit $failed

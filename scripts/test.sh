@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: sets up, builds, and runs the whole CPU suite through CTest. GPU tests (label
+# "gpu") run too when this machine has a CUDA GPU and driver, and are skipped by label otherwise.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+"$root/scripts/build.sh"
+build=${ACTPAGE_BUILD_DIR:-$root/build}
+
+label_args=(-LE gpu)
+if "$root/scripts/has-gpu.sh"; then
+  echo "test: a CUDA GPU is present: running the gpu label too"
+  label_args=()
+else
+  echo "test: no CUDA GPU here: tests labelled gpu are skipped (scripts/gpu-test.sh runs them on a GPU machine)"
+fi
+cd "$build"
+ctest --output-on-failure -j "${ACTPAGE_JOBS:-$(nproc)}" "${label_args[@]}" "$@"
