@@ -15,7 +15,8 @@ rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/tests"
 cp "$build/bin/actpage" "$stage/bin/"
 cp "$build/lib/libactpage.so" "$stage/lib/"
-cp -r "$build/python" "$stage/python"
+mkdir -p "$stage/python"
+cp -r "$root/python/actpage_hooks" "$root/python/sitecustomize.py" "$stage/python/"
 for test in device_gpu_test gpu_hooks_test actpage_gpu_hooks_program; do
   cp "$build/bin/$test" "$stage/tests/"
 done
