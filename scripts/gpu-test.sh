@@ -12,12 +12,16 @@
 #   graph    a CUDA-graph-captured training step under actpage
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #
-# Usage: scripts/gpu-test.sh STAGE...    Results: $OUT (the device tool's folder) or out/gpu.
+# Usage: scripts/gpu-test.sh STAGE...
+# Logs, traces and JSON reports go to out/gpu (ACTPAGE_GPU_OUT); when $OUT is set (the device tool),
+# they are also packed into $OUT/gpu-results.tar.gz, since only a few files come back from there.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=${OUT:-$root/out/gpu}
+out=${ACTPAGE_GPU_OUT:-$root/out/gpu}
 mkdir -p "$out"
+pack() { if [[ -n ${OUT:-} ]]; then tar czf "$OUT/gpu-results.tar.gz" -C "$out" . && ls -la "$OUT"; fi; }
+trap pack EXIT
 bundle=$root/.gpu
 actpage=$bundle/bin/actpage
 python=${PYTHON:-python3}
