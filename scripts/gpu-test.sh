@@ -10,6 +10,7 @@
 #   paging   Llama MLPs (all but the last 2 layers) and Qwen3-MoE experts, 20 steps (paging)
 #   safety   an unsafe policy (release at the MLP's own end): caught by poison, survived by host_mapped
 #   graph    a CUDA-graph-captured training step under actpage
+#   diagnose the Llama job plain, observe-only, and offloading with one factor changed at a time
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #
 # Usage: scripts/gpu-test.sh STAGE...
@@ -118,6 +119,24 @@ for stage in "$@"; do
       check graph-actpage "$actpage" run --policy config/llama-mlp.json -- \
         "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
       "$python" scripts/gpu_report.py pair "$out/graph-plain.log" "$out/graph-actpage.log" --json "$out/graph.json" || failed=1
+      ;;
+    diagnose)
+      say "diagnose: where the time goes (Llama 16 layers, one factor changed at a time)"
+      job=("$python" examples/train_llama.py "${llama[@]}" --steps 10 --warmup 4 --deterministic)
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check diag-plain "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check diag-observe "$actpage" run --policy config/observe.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check diag-observe-nohooks env ACTPAGE_PYTHON_HOOKS=off "$actpage" run --policy config/observe.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check diag-offload "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_TRACE=$out/diag-offload.trace ACTPAGE_TRACE_SAMPLE_MS=0 \
+        check diag-offload-trace-nosampler "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_VMM_CACHE_BYTES=0 check diag-offload-nocache "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MAX_INFLIGHT_COPIES=1 check diag-offload-inflight1 "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check diag-offload-6layers "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      for variant in observe observe-nohooks offload offload-trace-nosampler offload-nocache offload-inflight1 offload-6layers; do
+        echo "--- $variant"
+        "$python" scripts/gpu_report.py pair "$out/diag-plain.log" "$out/diag-$variant.log" | grep -E "losses|median|device used"
+        grep -o 'engine: {.*}' "$out/diag-$variant.log" | head -1
+      done
       ;;
     demo)
       say "demo: the observe-only trace examples/ ships"

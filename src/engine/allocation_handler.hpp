@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "actpage/device.hpp"
 #include "ranges/registry.hpp"
@@ -33,6 +34,8 @@ class AllocationHandler {
   virtual DevPtr try_allocate(const AllocRequest& request) noexcept = 0;
   virtual bool owns(DevPtr ptr) const noexcept = 0;
   virtual void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept = 0;
+  // A one-line account of what the handler did (JSON), for the end-of-run report; may be empty.
+  virtual std::string report() const { return {}; }
 };
 
 }  // namespace actpage::engine

@@ -505,6 +505,9 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
+  // What the cache holds for the rest of forward is no longer wanted: give it back now, before the
+  // frees of backward refill it for the next forward.
+  trim_everything_ = true;
   cache_dirty_ = true;
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
@@ -938,7 +941,9 @@ void DeviceEngine::offload_worker() {
     }
     if (cache_dirty_) {
       cache_dirty_ = false;
-      trim_cache(lock);
+      const bool everything = trim_everything_;
+      trim_everything_ = false;
+      trim_cache(lock, everything);
     }
     if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
   }
@@ -1020,7 +1025,9 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     // When forward will soon ask for this size again, the pages move to a fresh address in the
     // cache instead of going back to the driver: the job's thread then finds them mapped.
     std::optional<DevPtr> recycle_at;
-    if (cache_.wants(bytes, demand(), options_.vmm_cache_bytes)) recycle_at = arena_.acquire(bytes);
+    // Not in backward: there, the ranges the job frees refill the cache with exactly what the next
+    // forward asks for, and pages kept here would add to the memory peak around backward's start.
+    if (!in_backward_ && cache_.wants(bytes, demand(), options_.vmm_cache_bytes)) recycle_at = arena_.acquire(bytes);
     lock.unlock();
     Status status = device_.unmap(va, bytes);
     bool recycled = false;

@@ -69,6 +69,10 @@ class DeviceEngine {
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
   EngineStats stats() const;
+  void add_job_thread_ns(std::uint64_t ns) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.job_thread_ns += ns;
+  }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
 
@@ -199,6 +203,7 @@ class DeviceEngine {
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
+  bool trim_everything_ = false;                    // backward began: the worker empties the cache
   std::vector<EventHandle> free_events_;
 
   EngineStats stats_;

@@ -1,5 +1,8 @@
 #include "engine/engine.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include "common/clock.hpp"
 #include "common/log.hpp"
 
 namespace actpage::engine {
@@ -41,12 +44,30 @@ void Engine::for_each_device(Fn&& fn) {
   }
 }
 
+namespace {
+// Adds the time a job's thread spends in the engine to a device engine's stats.
+class JobThreadTimer {
+ public:
+  explicit JobThreadTimer(DeviceEngine* engine) : engine_(engine), start_(monotonic_ns()) {}
+  ~JobThreadTimer() {
+    if (engine_ != nullptr) engine_->add_job_thread_ns(monotonic_ns() - start_);
+  }
+
+ private:
+  DeviceEngine* engine_;
+  std::uint64_t start_;
+};
+}  // namespace
+
 DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   if (options_.mode != Mode::offload || !options_.enabled) return 0;
-  const NodeVerdict verdict = classifier_.classify(request.path);
-  if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  // The device engine starts at the device's first allocation (the job's weights, usually), so that
+  // its pinned host memory is prepared while the model is built, not during the first steps.
   DeviceEngine* engine = device_engine(request.device);
   if (engine == nullptr) return 0;
+  const NodeVerdict verdict = classifier_.classify(request.path);
+  if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  JobThreadTimer timer(engine);
   return engine->allocate(request.bytes, request.stream, verdict);
 }
 
@@ -63,6 +84,7 @@ void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcep
   for (auto& slot : devices_) {
     DeviceEngine* engine = slot.load(std::memory_order_acquire);
     if (engine && engine->owns(ptr)) {
+      JobThreadTimer timer(engine);
       engine->free(ptr, stream);
       return;
     }
@@ -75,7 +97,10 @@ void Engine::on_push(ranges::PathId node) {
     auto module = classifier_.backward_module(node);
     if (!module) return;
     const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
-    for_each_device([&](DeviceEngine& engine) { engine.on_backward_marker(name); });
+    for_each_device([&](DeviceEngine& engine) {
+      JobThreadTimer timer(&engine);
+      engine.on_backward_marker(name);
+    });
   } else if (verdict.selected_here) {
     for_each_device([&](DeviceEngine& engine) { engine.on_selected_push(node); });
   }
@@ -83,7 +108,9 @@ void Engine::on_push(ranges::PathId node) {
 
 void Engine::on_pop(ranges::PathId node) {
   for_each_device([&](DeviceEngine& engine) {
-    if (engine.open_groups() != 0) engine.on_pop(node);
+    if (engine.open_groups() == 0) return;
+    JobThreadTimer timer(&engine);
+    engine.on_pop(node);
   });
 }
 
@@ -109,10 +136,27 @@ EngineStats Engine::stats() const {
     ACTPAGE_SUM(stalls) ACTPAGE_SUM(stall_ns) ACTPAGE_SUM(job_thread_vmm_calls) ACTPAGE_SUM(worker_vmm_calls)
     ACTPAGE_SUM(host_pool_misses) ACTPAGE_SUM(iterations) ACTPAGE_SUM(live_owned_bytes)
     ACTPAGE_SUM(offloaded_bytes_now) ACTPAGE_SUM(peak_offloaded_bytes) ACTPAGE_SUM(cached_bytes)
-    ACTPAGE_SUM(failures)
+    ACTPAGE_SUM(failures) ACTPAGE_SUM(job_thread_ns)
 #undef ACTPAGE_SUM
   }
   return total;
+}
+
+std::string Engine::report() const { return stats_json(stats()); }
+
+std::string stats_json(const EngineStats& s) {
+  nlohmann::ordered_json json;
+#define ACTPAGE_FIELD(field) json[#field] = s.field;
+  ACTPAGE_FIELD(allocations_served) ACTPAGE_FIELD(bytes_served) ACTPAGE_FIELD(allocations_passed)
+  ACTPAGE_FIELD(groups_created) ACTPAGE_FIELD(groups_kept_resident) ACTPAGE_FIELD(offloads_started)
+  ACTPAGE_FIELD(offloads_completed) ACTPAGE_FIELD(offloads_cancelled) ACTPAGE_FIELD(bytes_offloaded)
+  ACTPAGE_FIELD(reloads_completed) ACTPAGE_FIELD(bytes_reloaded) ACTPAGE_FIELD(dropped_offloaded)
+  ACTPAGE_FIELD(stalls) ACTPAGE_FIELD(stall_ns) ACTPAGE_FIELD(job_thread_vmm_calls) ACTPAGE_FIELD(worker_vmm_calls)
+  ACTPAGE_FIELD(host_pool_misses) ACTPAGE_FIELD(iterations) ACTPAGE_FIELD(live_owned_bytes)
+  ACTPAGE_FIELD(offloaded_bytes_now) ACTPAGE_FIELD(peak_offloaded_bytes) ACTPAGE_FIELD(cached_bytes)
+  ACTPAGE_FIELD(failures) ACTPAGE_FIELD(job_thread_ns)
+#undef ACTPAGE_FIELD
+  return json.dump();
 }
 
 }  // namespace actpage::engine

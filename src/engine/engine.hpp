@@ -49,6 +49,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // Stops the workers and gives every resource back (tests, replay). Not run at process exit.
   void shutdown();
   EngineStats stats() const;  // summed over devices
+  std::string report() const override;
   // Replay: offloads wait for pinned memory being prepared rather than skip (a prediction must
   // not depend on timing). Applies to device engines created afterwards.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }

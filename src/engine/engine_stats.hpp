@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace actpage::engine {
 
@@ -29,6 +30,10 @@ struct EngineStats {
   std::uint64_t peak_offloaded_bytes = 0;
   std::uint64_t cached_bytes = 0;          // mapped ranges kept for reuse
   std::uint64_t failures = 0;              // internal errors that fell back to pass-through/resident
+  std::uint64_t job_thread_ns = 0;         // time the job's threads spent inside the engine
 };
+
+// Every field as "name": value, for the end-of-run report (log and trace MESSAGE record).
+std::string stats_json(const EngineStats& stats);
 
 }  // namespace actpage::engine

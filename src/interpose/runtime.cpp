@@ -237,6 +237,14 @@ void shutdown() noexcept {
     // engine's threads may already be going away, so actpage makes no CUDA call of its own.
     interposer.set_state(HookState::exiting);
     ranges::set_listener(nullptr);
+    if (process().handler != nullptr) {
+      // What the engine did, for people (log) and tools (a MESSAGE record: "engine {json}").
+      const std::string report = process().handler->report();
+      if (!report.empty()) {
+        ACTPAGE_LOG_INFO("engine: {}", report);
+        if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, "engine " + report);
+      }
+    }
     trace::Writer* writer = trace::active();
     trace::set_active(nullptr);
     if (writer != nullptr) writer->close();
