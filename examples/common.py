@@ -79,6 +79,8 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--sample-ms", type=float, default=2.0,
                        help="device-memory sampling interval in ms (default 2)")
     group.add_argument("--result-json", default=None, help="also write the result to this file")
+    group.add_argument("--profile-step", type=int, default=None,
+                       help="profile this step with torch.profiler and add a GPU-time summary to the result")
     return parser
 
 
@@ -598,6 +600,56 @@ class _Timer:
         return [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]
 
 
+def _start_profiler(torch, cuda):
+    """torch.profiler around one step: kernel and copy activity of the whole process (CUPTI sees
+    libactpage's own copies too)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities)
+    profiler.__enter__()
+    return profiler
+
+
+def _stop_profiler(profiler):
+    """GPU time of the profiled step: kernels (sum and the union of their intervals, i.e. how long the
+    GPU computed), copies by kind, the longest kernels. Times in ms."""
+    import tempfile
+    profiler.__exit__(None, None, None)
+    with tempfile.NamedTemporaryFile(suffix=".json") as chrome:
+        profiler.export_chrome_trace(chrome.name)
+        loaded = json.load(open(chrome.name))
+    # Newer torch writes {"traceEvents": [...]}; older versions a bare list.
+    events = loaded.get("traceEvents", []) if isinstance(loaded, dict) else loaded
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset") and "dur" in e]
+    busy = 0.0
+    end = None
+    for e in sorted(kernels, key=lambda e: e["ts"]):
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    by_name = {}
+    for e in kernels:
+        by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
+    copy_ms = {}
+    for e in copies:
+        copy_ms[e["name"]] = round(copy_ms.get(e["name"], 0.0) + e["dur"] / 1000.0, 3)
+    span = (max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)) if kernels else 0.0
+    return {
+        "kernels": len(kernels),
+        "kernel_ms": round(sum(e["dur"] for e in kernels) / 1000.0, 3),
+        "gpu_busy_ms": round(busy / 1000.0, 3),
+        "kernel_span_ms": round(span / 1000.0, 3),
+        "copies_ms": copy_ms,
+        "top_kernels_ms": sorted(((round(v / 1000.0, 3), k[:80]) for k, v in by_name.items()), reverse=True)[:8],
+    }
+
+
 def train(job, args, out=None):
     """Runs args.steps training steps of `job` with args.method; prints and returns the result."""
     import torch
@@ -637,6 +689,7 @@ def train(job, args, out=None):
         if cuda:
             torch.cuda.synchronize(device)
 
+    profile = None
     try:
         if method == "cuda_graph":
             _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms)
@@ -645,6 +698,7 @@ def train(job, args, out=None):
                 batch = job.make_batch(step)
                 timer = _Timer(torch, cuda)
                 synchronize()
+                profiler = _start_profiler(torch, cuda) if step == args.profile_step else None
                 start = time.perf_counter()
                 timer.mark()
                 with forward_context():
@@ -655,6 +709,8 @@ def train(job, args, out=None):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 synchronize()
+                if profiler is not None:
+                    profile = _stop_profiler(profiler)
                 elapsed = (time.perf_counter() - start) * 1000.0
                 spans = timer.spans_ms()
                 losses.append(float(loss.detach().float().item()))
@@ -666,6 +722,10 @@ def train(job, args, out=None):
         sampler.stop()
 
     warmup = args.warmup
+    if method != "cuda_graph" and args.profile_step is not None and args.profile_step < len(step_ms):
+        profile_summary = profile
+    else:
+        profile_summary = None
     if method == "cuda_graph":
         warmup = max(warmup, args.graph_warmup + 1)  # the capture step is no steady-state step
     measured = step_ms[warmup:] if len(step_ms) > warmup else step_ms
@@ -694,6 +754,7 @@ def train(job, args, out=None):
         "torch_reserved_peak_mib": round(torch.cuda.max_memory_reserved(device) / MIB, 1) if cuda else None,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "actpage": actpage_status(),
+        "profile": profile_summary,
     }
     if offload is not None:
         result["stream_offload"] = offload.stats()

@@ -138,6 +138,23 @@ for stage in "$@"; do
         grep -o 'engine: {.*}' "$out/diag-$variant.log" | head -1
       done
       ;;
+    profile)
+      say "profile: one step's GPU time, plain and offloading (torch.profiler)"
+      job=("$python" examples/train_llama.py "${llama[@]}" --steps 9 --warmup 4 --deterministic --profile-step 7)
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check prof-plain "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check prof-offload-6layers "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check prof-offload "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      for variant in plain offload-6layers offload; do
+        echo "--- $variant"
+        "$python" - "$out/prof-$variant.log" <<'PY'
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("ACTPAGE_RESULT ")][-1]
+r = json.loads(line[len("ACTPAGE_RESULT "):])
+print("step ms", r["step_ms"][7], "fwd", r["fwd_ms"][7], "bwd", r["bwd_ms"][7])
+print(json.dumps(r["profile"], indent=1))
+PY
+      done
+      ;;
     demo)
       say "demo: the observe-only trace examples/ ships"
       check demo "$actpage" run --policy config/observe.json --trace "$out/llama-observe.trace" -- \

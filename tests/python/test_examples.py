@@ -98,6 +98,18 @@ class TrainingLoopTest(unittest.TestCase):
         self.assertEqual(parsed["config"], {"width": 16})
         self.assertEqual(common.parse_result_lines("noise\n" + text + "more noise\n"), [parsed])
 
+    def test_profiling_a_step_adds_a_summary_and_changes_no_loss(self):
+        plain, _ = run_job()
+        profiled, _ = run_job("--profile-step", "2")
+        self.assertIsNone(plain["profile"])
+        self.assertEqual(profiled["losses"], plain["losses"])
+        summary = profiled["profile"]
+        # On the CPU there is no kernel to count, but every figure is there and consistent.
+        self.assertEqual(summary["kernels"], 0)
+        self.assertEqual(summary["gpu_busy_ms"], 0.0)
+        self.assertEqual(set(summary), {"kernels", "kernel_ms", "gpu_busy_ms", "kernel_span_ms", "copies_ms",
+                                        "top_kernels_ms"})
+
     def test_the_model_learns_and_runs_repeat_bit_for_bit(self):
         first, _ = run_job("--deterministic")
         second, _ = run_job("--deterministic")
