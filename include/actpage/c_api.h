@@ -14,6 +14,11 @@ int actpage_api_version(void);
 int actpage_is_active(void);
 /* The python_hooks option: 0 auto, 1 on, 2 off. */
 int actpage_python_hooks_mode(void);
+/* The python_hooks_scope option: 0 blocks, 1 all. */
+int actpage_python_hooks_scope(void);
+/* 1 when a module rule of the policy (offload or exclusion) matches the range name `name`, else 0:
+   the Python hooks name such modules in every scope. */
+int actpage_module_rule_matches(const char* name);
 /* Flushes the trace file (if any) to disk. */
 void actpage_flush_trace(void);
 

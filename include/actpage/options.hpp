@@ -16,6 +16,7 @@ enum class Mode { observe, offload };
 enum class ReleaseAfter { range_end, enclosing_range };
 enum class StrayAccess { fault, host_mapped, poison };
 enum class PythonHooks { automatic, on, off };
+enum class PythonHooksScope { blocks, all };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
 // One entry of "modules": which ranges' activations are offloaded.

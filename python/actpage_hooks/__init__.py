@@ -39,13 +39,15 @@ def installed():
     return _installed
 
 
-def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None):
+def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, scope=None):
     """Registers the global module hooks (idempotent; imports torch).
 
     mode: 'auto' or 'on' (default: resolve_mode(); 'off' installs nothing and returns None).
     force: push ranges even when CUDA is not available (tests). Custom push/pop functions imply it.
     use_node_prehook: mark backward with grad_fn pre-hooks (default when torch has them) or, False,
     with tensor hooks on the outputs (the fallback for older torch).
+    scope: 'blocks' or 'all' (default: the library's python_hooks_scope, else
+    ACTPAGE_PYTHON_HOOKS_SCOPE, else 'blocks'); see _hooks.ModuleHooks.
     """
     global _installed
     with _lock:
@@ -59,9 +61,11 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None):
             return None
         from . import _hooks as hooks_module
 
+        scope = _mode.resolve_scope() if scope is None else scope
         _installed = hooks_module.ModuleHooks(mode, push=push, pop=pop, force=force,
-                                          use_node_prehook=use_node_prehook).install()
-        _log.debug("installed (mode %s)" % mode)
+                                              use_node_prehook=use_node_prehook, scope=scope,
+                                              rule_matches=_mode.library_rule_matcher()).install()
+        _log.debug("installed (mode %s, scope %s)" % (mode, scope))
         return _installed
 
 

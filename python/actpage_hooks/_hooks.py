@@ -33,12 +33,30 @@ _MAX_OUTPUT_TENSORS = 64
 _MAX_OUTPUT_OBJECTS = 1024
 
 
-def _real_push(name):
-    torch.cuda.nvtx.range_push(name)
+def _nvtx_functions():
+    """torch's own NVTX entry points, called directly (one Python frame less per range than
+    torch.cuda.nvtx.range_push), or its wrappers where the C module is not there."""
+    try:
+        from torch._C import _nvtx
+        return _nvtx.rangePushA, _nvtx.rangePop
+    except Exception:
+        return (lambda name: torch.cuda.nvtx.range_push(name)), (lambda: torch.cuda.nvtx.range_pop())
 
 
-def _real_pop():
-    torch.cuda.nvtx.range_pop()
+_real_push, _real_pop = _nvtx_functions()
+
+# Where a module's name is cached on the module itself: one dict lookup on the hot path instead of a
+# WeakKeyDictionary probe (which builds a weak reference per lookup). The WeakKeyDictionary stays
+# the record of which modules were named.
+_NAME_ATTR = "_actpage_name"
+
+
+def _compiling_probe():
+    """A function telling whether torch.compile is tracing, resolved once (it is asked per module)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling
+    return _is_compiling
 
 
 def _is_compiling():
@@ -85,28 +103,19 @@ class _Marker:
         self.fired = False
 
 
-class _OutputRecord:
-    """The markers hooked for one output tensor during the current outermost forward. It lives only
-    as long as the tensor (a weakref callback drops it), so it never keeps a graph node alive that
-    the job has let go."""
-
-    __slots__ = ("tensor_ref", "node", "markers", "__weakref__")
-
-    def __init__(self, tensor, node, markers, table, key):
-        def forget(_ref, table=table, key=key, record=weakref.ref(self)):
-            if table.get(key) is record():
-                table.pop(key, None)
-
-        self.tensor_ref = weakref.ref(tensor, forget)
-        self.node = node
-        self.markers = markers
-
-
 class ModuleHooks:
     """The installed global hooks. One instance per process (see actpage_hooks.install)."""
 
-    def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None):
+    def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None, scope=None,
+                 rule_matches=None):
         self.mode = mode
+        # blocks: only the model, modules with children, the direct children of each repeated layer
+        # and modules a policy rule names get hooks; the other leaves keep torch's fast call path
+        # (global hooks would push every module call through the slow one). all: every module.
+        self.scope = scope or _mode.BLOCKS
+        self._rule_matches = rule_matches
+        self._discovery_handle = None
+        self.hooked = weakref.WeakSet()
         self.force = force
         self._push = push or _real_push
         self._pop = pop or _real_pop
@@ -123,18 +132,85 @@ class ModuleHooks:
         self.decided = False
         self.pushing = False
         self.disabled_reason = None
+        self._compiling = _compiling_probe()
 
     # ---- installation -------------------------------------------------------------------------
     def install(self):
         module_mod = torch.nn.modules.module
-        self._handles.append(module_mod.register_module_forward_pre_hook(self._pre_hook))
-        try:
-            handle = module_mod.register_module_forward_hook(self._post_hook, always_call=True)
-        except TypeError:  # torch < 2.1: no always_call; the per-thread stack keeps balance
-            handle = module_mod.register_module_forward_hook(self._post_hook)
-        self._handles.append(handle)
+        if self.scope == _mode.ALL:
+            self._handles.append(module_mod.register_module_forward_pre_hook(self._pre_hook))
+            try:
+                handle = module_mod.register_module_forward_hook(self._post_hook, always_call=True)
+            except TypeError:  # torch < 2.1: no always_call; the per-thread stack keeps balance
+                handle = module_mod.register_module_forward_hook(self._post_hook)
+            self._handles.append(handle)
+        else:
+            # One global pre-hook finds the model at its first call, hooks the modules of its tree
+            # that matter and removes itself: from then on unhooked modules run at full speed.
+            self._discovery_handle = module_mod.register_module_forward_pre_hook(self._discover)
+            self._handles.append(self._discovery_handle)
         self.active = True
         return self
+
+    def _discover(self, module, args):
+        if not self.active:
+            return None
+        try:
+            if module in self.hooked or not any(True for _ in module.children()):
+                return None  # already ours, or a lone leaf called on its own: keep looking
+            self.name_of(module)
+            self._hook_tree(module)
+            if self._discovery_handle is not None:
+                self._discovery_handle.remove()
+                self._discovery_handle = None
+            # Its own pre-hook was registered during this call, too late for torch to run it.
+            self._pre_hook(module, args)
+        except Exception as error:
+            _log.warn_once("discover", "finding the model's modules failed (ignored): %r" % (error,))
+        return None
+
+    def selected_modules(self, root):
+        """The modules of `root`'s tree that get hooks in blocks scope: the root, every module with
+        children, each layer (an entry of a ModuleList, ModuleDict or Sequential) and its direct
+        children, and every module whose name a policy rule matches."""
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+        layers = set()
+        for module in root.modules():
+            if isinstance(module, containers):
+                layers.update(id(child) for child in module.children())
+        selected = [root]
+        for module in root.modules():
+            if module is root:
+                continue
+            if id(module) in layers:
+                selected.append(module)
+                selected.extend(module.children())
+                continue
+            if any(True for _ in module.children()):
+                selected.append(module)
+                continue
+            name = module.__dict__.get(_NAME_ATTR)
+            if name is not None and self._rule_matches is not None and self._rule_matches(name):
+                selected.append(module)
+        unique = []
+        seen = set()
+        for module in selected:
+            if id(module) not in seen:
+                seen.add(id(module))
+                unique.append(module)
+        return unique
+
+    def _hook_tree(self, root):
+        for module in self.selected_modules(root):
+            if module in self.hooked:
+                continue
+            self.hooked.add(module)
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            try:
+                handle = module.register_forward_hook(self._post_hook, always_call=True)
+            except TypeError:  # torch < 2.1
+                handle = module.register_forward_hook(self._post_hook)
+            self._handles.append(handle)
 
     def remove(self):
         """Removes the global hooks. Call outside a forward pass (torch < 2 iterates the hook dict)."""
@@ -160,17 +236,21 @@ class ModuleHooks:
 
     # ---- names --------------------------------------------------------------------------------
     def name_of(self, module):
-        name = self.names.get(module)
+        name = module.__dict__.get(_NAME_ATTR)
         if name is None:
             self._name_tree(module)
             name = self.names.get(module) or type(module).__name__
         return name
 
+    def _set_name(self, module, name):
+        self.names[module] = name
+        module.__dict__[_NAME_ATTR] = name
+
     def _name_tree(self, root):
         with self._names_lock:
             if root in self.names:
                 return
-            self.names[root] = type(root).__name__
+            self._set_name(root, type(root).__name__)
             self._roots.add(root)
             for path, module in root.named_modules():
                 if module is root:
@@ -180,10 +260,10 @@ class ModuleHooks:
                     # the better name. Rename it and its subtree.
                     self._roots.discard(module)
                     for sub_path, sub in module.named_modules():
-                        self.names[sub] = path + "." + sub_path if sub_path else path
+                        self._set_name(sub, path + "." + sub_path if sub_path else path)
                     continue
                 if module not in self.names:  # shared under two paths: the first one stays
-                    self.names[module] = path
+                    self._set_name(module, path)
 
     # ---- per-thread state ---------------------------------------------------------------------
     def _stack(self):
@@ -220,9 +300,9 @@ class ModuleHooks:
                 self._decide()
                 if not self.active:
                     return None
-            if not self.pushing or _is_compiling():
+            if not self.pushing or self._compiling():
                 return None
-            name = self.name_of(module)
+            name = module.__dict__.get(_NAME_ATTR) or self.name_of(module)
             stack = self._stack()
             try:
                 self._push(name)
@@ -240,17 +320,21 @@ class ModuleHooks:
             return None
         try:
             stack = self._stack()
-            index = len(stack) - 1
-            while index >= 0 and stack[index] is not module:
-                index -= 1
-            if index < 0:
-                return None  # not pushed by us (hooks installed mid-forward, or compiling)
-            # Pop what is above it too: inner forwards that raised never ran their post hooks.
-            while len(stack) > index:
+            if stack and stack[-1] is module:
                 stack.pop()
                 self._pop()
+            else:
+                index = len(stack) - 1
+                while index >= 0 and stack[index] is not module:
+                    index -= 1
+                if index < 0:
+                    return None  # not pushed by us (hooks installed mid-forward, or compiling)
+                # Pop what is above it too: inner forwards that raised never ran their post hooks.
+                while len(stack) > index:
+                    stack.pop()
+                    self._pop()
             if torch.is_grad_enabled():
-                self._hook_backward(self.names.get(module) or type(module).__name__, output)
+                self._hook_backward(module.__dict__.get(_NAME_ATTR) or type(module).__name__, output)
             if not stack:
                 self._local.nodes = {}
         except Exception as error:
@@ -259,29 +343,34 @@ class ModuleHooks:
 
     # ---- backward markers ---------------------------------------------------------------------
     def _hook_backward(self, name, output):
-        tensors = find_grad_tensors(output)
+        if isinstance(output, torch.Tensor):  # the common case, without the container walk
+            tensors = (output,) if output.grad_fn is not None and output.requires_grad else ()
+        else:
+            tensors = find_grad_tensors(output)
         if not tensors:
             return
         marker = _Marker(name + ".backward")
+        # Graph nodes hooked during the current outermost forward (cleared when it ends): a wrapper
+        # module often returns its last child's output, so both modules' markers share one hook on
+        # that node, which fires them outermost first. The table holds the nodes only as long as
+        # the forward pass, which holds them anyway.
         table = self._local.nodes
         for tensor in tensors:
             node = tensor.grad_fn
             if node is None:
                 continue
-            # A wrapper module often returns its last child's output tensor itself: add to the
-            # child's hook (same tensor, same node) so that one hook fires both, outermost first.
-            key = id(tensor)
-            record = table.get(key)
-            if record is not None and record.tensor_ref() is tensor and record.node is node:
-                if not any(m is marker for m in record.markers):
-                    record.markers.append(marker)
+            entry = table.get(id(node))
+            if entry is not None and entry[0] is node:
+                markers = entry[1]
+                if not any(m is marker for m in markers):
+                    markers.append(marker)
                 continue
             markers = [marker]
             if self.use_node_prehook:
                 node.register_prehook(self._make_hook(markers))
             else:
                 tensor.register_hook(self._make_hook(markers))
-            table[key] = _OutputRecord(tensor, node, markers, table, key)
+            table[id(node)] = (node, markers)
 
     def _fire(self, markers):
         try:

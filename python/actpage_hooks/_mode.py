@@ -12,6 +12,11 @@ AUTO = "auto"
 ON = "on"
 OFF = "off"
 
+# python_hooks_scope: which modules get hooks (see _hooks.ModuleHooks).
+BLOCKS = "blocks"
+ALL = "all"
+_LIBRARY_SCOPES = {0: BLOCKS, 1: ALL}
+
 _LIBRARY_MODES = {0: AUTO, 1: ON, 2: OFF}
 _TRUE_WORDS = ("on", "1", "true", "yes")
 
@@ -28,6 +33,47 @@ def library_mode():
     query.restype = ctypes.c_int
     query.argtypes = []
     return _LIBRARY_MODES.get(int(query()), AUTO)
+
+
+def _process_symbol(name, restype, argtypes):
+    """A function of the preloaded libactpage.so, or None when it is not in the process."""
+    try:
+        import ctypes
+
+        function = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    function.restype = restype
+    function.argtypes = argtypes
+    return function
+
+
+def library_scope():
+    """The library's python_hooks_scope as BLOCKS/ALL, or None when libactpage.so is not loaded."""
+    import ctypes
+
+    query = _process_symbol("actpage_python_hooks_scope", ctypes.c_int, [])
+    return None if query is None else _LIBRARY_SCOPES.get(int(query()), BLOCKS)
+
+
+def resolve_scope(library=None, environ=None):
+    """The effective scope: the library's answer, else ACTPAGE_PYTHON_HOOKS_SCOPE, else blocks."""
+    answer = (library or library_scope)()
+    if answer is not None:
+        return answer
+    environ = os.environ if environ is None else environ
+    return ALL if environ.get("ACTPAGE_PYTHON_HOOKS_SCOPE", "").strip().lower() == ALL else BLOCKS
+
+
+def library_rule_matcher():
+    """A function name -> bool telling whether a module rule of the library's policy matches the
+    name, or None when libactpage.so is not loaded (then no module is known to be selected)."""
+    import ctypes
+
+    query = _process_symbol("actpage_module_rule_matches", ctypes.c_int, [ctypes.c_char_p])
+    if query is None:
+        return None
+    return lambda name: bool(query(name.encode("utf-8", "replace")))
 
 
 def environment_forces_on(environ=None):

@@ -374,6 +374,21 @@ int python_hooks_mode() noexcept {
   }
 }
 
+int python_hooks_scope() noexcept {
+  const Options* options = loaded_options();
+  return options == nullptr ? static_cast<int>(PythonHooksScope::blocks) : static_cast<int>(options->python_hooks_scope);
+}
+
+int module_rule_matches(const char* name) noexcept {
+  try {
+    if (name == nullptr || loaded_options() == nullptr) return 0;
+    const policy::ModuleMatcher* matcher = process().matcher.get();
+    return matcher != nullptr && matcher->match(name).has_value() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
 void flush_trace() noexcept {
   try {
     if (trace::Writer* writer = trace::active()) writer->flush();

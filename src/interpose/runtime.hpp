@@ -33,6 +33,11 @@ int initialize_nvtx_injection(const void* (*get_export_table)(std::uint32_t)) no
 const Options* loaded_options() noexcept;
 // The python_hooks option (0 auto, 1 on, 2 off); off when the policy failed to load.
 int python_hooks_mode() noexcept;
+// The python_hooks_scope option (0 blocks, 1 all); blocks when the policy failed to load.
+int python_hooks_scope() noexcept;
+// 1 when a module rule (offload or exclusion) matches `name`, 0 when none does or the library is
+// inert: the Python hooks always name such modules.
+int module_rule_matches(const char* name) noexcept;
 void flush_trace() noexcept;
 
 }  // namespace actpage::interpose

@@ -39,6 +39,11 @@ struct EnumNames<PythonHooks> {
       {{PythonHooks::automatic, "auto"}, {PythonHooks::on, "on"}, {PythonHooks::off, "off"}}};
 };
 template <>
+struct EnumNames<PythonHooksScope> {
+  static constexpr std::array<std::pair<PythonHooksScope, std::string_view>, 2> values{
+      {{PythonHooksScope::blocks, "blocks"}, {PythonHooksScope::all, "all"}}};
+};
+template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

@@ -65,6 +65,7 @@ def completion_order(events):
 
 class HookTestCase(unittest.TestCase):
     use_node_prehook = None
+    scope = _mode.ALL  # most tests look at every module; BlocksScopeTest covers the default
 
     def setUp(self):
         actpage_hooks.uninstall()
@@ -72,7 +73,7 @@ class HookTestCase(unittest.TestCase):
         torch.manual_seed(0)
         self.rec = RangeRecorder()
         self.hooks = actpage_hooks.install(mode=_mode.ON, push=self.rec.push, pop=self.rec.pop,
-                                           use_node_prehook=self.use_node_prehook)
+                                           use_node_prehook=self.use_node_prehook, scope=self.scope)
 
     def tearDown(self):
         actpage_hooks.uninstall()
@@ -369,6 +370,75 @@ class ModeTest(unittest.TestCase):
                 self.assertEqual(rec.pushed(), [])
                 self.assertFalse(actpage_hooks.installed().active)
                 sys.modules.pop(name)
+
+
+
+class BlocksScopeTest(unittest.TestCase):
+    """The default scope: the model, modules with children, each layer's direct children and modules
+    a policy rule names get hooks; other leaves keep torch's fast path."""
+
+    def install(self, rule_matches=None):
+        actpage_hooks.uninstall()
+        _log.reset()
+        torch.manual_seed(0)
+        self.rec = RangeRecorder()
+        self.hooks = _hooks.ModuleHooks(_mode.ON, push=self.rec.push, pop=self.rec.pop, scope=_mode.BLOCKS,
+                                        rule_matches=rule_matches).install()
+
+    def tearDown(self):
+        self.hooks.remove()
+
+    def test_layers_and_their_children_are_named_leaves_below_are_not(self):
+        self.install()
+        Tiny()(torch.randn(5, 4)).sum().backward()
+        self.assertEqual(self.rec.forward_names(), [
+            "Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1", "layers.1.norm", "layers.1.mlp"])
+        self.assertEqual(self.rec.backward_names(), [
+            "Tiny.backward", "layers.1.backward", "layers.1.mlp.backward", "layers.1.norm.backward",
+            "layers.0.backward", "layers.0.mlp.backward", "layers.0.norm.backward"])
+
+    def test_a_module_a_policy_rule_names_is_hooked_even_as_a_leaf(self):
+        self.install(rule_matches=lambda name: name.endswith(".fc1"))
+        Tiny()(torch.randn(5, 4))
+        names = self.rec.forward_names()
+        self.assertIn("layers.0.mlp.fc1", names)
+        self.assertIn("layers.1.mlp.fc1", names)
+        self.assertNotIn("layers.0.mlp.fc2", names)
+
+    def test_the_discovery_hook_goes_once_the_model_is_found(self):
+        from torch.nn.modules import module as module_mod
+
+        self.install()
+        model = Tiny()
+        before = len(module_mod._global_forward_pre_hooks)
+        model(torch.randn(5, 4))
+        self.assertEqual(len(module_mod._global_forward_pre_hooks), before - 1)
+        # Later steps push the same ranges through the per-module hooks alone.
+        first = self.rec.forward_names()
+        self.rec.events.clear()
+        model(torch.randn(5, 4))
+        self.assertEqual(self.rec.forward_names(), first)
+
+    def test_a_lone_leaf_called_first_does_not_end_the_search(self):
+        self.install()
+        model = Tiny()
+        model.embed(torch.randn(5, 4))  # a leaf on its own: not the model
+        model(torch.randn(5, 4))
+        self.assertEqual(self.rec.forward_names()[0], "Tiny")
+
+    def test_results_are_bit_identical(self):
+        torch.manual_seed(0)
+        model = Tiny()
+        x = torch.randn(5, 4)
+        plain = model(x)
+        plain.sum().backward()
+        plain_grad = model.embed.weight.grad.clone()
+        model.zero_grad()
+        self.install()
+        hooked = model(x)
+        hooked.sum().backward()
+        self.assertTrue(torch.equal(plain, hooked))
+        self.assertTrue(torch.equal(plain_grad, model.embed.weight.grad))
 
 
 if __name__ == "__main__":
