@@ -350,7 +350,8 @@ TEST(TraceWriter, BackgroundThreadDrainsWithoutFlush) {
   ASSERT_NE(writer, nullptr);
   writer->record(RecordType::iteration, IterationPayload{5});
   const auto expected = sizeof(FileHeader) + sizeof(RecordHeader) + sizeof(IterationPayload);
-  for (int i = 0; i < 400 && std::filesystem::file_size(path) < expected; ++i) {
+  // The file grows before the writer counts the record: wait for both.
+  for (int i = 0; i < 400 && (std::filesystem::file_size(path) < expected || writer->records_written() < 1); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(std::filesystem::file_size(path), expected);
