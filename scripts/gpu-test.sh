@@ -10,6 +10,7 @@
 #   paging   Llama MLPs (all but the last 2 layers) and Qwen3-MoE experts, 20 steps (paging)
 #   safety   an unsafe policy (release at the MLP's own end): caught by poison, survived by host_mapped
 #   graph    a CUDA-graph-captured training step under actpage
+#   hookbench the Python hooks' own cost per module call, both scopes
 #   diagnose the Llama job plain, observe-only, and offloading with one factor changed at a time
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #
@@ -154,6 +155,11 @@ print("step ms", r["step_ms"][7], "fwd", r["fwd_ms"][7], "bwd", r["bwd_ms"][7])
 print(json.dumps(r["profile"], indent=1))
 PY
       done
+      ;;
+    hookbench)
+      say "hookbench: the Python hooks' own cost per module call on this host (torch on the CPU)"
+      check hookbench "$python" bench/python/hooks_overhead.py
+      cat "$out/hookbench.log"
       ;;
     demo)
       say "demo: the observe-only trace examples/ ships"
