@@ -77,6 +77,13 @@ for stage in "$@"; do
         --out "$out/observe-qwen" -- "$python" examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 12 --warmup 4 --deterministic
       tail -n 12 "$out/observe-qwen.log"
       ;;
+    observe-qwen-async)
+      say "observe: Qwen3-MoE observe-only vs plain, cudaMallocAsync, more repetitions (short steps are noisy)"
+      check observe-qwen-async "$python" examples/compare_runs.py --policy config/observe.json --reps 5 --actpage "$actpage" \
+        --allocators async --out "$out/observe-qwen-async" -- "$python" examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 \
+        --steps 16 --warmup 4 --deterministic
+      tail -n 6 "$out/observe-qwen-async.log"
+      ;;
     attribution)
       say "attribution: trace bytes by module vs torch's allocated-bytes counter (cudaMallocAsync)"
       check attribution "$actpage" run --policy config/observe.json --trace "$out/attribution.trace" -- \
