@@ -84,6 +84,29 @@ for stage in "$@"; do
         --steps 16 --warmup 4 --deterministic
       tail -n 6 "$out/observe-qwen-async.log"
       ;;
+    diagnose-qwen)
+      say "diagnose-qwen: Qwen3-MoE observe-only, one factor removed at a time (4 interleaved rounds)"
+      job=("$python" examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 14 --warmup 4 --deterministic)
+      for round in 1 2 3 4; do
+        PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check "dq-plain-$round" "${job[@]}"
+        check "dq-observe-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+        ACTPAGE_TRACE= check "dq-notrace-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+        ACTPAGE_PYTHON_HOOKS=off ACTPAGE_TRACE= check "dq-nohooks-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+        ACTPAGE_ENABLED=false check "dq-disabled-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+      done
+      "$python" - "$out" <<'PY'
+import glob, json, statistics, sys
+out = sys.argv[1]
+def median_of(path):
+    line = [l for l in open(path) if l.startswith("ACTPAGE_RESULT ")][-1]
+    return json.loads(line[len("ACTPAGE_RESULT "):])["median_step_ms"]
+medians = {}
+for name in ("plain", "observe", "notrace", "nohooks", "disabled"):
+    values = [median_of(p) for p in sorted(glob.glob("%s/dq-%s-*.log" % (out, name)))]
+    medians[name] = statistics.median(values)
+    print("%-9s median of rounds %.2f ms  (rounds: %s)  x%.3f" % (name, medians[name], values, medians[name] / medians.get("plain", medians[name])))
+PY
+      ;;
     attribution)
       say "attribution: trace bytes by module vs torch's allocated-bytes counter (cudaMallocAsync)"
       check attribution "$actpage" run --policy config/observe.json --trace "$out/attribution.trace" -- \
