@@ -33,7 +33,8 @@ import subprocess
 import sys
 import time
 
-RESULT_PREFIX = "ACTPAGE_RESULT "
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import RESULT_PREFIX, parse_result_lines as parse_results  # noqa: E402  (one parser of result lines)
 ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
@@ -134,19 +135,6 @@ def environment_for(variant, base=None):
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = variant.alloc
     return env
-
-
-def parse_results(text):
-    results = []
-    for line in text.splitlines():
-        index = line.find(RESULT_PREFIX)
-        if index < 0:
-            continue
-        try:
-            results.append(json.loads(line[index + len(RESULT_PREFIX):]))
-        except ValueError:
-            continue
-    return results
 
 
 def schedule(variants, reps):
