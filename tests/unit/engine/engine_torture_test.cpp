@@ -30,7 +30,9 @@ struct TortureTotals {
   std::uint64_t reloads = 0;
 };
 
-TortureTotals run_case(std::uint64_t seed) {
+// small: a 64 KiB granularity and tensors of 1-256 KiB, so that a case costs little and a thousand
+// of them fit in the suite; otherwise H100-like 2 MiB pages and tensors up to 6 MiB.
+TortureTotals run_case(std::uint64_t seed, bool small = false) {
   std::mt19937_64 rng(seed);
   auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
 
@@ -38,15 +40,20 @@ TortureTotals run_case(std::uint64_t seed) {
   options.mode = Mode::offload;
   options.modules = {ModuleRule{{"*.mlp", "*.experts"}, true, std::nullopt}};
   if (pick(0, 3) == 0) options.modules.insert(options.modules.begin(), ModuleRule{{"*.mlp.skip"}, false, std::nullopt});
-  options.min_bytes = pick(0, 1) ? 64 * kKiB : 1 * kMiB;
+  options.min_bytes = small ? 4 * kKiB : (pick(0, 1) ? 64 * kKiB : 1 * kMiB);
   options.keep_last = pick(0, 2);
   options.max_inflight_copies = pick(1, 4);
   options.prefetch_ahead_bytes = pick(0, 1) ? 0 : pick(1, 64) * kMiB;
   options.vmm_cache_bytes = pick(0, 64) * kMiB;
   options.vmm_arena_bytes = 64ull << 30;
   options.host_pool_bytes = pick(0, 4) == 0 ? pick(4, 32) * kMiB : 512 * kMiB;
-  options.host_pool_slab_bytes = 16 * kMiB;
-  options.host_pool_prealloc_bytes = 16 * kMiB;
+  options.host_pool_slab_bytes = small ? 1 * kMiB : 16 * kMiB;
+  options.host_pool_prealloc_bytes = small ? 4 * kMiB : 16 * kMiB;
+  if (small) {
+    options.prefetch_ahead_bytes = pick(0, 1) ? 0 : pick(1, 64) * 64 * kKiB;
+    options.vmm_cache_bytes = pick(0, 64) * 64 * kKiB;
+    if (options.host_pool_bytes < 512 * kMiB) options.host_pool_bytes = pick(1, 32) * 64 * kKiB;
+  }
   options.release_after = ReleaseAfter::enclosing_range;
   switch (pick(0, 5)) {
     case 0: options.stray_access = StrayAccess::poison; break;
@@ -64,8 +71,9 @@ TortureTotals run_case(std::uint64_t seed) {
   }
   SimDeviceConfig config;
   config.seed = seed;
-  config.max_delay_us = static_cast<std::uint32_t>(pick(0, 60));
+  config.max_delay_us = static_cast<std::uint32_t>(small ? pick(0, 15) : pick(0, 60));
   config.capacity_bytes = 16ull << 30;
+  if (small) config.granularity = 64 * kKiB;
   SimDevice device(config);
   Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   ranges::set_listener(&engine);
@@ -92,7 +100,7 @@ TortureTotals run_case(std::uint64_t seed) {
           const bool inner = pick(0, 3) == 0;
           if (inner) job.push(name + (pick(0, 1) ? ".skip" : ".act"));
           // MoE-like sizes: they change every step.
-          Tensor tensor = job.allocate(pick(4, 6 * 1024) * kKiB);
+          Tensor tensor = job.allocate((small ? pick(1, 256) : pick(4, 6 * 1024)) * kKiB);
           ++totals.allocations;
           job.write(tensor);
           if (inner) job.pop();
@@ -172,6 +180,26 @@ TortureTotals run_case(std::uint64_t seed) {
   const auto left = device.stats();
   EXPECT_TRUE(left.clean()) << "seed " << seed << ": " << left.to_string();
   return totals;
+}
+
+TEST(EngineTorture, ThousandShortRandomJobsKeepEveryByteAndLeakNothing) {
+  const char* env = std::getenv("ACTPAGE_TORTURE_SHORT_SEEDS");
+  const std::uint64_t cases = env ? std::strtoull(env, nullptr, 10) : 1000;
+  TortureTotals all;
+  for (std::uint64_t seed = 100001; seed < 100001 + cases; ++seed) {
+    TortureTotals totals = run_case(seed, /*small=*/true);
+    all.allocations += totals.allocations;
+    all.bytes_checked += totals.bytes_checked;
+    all.offloads += totals.offloads;
+    all.reloads += totals.reloads;
+    if (::testing::Test::HasFailure()) break;
+  }
+  std::printf("torture (short): %llu cases, %llu allocations, %llu offloads, %llu reloads, %llu MiB checked\n",
+              static_cast<unsigned long long>(cases), static_cast<unsigned long long>(all.allocations),
+              static_cast<unsigned long long>(all.offloads), static_cast<unsigned long long>(all.reloads),
+              static_cast<unsigned long long>(all.bytes_checked >> 20));
+  EXPECT_GT(all.offloads, cases);
+  EXPECT_GT(all.reloads, cases / 2);
 }
 
 TEST(EngineTorture, RandomJobsKeepEveryByteAndLeakNothing) {
