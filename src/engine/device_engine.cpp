@@ -313,7 +313,10 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
   if (!in_backward_) backward_begins();
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
-  std::vector<Allocation*> needed;
+  // Allocations are remembered by address and pointer: one may be disposed of while this thread
+  // waits (freed by the job during its reload), so a pointer is only compared, never followed,
+  // until the address lookup proves it alive.
+  std::vector<std::pair<DevPtr, const Allocation*>> needed;
   std::uint64_t first_position = forward_order_.size();
   for (std::uint64_t position = forward_order_.size(); position-- > 0;) {
     auto found = groups_.find(forward_order_[position]);
@@ -323,18 +326,23 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
     first_position = std::min(first_position, position);
     for (Allocation* allocation : group.allocations) {
       request_reload(*allocation, /*urgent=*/true);
-      needed.push_back(allocation);
+      needed.emplace_back(allocation->va, allocation);
     }
   }
   if (needed.empty()) return;
   prefetch_before(first_position);
 
+  auto alive = [&](const std::pair<DevPtr, const Allocation*>& entry) -> Allocation* {
+    auto it = allocations_.find(entry.first);
+    return it != allocations_.end() && it->second.get() == entry.second ? it->second.get() : nullptr;
+  };
   // Wait until every needed reload is issued (normally it was, by an earlier prefetch), then make
   // the job's stream wait for the copies. Only this wait can block the job's thread.
   auto ready = [&] {
     if (stopping_) return true;
-    for (Allocation* allocation : needed) {
-      if (allocations_.count(allocation->va) == 0 || allocations_.at(allocation->va).get() != allocation) continue;
+    for (const auto& entry : needed) {
+      Allocation* allocation = alive(entry);
+      if (allocation == nullptr) continue;
       switch (allocation->state) {
         case PageState::offloaded:
           // host_mapped: the host copy is at the address; if its reload failed, reading it there
@@ -370,9 +378,9 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
       writer->record(trace::RecordType::stall, payload);
     }
   }
-  for (Allocation* allocation : needed) {
-    auto found = allocations_.find(allocation->va);
-    if (found == allocations_.end() || found->second.get() != allocation) continue;
+  for (const auto& entry : needed) {
+    Allocation* allocation = alive(entry);
+    if (allocation == nullptr) continue;
     if (allocation->state == PageState::reloading && allocation->has_copy_event) {
       if (Status status = device_.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
         // The job must not run ahead of the copy: wait for it on this thread instead.
