@@ -288,11 +288,6 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   }
 }
 
-void DeviceEngine::on_selected_push(ranges::PathId) {
-  // Nothing to do yet: groups open lazily at their first served allocation, so that a selected
-  // range that allocates nothing offloadable costs nothing.
-}
-
 void DeviceEngine::on_pop(ranges::PathId node) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (open_groups_.empty()) return;
@@ -405,7 +400,9 @@ void DeviceEngine::quiesce() {
 
 EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  EngineStats stats = stats_;
+  stats.job_thread_ns = job_thread_ns_.load(std::memory_order_relaxed);
+  return stats;
 }
 
 std::size_t DeviceEngine::open_groups() const {

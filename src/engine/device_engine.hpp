@@ -60,7 +60,6 @@ class DeviceEngine {
   void free(DevPtr ptr, StreamHandle stream);
 
   // Range events of the job's threads, forwarded by Engine.
-  void on_selected_push(ranges::PathId node);
   void on_pop(ranges::PathId node);
   void on_backward_marker(ranges::NameId module_name);
 
@@ -69,10 +68,8 @@ class DeviceEngine {
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
   EngineStats stats() const;
-  void add_job_thread_ns(std::uint64_t ns) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.job_thread_ns += ns;
-  }
+  // Without the engine's lock: it runs after every engine call of the job's threads.
+  void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
 
@@ -170,6 +167,7 @@ class DeviceEngine {
   StreamHandle reload_stream_;
   bool started_ = false;
   std::atomic<bool> wait_for_host_memory_{false};
+  std::atomic<std::uint64_t> job_thread_ns_{0};
 
   mutable std::mutex mutex_;
   std::condition_variable offload_cv_;  // offload worker: work queued

@@ -101,8 +101,6 @@ void Engine::on_push(ranges::PathId node) {
       JobThreadTimer timer(&engine);
       engine.on_backward_marker(name);
     });
-  } else if (verdict.selected_here) {
-    for_each_device([&](DeviceEngine& engine) { engine.on_selected_push(node); });
   }
 }
 
@@ -127,17 +125,7 @@ EngineStats Engine::stats() const {
   for (const auto& slot : devices_) {
     const DeviceEngine* engine = slot.load(std::memory_order_acquire);
     if (!engine) continue;
-    const EngineStats s = engine->stats();
-#define ACTPAGE_SUM(field) total.field += s.field;
-    ACTPAGE_SUM(allocations_served) ACTPAGE_SUM(bytes_served) ACTPAGE_SUM(allocations_passed)
-    ACTPAGE_SUM(groups_created) ACTPAGE_SUM(groups_kept_resident) ACTPAGE_SUM(offloads_started)
-    ACTPAGE_SUM(offloads_completed) ACTPAGE_SUM(offloads_cancelled) ACTPAGE_SUM(bytes_offloaded)
-    ACTPAGE_SUM(reloads_completed) ACTPAGE_SUM(bytes_reloaded) ACTPAGE_SUM(dropped_offloaded)
-    ACTPAGE_SUM(stalls) ACTPAGE_SUM(stall_ns) ACTPAGE_SUM(job_thread_vmm_calls) ACTPAGE_SUM(worker_vmm_calls)
-    ACTPAGE_SUM(host_pool_misses) ACTPAGE_SUM(iterations) ACTPAGE_SUM(live_owned_bytes)
-    ACTPAGE_SUM(offloaded_bytes_now) ACTPAGE_SUM(peak_offloaded_bytes) ACTPAGE_SUM(cached_bytes)
-    ACTPAGE_SUM(failures) ACTPAGE_SUM(job_thread_ns)
-#undef ACTPAGE_SUM
+    total += engine->stats();
   }
   return total;
 }
@@ -146,16 +134,9 @@ std::string Engine::report() const { return stats_json(stats()); }
 
 std::string stats_json(const EngineStats& s) {
   nlohmann::ordered_json json;
-#define ACTPAGE_FIELD(field) json[#field] = s.field;
-  ACTPAGE_FIELD(allocations_served) ACTPAGE_FIELD(bytes_served) ACTPAGE_FIELD(allocations_passed)
-  ACTPAGE_FIELD(groups_created) ACTPAGE_FIELD(groups_kept_resident) ACTPAGE_FIELD(offloads_started)
-  ACTPAGE_FIELD(offloads_completed) ACTPAGE_FIELD(offloads_cancelled) ACTPAGE_FIELD(bytes_offloaded)
-  ACTPAGE_FIELD(reloads_completed) ACTPAGE_FIELD(bytes_reloaded) ACTPAGE_FIELD(dropped_offloaded)
-  ACTPAGE_FIELD(stalls) ACTPAGE_FIELD(stall_ns) ACTPAGE_FIELD(job_thread_vmm_calls) ACTPAGE_FIELD(worker_vmm_calls)
-  ACTPAGE_FIELD(host_pool_misses) ACTPAGE_FIELD(iterations) ACTPAGE_FIELD(live_owned_bytes)
-  ACTPAGE_FIELD(offloaded_bytes_now) ACTPAGE_FIELD(peak_offloaded_bytes) ACTPAGE_FIELD(cached_bytes)
-  ACTPAGE_FIELD(failures) ACTPAGE_FIELD(job_thread_ns)
-#undef ACTPAGE_FIELD
+#define ACTPAGE_ENGINE_STAT_JSON(name) json[#name] = s.name;
+  ACTPAGE_ENGINE_STATS(ACTPAGE_ENGINE_STAT_JSON)
+#undef ACTPAGE_ENGINE_STAT_JSON
   return json.dump();
 }
 

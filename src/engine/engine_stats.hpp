@@ -6,31 +6,60 @@
 
 namespace actpage::engine {
 
+// What the counters mean (those whose name does not say it):
+//   allocations_served: candidates served from owned memory
+//   allocations_passed: candidates left to the job's allocator (too small...)
+//   groups_kept_resident: in the keep_last window when backward began
+//   offloads_completed: device pages given back (or poisoned)
+//   offloads_cancelled: backward or a free came first
+//   dropped_offloaded: freed while offloaded: never reloaded
+//   stalls: backward had to wait for a reload to be issued
+//   job_thread_vmm_calls: create+map on the job's thread (cache misses)
+//   host_pool_misses: no pinned memory at hand: the allocation stayed resident
+//   live_owned_bytes: mapped bytes of live owned allocations on the device
+//   offloaded_bytes_now: mapped bytes whose device pages are given back
+//   cached_bytes: mapped ranges kept for reuse
+//   failures: internal errors that fell back to pass-through/resident
+//   job_thread_ns: time the job's threads spent inside the engine
+// Every counter, once: the struct, the sum over devices and the report are made from this list.
+// X(name): a std::uint64_t counter, 0 to start.
+#define ACTPAGE_ENGINE_STATS(X) \
+  X(allocations_served) \
+  X(bytes_served) \
+  X(allocations_passed) \
+  X(groups_created) \
+  X(groups_kept_resident) \
+  X(offloads_started) \
+  X(offloads_completed) \
+  X(offloads_cancelled) \
+  X(bytes_offloaded) \
+  X(reloads_completed) \
+  X(bytes_reloaded) \
+  X(dropped_offloaded) \
+  X(stalls) \
+  X(stall_ns) \
+  X(job_thread_vmm_calls) \
+  X(worker_vmm_calls) \
+  X(host_pool_misses) \
+  X(iterations) \
+  X(live_owned_bytes) \
+  X(offloaded_bytes_now) \
+  X(peak_offloaded_bytes) \
+  X(cached_bytes) \
+  X(failures) \
+  X(job_thread_ns)
+
 struct EngineStats {
-  std::uint64_t allocations_served = 0;   // candidates served from owned memory
-  std::uint64_t bytes_served = 0;
-  std::uint64_t allocations_passed = 0;   // candidates left to the job's allocator (too small...)
-  std::uint64_t groups_created = 0;
-  std::uint64_t groups_kept_resident = 0;  // in the keep_last window when backward began
-  std::uint64_t offloads_started = 0;
-  std::uint64_t offloads_completed = 0;    // device pages given back (or poisoned)
-  std::uint64_t offloads_cancelled = 0;    // backward or a free came first
-  std::uint64_t bytes_offloaded = 0;
-  std::uint64_t reloads_completed = 0;
-  std::uint64_t bytes_reloaded = 0;
-  std::uint64_t dropped_offloaded = 0;     // freed while offloaded: never reloaded
-  std::uint64_t stalls = 0;                // backward had to wait for a reload to be issued
-  std::uint64_t stall_ns = 0;
-  std::uint64_t job_thread_vmm_calls = 0;  // create+map on the job's thread (cache misses)
-  std::uint64_t worker_vmm_calls = 0;
-  std::uint64_t host_pool_misses = 0;      // no pinned memory at hand: the allocation stayed resident
-  std::uint64_t iterations = 0;
-  std::uint64_t live_owned_bytes = 0;      // mapped bytes of live owned allocations on the device
-  std::uint64_t offloaded_bytes_now = 0;   // mapped bytes whose device pages are given back
-  std::uint64_t peak_offloaded_bytes = 0;
-  std::uint64_t cached_bytes = 0;          // mapped ranges kept for reuse
-  std::uint64_t failures = 0;              // internal errors that fell back to pass-through/resident
-  std::uint64_t job_thread_ns = 0;         // time the job's threads spent inside the engine
+#define ACTPAGE_ENGINE_STAT_FIELD(name) std::uint64_t name = 0;
+  ACTPAGE_ENGINE_STATS(ACTPAGE_ENGINE_STAT_FIELD)
+#undef ACTPAGE_ENGINE_STAT_FIELD
+
+  EngineStats& operator+=(const EngineStats& other) {
+#define ACTPAGE_ENGINE_STAT_ADD(name) name += other.name;
+    ACTPAGE_ENGINE_STATS(ACTPAGE_ENGINE_STAT_ADD)
+#undef ACTPAGE_ENGINE_STAT_ADD
+    return *this;
+  }
 };
 
 // Every field as "name": value, for the end-of-run report (log and trace MESSAGE record).

@@ -6,10 +6,9 @@ namespace actpage::engine {
 namespace {
 
 // Annotation layout: [63..48] epoch (never 0) | [47] candidate | [46] backward marker |
-// [45] selected here | [44..32] rule index | [31..0] selected path node.
+// [44..32] rule index | [31..0] selected path node.
 constexpr std::uint64_t kCandidate = 1ull << 47;
 constexpr std::uint64_t kBackward = 1ull << 46;
-constexpr std::uint64_t kSelectedHere = 1ull << 45;
 constexpr int kRuleShift = 32;
 constexpr std::uint64_t kRuleMask = 0x1fff;
 
@@ -53,7 +52,6 @@ std::uint64_t NodeClassifier::compute(ranges::PathId node) const {
     if (!match) continue;
     if (match->offload && match->rule_index <= kRuleMask) {
       word |= kCandidate | (static_cast<std::uint64_t>(match->rule_index) << kRuleShift) | at;
-      if (at == node) word |= kSelectedHere;
     }
     break;
   }
@@ -65,7 +63,6 @@ NodeVerdict NodeClassifier::decode(std::uint64_t word) const {
   verdict.backward_marker = (word & kBackward) != 0;
   verdict.candidate = (word & kCandidate) != 0;
   if (verdict.candidate) {
-    verdict.selected_here = (word & kSelectedHere) != 0;
     verdict.selected = static_cast<ranges::PathId>(word & 0xffffffffull);
     const auto rule = static_cast<std::size_t>((word >> kRuleShift) & kRuleMask);
     verdict.min_bytes = rule < rule_min_bytes_.size() ? rule_min_bytes_[rule] : 0;

@@ -24,7 +24,6 @@ namespace actpage::engine {
 struct NodeVerdict {
   bool candidate = false;
   bool backward_marker = false;
-  bool selected_here = false;  // this node itself is the selected range
   ranges::PathId selected = ranges::kNoPath;
   std::uint64_t min_bytes = 0;
 };
