@@ -10,14 +10,14 @@ stage=$root/.gpu
 "$root/scripts/setup.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DACTPAGE_WERROR=ON -DACTPAGE_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j "${ACTPAGE_JOBS:-$(nproc)}" --target actpage actpage_preload actpage_python \
-  device_gpu_test gpu_hooks_test actpage_gpu_hooks_program
+  device_gpu_test gpu_hooks_test actpage_gpu_hooks_program vmm_sync_probe
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/tests"
 cp "$build/bin/actpage" "$stage/bin/"
 cp "$build/lib/libactpage.so" "$stage/lib/"
 mkdir -p "$stage/python"
 cp -r "$root/python/actpage_hooks" "$root/python/sitecustomize.py" "$stage/python/"
-for test in device_gpu_test gpu_hooks_test actpage_gpu_hooks_program; do
+for test in device_gpu_test gpu_hooks_test actpage_gpu_hooks_program vmm_sync_probe; do
   cp "$build/bin/$test" "$stage/tests/"
 done
 strip --strip-unneeded "$stage/bin/actpage" "$stage/lib/libactpage.so" "$stage"/tests/*

@@ -12,6 +12,9 @@
 #   graph    a CUDA-graph-captured training step under actpage
 #   hookbench the Python hooks' own cost per module call, both scopes
 #   diagnose the Llama job plain, observe-only, and offloading with one factor changed at a time
+#   probe-vmm which VMM calls wait for the device, and whether one unmap may span mappings
+#   observe-ab Qwen3-MoE observe-only vs plain, cudaMallocAsync, 8 interleaved repetitions pinned to
+#            fixed CPU cores (the job syncs the CPU every layer: its step follows the host's noise)
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #
 # Usage: scripts/gpu-test.sh STAGE...
@@ -83,6 +86,18 @@ for stage in "$@"; do
         --allocators async --out "$out/observe-qwen-async" -- "$python" examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 \
         --steps 16 --warmup 4 --deterministic
       tail -n 6 "$out/observe-qwen-async.log"
+      ;;
+    probe-vmm)
+      say "probe-vmm: VMM calls with the GPU idle and busy"
+      check probe-vmm "$bundle/tests/vmm_sync_probe" 40
+      grep "^probe" "$out/probe-vmm.log"
+      ;;
+    observe-ab)
+      say "observe-ab: Qwen3-MoE observe-only vs plain (async), 8 interleaved repetitions on fixed cores"
+      check observe-ab "$python" examples/compare_runs.py --policy config/observe.json --reps 8 --actpage "$actpage" \
+        --allocators async --out "$out/observe-ab" -- taskset -c 2-9 "$python" examples/train_qwen3_moe.py "${qwen[@]}" \
+        --layers 4 --steps 24 --warmup 6 --deterministic
+      tail -n 6 "$out/observe-ab.log"
       ;;
     diagnose-qwen)
       say "diagnose-qwen: Qwen3-MoE observe-only, one factor removed at a time (4 interleaved rounds)"
