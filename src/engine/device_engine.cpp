@@ -114,29 +114,32 @@ void DeviceEngine::shutdown() {
   // What the job never freed: bring nothing back (the process is done with it), just let go.
   for (auto& [va, allocation] : allocations_) {
     if (allocation->host) host_pool_->free(*allocation->host);
-    if (allocation->has_physical) {
-      (void)device_.unmap(allocation->va, allocation->mapped_bytes);
-      (void)device_.release_physical(allocation->physical);
-    }
-    arena_.release(allocation->va, allocation->mapped_bytes);
-  }
-  for (auto& [va, allocation] : allocations_) {
-    if (allocation->has_free_event) recycle_event(allocation->free_event);
     if (allocation->has_copy_event) recycle_event(allocation->copy_event);
+  }
+  for (auto& [va, window] : windows_) {
+    if (window->mapped) {
+      (void)device_.unmap(window->va, window->bytes);
+      (void)device_.release_physical(window->physical);
+    }
+    for (const FreePoint& point : window->free_points) recycle_event(point.event);
+    arena_.release(window->va, window->bytes);
   }
   for (auto& [id, group] : groups_) {
     for (auto& [stream, event] : group->release_events) recycle_event(event);
   }
   allocations_.clear();
+  windows_.clear();
+  unmap_ready_.clear();
+  unmap_ready_bytes_ = 0;
   groups_.clear();
   open_groups_.clear();
   keep_window_.clear();
   for (const CachedRange& range : cache_.take_all()) {
-    if (range.has_event) (void)device_.synchronize_event(range.free_event);
+    for (const FreePoint& point : range.free_points) (void)device_.synchronize_event(point.event);
     (void)device_.unmap(range.va, range.mapped_bytes);
     (void)device_.release_physical(range.physical);
     arena_.release(range.va, range.mapped_bytes);
-    if (range.has_event) recycle_event(range.free_event);
+    for (const FreePoint& point : range.free_points) recycle_event(point.event);
   }
   stats_.cached_bytes = 0;
   for (EventHandle event : free_events_) (void)device_.destroy_event(event);
@@ -167,73 +170,182 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     start_iteration();
   }
 
-  const std::size_t mapped = round_up(bytes, granularity_);
+  Group* group = open_group_for(verdict, thread);
+  const std::uint32_t group_id = group->id;
+  if (group->window == nullptr && group->planned_bytes > 0 && !group->window_tried) {
+    // The first allocation of a module call whose sizes the last iteration taught: one window for
+    // the whole call.
+    group->window_tried = true;
+    Window* window = new_window(round_up(group->planned_bytes, granularity_), stream, lock);
+    auto found = groups_.find(group_id);  // the lock was released: look the group up again
+    group = found != groups_.end() ? found->second.get() : nullptr;
+    if (window != nullptr) {
+      if (group != nullptr && !group->sealed) {
+        window->open = true;
+        group->window = window;
+      } else {
+        retire_window(*window);  // sealed meanwhile (backward began on another thread)
+      }
+    }
+    if (group == nullptr) {
+      ++stats_.allocations_passed;
+      return 0;
+    }
+  }
+
+  // Sub-allocations keep 512-byte alignment, as cudaMalloc's are at least 256-byte aligned.
+  constexpr std::size_t kSubAlignment = 512;
+  const std::size_t aligned = round_up(bytes, kSubAlignment);
+  Window* window = group->window;
+  DevPtr va = 0;
+  if (window != nullptr && window->open && window->used + aligned <= window->bytes) {
+    va = window->va + window->used;
+    window->used += aligned;
+    // The window may have been used by the job before (reuse waits for its frees, rule 5): done
+    // once, when it was taken from the cache.
+  } else {
+    // A window of its own: the first iteration, a size that grew, or windows switched off.
+    window = new_window(round_up(bytes, granularity_), stream, lock);
+    auto found = groups_.find(group_id);
+    group = found != groups_.end() ? found->second.get() : nullptr;
+    if (window == nullptr || group == nullptr) {
+      if (window != nullptr) retire_window(*window);
+      ++stats_.allocations_passed;
+      return 0;
+    }
+    va = window->va;
+    window->used = window->bytes;
+  }
+  if (plan_this_iteration_.size() > group->position && group->iteration == iteration_) {
+    plan_this_iteration_[group->position].bytes += aligned;
+  }
   auto owned = std::make_unique<Allocation>();
+  owned->va = va;
   owned->bytes = bytes;
   owned->stream = stream;
-  if (auto cached = take_cached(mapped)) {
-    owned->va = cached->va;
-    owned->mapped_bytes = cached->mapped_bytes;
-    owned->physical = cached->physical;
-    owned->has_physical = true;
-    if (cached->has_event) {
-      // The range was freed in stream order on free_stream: work on another stream must not
-      // touch it before that point. On the same stream, order is already implied.
-      if (!(cached->free_stream == stream)) {
-        if (Status status = device_.stream_wait_event(stream, cached->free_event); !status.ok()) {
-          note_failure("ordering a reused range after its free", status);
-          put_cached(*cached);
-          return 0;
-        }
+  owned->window = window;
+  owned->group = group;
+  window->allocations.push_back(owned.get());
+  group->allocations.push_back(owned.get());
+  ++stats_.allocations_served;
+  stats_.bytes_served += bytes;
+  allocations_.emplace(va, std::move(owned));
+  return va;
+}
+
+DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
+                                               std::unique_lock<std::mutex>& lock) {
+  auto window = std::make_unique<Window>();
+  if (auto cached = take_cached(mapped_bytes)) {
+    window->va = cached->va;
+    window->bytes = cached->mapped_bytes;
+    window->physical = cached->physical;
+    // The range was freed in stream order: work on another stream must not touch it before those
+    // points. On the same stream, order is already implied.
+    bool ordered = true;
+    for (const FreePoint& point : cached->free_points) {
+      if (point.stream == stream) continue;
+      if (Status status = device_.stream_wait_event(stream, point.event); !status.ok()) {
+        note_failure("ordering a reused range after its free", status);
+        ordered = false;
+        break;
       }
-      recycle_event(cached->free_event);
     }
+    if (!ordered) {
+      put_cached(*cached);
+      return nullptr;
+    }
+    // The points stay with the window: should it be given back before anything else ran on their
+    // streams, its unmap must still wait for them.
+    window->free_points = std::move(cached->free_points);
   } else {
-    auto va = arena_.acquire(mapped);
+    auto va = arena_.acquire(mapped_bytes);
     if (!va) {
       ACTPAGE_WARN_ONCE("engine.arena_full",
                         "the {} of address space reserved for offloadable allocations is used up; "
                         "further activations stay with the job's allocator (raise vmm.arena_bytes)",
                         format_bytes(options_.vmm_arena_bytes));
-      ++stats_.allocations_passed;
-      return 0;
+      return nullptr;
     }
     // Cache miss: create and map on the job's thread. The steady state of a training loop finds
     // its sizes in the cache; this is the first iteration, or a new size.
     lock.unlock();
-    auto physical = device_.create_physical(mapped, MemoryLocation::device);
+    auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
     if (physical.ok()) {
-      mapped_status = device_.map(*va, mapped, *physical);
+      mapped_status = device_.map(*va, mapped_bytes, *physical);
       if (!mapped_status.ok()) (void)device_.release_physical(*physical);
     }
     lock.lock();
     stats_.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
-      arena_.release(*va, mapped);
+      arena_.release(*va, mapped_bytes);
       const Status& status = physical.ok() ? mapped_status : physical.status();
-      if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);
       // Out of memory: the job's own allocator gets the request and reports its own error.
-      ++stats_.allocations_passed;
-      return 0;
+      if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);
+      return nullptr;
     }
-    trace_vmm(trace::RecordType::map, *va, mapped, device_.ordinal(), true);
-    owned->va = *va;
-    owned->mapped_bytes = mapped;
-    owned->physical = *physical;
-    owned->has_physical = true;
+    trace_vmm(trace::RecordType::map, *va, mapped_bytes, device_.ordinal(), true);
+    window->va = *va;
+    window->bytes = mapped_bytes;
+    window->physical = *physical;
   }
-  sizes_this_iteration_.push_back(mapped);
+  window->mapped = true;
+  sizes_this_iteration_.push_back(window->bytes);
   ++cursor_;
-  Group* group = open_group_for(verdict, thread);
-  owned->group = group;
-  group->allocations.push_back(owned.get());
-  ++stats_.allocations_served;
-  stats_.bytes_served += bytes;
-  stats_.live_owned_bytes += owned->mapped_bytes;
-  const DevPtr result = owned->va;
-  allocations_.emplace(result, std::move(owned));
-  return result;
+  stats_.live_owned_bytes += window->bytes;
+  Window* raw = window.get();
+  windows_.emplace(raw->va, std::move(window));
+  return raw;
+}
+
+void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
+  for (FreePoint& point : window.free_points) {
+    if (point.stream == stream) {
+      recycle_event(point.event);  // the newer point on the same stream comes later
+      point.event = event;
+      return;
+    }
+  }
+  window.free_points.push_back(FreePoint{stream, event});
+}
+
+void DeviceEngine::close_window(Window& window) {
+  window.open = false;
+  if (window.allocations.empty()) {
+    retire_window(window);
+  } else {
+    maybe_queue_unmap(window);
+  }
+}
+
+void DeviceEngine::retire_window(Window& window) {
+  if (window.unmap_queued) {
+    std::erase(unmap_ready_, &window);
+    unmap_ready_bytes_ -= window.bytes;
+  }
+  stats_.live_owned_bytes -= window.bytes;
+  if (window.mapped) {
+    put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
+  } else {
+    // Pages already given back (offloaded in fault mode): only the address space returns, once the
+    // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
+    for (const FreePoint& point : window.free_points) recycle_event(point.event);
+    stats_.offloaded_bytes_now -= window.bytes;
+    arena_.release(window.va, window.bytes);
+  }
+  windows_.erase(window.va);  // destroys `window`
+}
+
+void DeviceEngine::maybe_queue_unmap(Window& window) {
+  if (window.open || !window.mapped || window.unmap_queued || window.unmapping || window.allocations.empty() ||
+      window.copied != window.allocations.size()) {
+    return;
+  }
+  window.unmap_queued = true;
+  unmap_ready_.push_back(&window);
+  unmap_ready_bytes_ += window.bytes;
+  offload_cv_.notify_one();
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
@@ -248,9 +360,7 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   // Remember the free's stream point: the range may be reused only after it (rule 5).
   auto event = acquire_event();
   if (Status status = device_.record_event(event, stream); status.ok()) {
-    allocation.free_stream = stream;
-    allocation.free_event = event;
-    allocation.has_free_event = true;
+    remember_free_point(*allocation.window, stream, event);
   } else {
     recycle_event(event);
     note_failure("recording the stream point of a free", status);
@@ -279,8 +389,16 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
       ++stats_.dropped_offloaded;
       dispose(allocation);
       break;
-    case PageState::offloading:
     case PageState::unmapping:
+      if (!allocation.window->unmapping) {
+        // Copied, its window's pages not yet given back: nothing of ours touches it now.
+        ++stats_.offloads_cancelled;
+        dispose(allocation);
+        break;
+      }
+      allocation.freed = true;
+      break;
+    case PageState::offloading:
     case PageState::reloading:
       // A copy of ours still touches it: the worker that sees the copy finish disposes of it.
       allocation.freed = true;
@@ -391,11 +509,15 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
 
 void DeviceEngine::quiesce() {
   std::unique_lock<std::mutex> lock(mutex_);
+  // Pages ready to be given back go now, without waiting for a batch to fill.
+  ++flush_requests_;
+  offload_cv_.notify_one();
   issued_cv_.wait(lock, [&] {
     return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
-                         offload_preparing_ == 0 && deferred_releases_.empty());
+                         offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty());
   });
+  --flush_requests_;
 }
 
 EngineStats DeviceEngine::stats() const {
@@ -422,6 +544,15 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   group->selected = verdict.selected;
   group->thread = thread;
   group->iteration = iteration_;
+  group->position = plan_this_iteration_.size();
+  plan_this_iteration_.push_back(GroupPlan{verdict.selected, 0});
+  // The same module call at the same place of the last forward pass allocated this much: one
+  // window of that size serves it (not in host_mapped mode, which swaps pages per allocation).
+  if (options_.vmm_group_windows && options_.stray_access != StrayAccess::host_mapped &&
+      group->position < plan_last_iteration_.size() &&
+      plan_last_iteration_[group->position].selected == verdict.selected) {
+    group->planned_bytes = plan_last_iteration_[group->position].bytes;
+  }
   const ranges::PathId parent = registry.node(verdict.selected).parent;
   group->layer_node = parent != ranges::kNoPath ? parent : verdict.selected;
   group->release_node =
@@ -451,6 +582,11 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
 
 void DeviceEngine::seal(Group& group) {
   group.sealed = true;
+  if (group.window != nullptr) {
+    Window* window = group.window;
+    group.window = nullptr;
+    close_window(*window);
+  }
   cache_dirty_ = true;  // forward moved on: the demand for cached ranges changed
   offload_cv_.notify_one();
   if (group.allocations.empty()) {
@@ -510,9 +646,12 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
-  // What the cache holds for the rest of forward is no longer wanted: give it back now, before the
-  // frees of backward refill it for the next forward.
-  trim_everything_ = true;
+  // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
+  // Taken out now, so that the frees of backward, which refill the cache for the next forward,
+  // are not given back with it.
+  for (CachedRange& range : cache_.take_all()) deferred_releases_.push_back(std::move(range));
+  stats_.cached_bytes = cache_.bytes();
+  if (!deferred_releases_.empty()) offload_cv_.notify_one();
   cache_dirty_ = true;
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
@@ -525,8 +664,18 @@ void DeviceEngine::backward_begins() {
   }
   keep_window_.clear();
   // Groups left open (a release range that never closed) are sealed as resident.
-  for (Group* group : open_groups_) group->sealed = true;
+  std::vector<Group*> open = std::move(open_groups_);
   open_groups_.clear();
+  for (Group* group : open) {
+    group->sealed = true;
+    if (group->window != nullptr) {
+      Window* window = group->window;
+      group->window = nullptr;
+      close_window(*window);
+    }
+  }
+  // The memory saved counts now: give back what is copied without waiting for a batch to fill.
+  if (!unmap_ready_.empty()) offload_cv_.notify_one();
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -551,6 +700,21 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
       }
       return;
     case PageState::unmapping:
+      if (!allocation.window->unmapping) {
+        // Copied, but its window's pages are still there: the data never left. Keep it.
+        Window& window = *allocation.window;
+        if (window.unmap_queued) {
+          window.unmap_queued = false;
+          std::erase(unmap_ready_, &window);
+          unmap_ready_bytes_ -= window.bytes;
+        }
+        --window.copied;
+        if (allocation.host) host_pool_->free(*allocation.host);
+        allocation.host.reset();
+        keep_resident(allocation);
+        ++stats_.offloads_cancelled;
+        return;
+      }
       allocation.reload_queued = true;
       allocation.reload_urgent = allocation.reload_urgent || urgent;
       return;
@@ -592,32 +756,23 @@ void DeviceEngine::dispose(Allocation& allocation) {
     host_pool_->free(*allocation.host);
     allocation.host.reset();
   }
-  if (allocation.has_physical) {
-    CachedRange range;
-    range.va = allocation.va;
-    range.mapped_bytes = allocation.mapped_bytes;
-    range.physical = allocation.physical;
-    range.free_stream = allocation.free_stream;
-    range.free_event = allocation.free_event;
-    range.has_event = allocation.has_free_event;
-    stats_.live_owned_bytes -= allocation.mapped_bytes;
-    put_cached(range);
-  } else if (allocation.has_host_physical) {
-    // host_mapped: the host copy is mapped at the address; the offload worker unmaps it once the
-    // free's stream point has passed.
-    stats_.offloaded_bytes_now -= allocation.mapped_bytes;
-    stats_.live_owned_bytes -= allocation.mapped_bytes;
-    deferred_releases_.push_back(CachedRange{allocation.va, allocation.mapped_bytes, allocation.host_physical,
-                                             allocation.free_stream, allocation.free_event,
-                                             allocation.has_free_event});
+  Window& window = *allocation.window;
+  if (allocation.state == PageState::unmapping) --window.copied;
+  std::erase(window.allocations, &allocation);
+  if (allocation.has_host_physical) {
+    // host_mapped (one allocation per window): the host copy is mapped at the address; the offload
+    // worker unmaps it once the free's stream point has passed.
+    stats_.offloaded_bytes_now -= window.bytes;
+    stats_.live_owned_bytes -= window.bytes;
+    deferred_releases_.push_back(
+        CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
     allocation.has_host_physical = false;
     offload_cv_.notify_one();
+    windows_.erase(window.va);
+  } else if (window.allocations.empty() && !window.open) {
+    retire_window(window);
   } else {
-    // Pages already given back (offloaded in fault mode): only the address space returns.
-    if (allocation.has_free_event) recycle_event(allocation.free_event);
-    stats_.offloaded_bytes_now -= allocation.mapped_bytes;
-    stats_.live_owned_bytes -= allocation.mapped_bytes;
-    arena_.release(allocation.va, allocation.mapped_bytes);
+    maybe_queue_unmap(window);  // the others may all be copied
   }
   detach_from_group(allocation);
   allocations_.erase(allocation.va);  // destroys `allocation`
@@ -752,7 +907,7 @@ bool DeviceEngine::issue_offload(Allocation& allocation) {
 }
 
 bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  const std::size_t bytes = allocation.mapped_bytes;
+  const std::size_t bytes = allocation.window->bytes;
   auto staging = arena_.acquire(bytes);
   if (!staging) {
     keep_resident(allocation);
@@ -825,7 +980,7 @@ Status DeviceEngine::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t
 }
 
 void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  const std::size_t bytes = allocation.mapped_bytes;
+  const std::size_t bytes = allocation.window->bytes;
   auto staging = arena_.acquire(bytes);
   if (!staging) {
     // Without a staging address the host copy stays where it is: slow to read, but correct.
@@ -843,7 +998,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;
   if (recycled) {
-    if (recycled->has_event) (void)device_.synchronize_event(recycled->free_event);
+    for (const FreePoint& point : recycled->free_points) (void)device_.synchronize_event(point.event);
     status = device_.unmap(recycled->va, recycled->mapped_bytes);
     if (status.ok()) physical = recycled->physical;
   } else {
@@ -859,7 +1014,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   if (done.ok()) (void)device_.destroy_event(*done);
   lock.lock();
   if (recycled) {
-    if (recycled->has_event) recycle_event(recycled->free_event);
+    for (const FreePoint& point : recycled->free_points) recycle_event(point.event);
     arena_.release(recycled->va, recycled->mapped_bytes);
   }
   if (status.ok()) status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, lock);
@@ -882,8 +1037,8 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
     issued_cv_.notify_all();
     return;
   }
-  allocation.physical = *physical;
-  allocation.has_physical = true;
+  allocation.window->physical = *physical;
+  allocation.window->mapped = true;
   allocation.has_host_physical = false;
   allocation.state = PageState::resident;
   allocation.reload_queued = false;
@@ -904,7 +1059,7 @@ void DeviceEngine::offload_worker() {
   while (true) {
     offload_cv_.wait(lock, [&] {
       return stopping_ || (!offload_queue_.empty() && offload_inflight_.size() < cap) || !offload_inflight_.empty() ||
-             cache_dirty_ || !deferred_releases_.empty();
+             cache_dirty_ || !deferred_releases_.empty() || unmap_due();
     });
     if (stopping_ && offload_inflight_.empty()) break;
     while (!offload_queue_.empty() && offload_inflight_.size() < cap) {
@@ -944,21 +1099,21 @@ void DeviceEngine::offload_worker() {
       }
       issued_cv_.notify_all();
     }
+    if (unmap_due()) unmap_ready_windows(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
-      const bool everything = trim_everything_;
-      trim_everything_ = false;
-      trim_cache(lock, everything);
+      trim_cache(lock);
     }
     if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
   }
+  // Stopping: what is ready stays mapped; shutdown() gives every window back.
 }
 
 void DeviceEngine::drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
   if (!allocation.has_host_physical || allocation.staging == 0) return;
   const DevPtr staging = allocation.staging;
   const PhysicalHandle host = allocation.host_physical;
-  const std::size_t bytes = allocation.mapped_bytes;
+  const std::size_t bytes = allocation.window->bytes;
   allocation.has_host_physical = false;
   allocation.staging = 0;
   ++unmapping_;
@@ -986,22 +1141,24 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     ++stats_.offloads_cancelled;
     return;
   }
-  ++stats_.offloads_completed;
-  stats_.bytes_offloaded += allocation.bytes;
+  Window& window = *allocation.window;
   if (options_.stray_access == StrayAccess::host_mapped) {
     // Swap the device pages for the host copy at the same address, with the job's stream held.
+    // One allocation per window here; while the lock is released a free only marks it.
     allocation.state = PageState::unmapping;
+    window.unmapping = true;
     ++unmapping_;
     const DevPtr va = allocation.va;
-    const std::size_t bytes = allocation.mapped_bytes;
+    const std::size_t bytes = window.bytes;
     Status status = swap_under_gate(allocation.stream, va, bytes, allocation.host_physical, lock);
     const DevPtr staging = allocation.staging;
     lock.unlock();
     (void)device_.unmap(staging, bytes);
-    if (status.ok()) (void)device_.release_physical(allocation.physical);
+    if (status.ok()) (void)device_.release_physical(window.physical);
     lock.lock();
     arena_.release(staging, bytes);
     allocation.staging = 0;
+    window.unmapping = false;
     --unmapping_;
     stats_.worker_vmm_calls += 4;
     if (!status.ok()) {
@@ -1014,66 +1171,180 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
       if (allocation.freed) dispose(allocation);
       return;
     }
-    allocation.has_physical = false;
+    ++stats_.offloads_completed;
+    stats_.bytes_offloaded += allocation.bytes;
+    window.mapped = false;
     allocation.state = PageState::offloaded;
     stats_.offloaded_bytes_now += bytes;
     stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
-  } else if (options_.stray_access == StrayAccess::poison) {
-    allocation.state = PageState::offloaded;  // pages kept, overwritten
-  } else {
-    // Give the device pages back (rule 2: the copy, and so the release event, completed).
-    allocation.state = PageState::unmapping;
-    ++unmapping_;
-    const DevPtr va = allocation.va;
-    const std::size_t bytes = allocation.mapped_bytes;
-    const PhysicalHandle physical = allocation.physical;
-    // When forward will soon ask for this size again, the pages move to a fresh address in the
-    // cache instead of going back to the driver: the job's thread then finds them mapped.
-    std::optional<DevPtr> recycle_at;
-    // Not in backward: there, the ranges the job frees refill the cache with exactly what the next
-    // forward asks for, and pages kept here would add to the memory peak around backward's start.
-    if (!in_backward_ && cache_.wants(bytes, demand(), options_.vmm_cache_bytes)) recycle_at = arena_.acquire(bytes);
-    lock.unlock();
-    Status status = device_.unmap(va, bytes);
-    bool recycled = false;
-    if (status.ok() && recycle_at) recycled = device_.map(*recycle_at, bytes, physical).ok();
-    if (status.ok() && !recycled) status = device_.release_physical(physical);
-    lock.lock();
-    --unmapping_;
-    stats_.worker_vmm_calls += 2;
-    if (recycled) {
-      put_cached(CachedRange{*recycle_at, bytes, physical, {}, {}, false});
-    } else if (recycle_at) {
-      arena_.release(*recycle_at, bytes);
+    trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
+               allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
+    if (allocation.freed) {
+      ++stats_.dropped_offloaded;
+      dispose(allocation);
+      return;
     }
-    if (!status.ok()) {
-      note_failure("giving back an offloaded allocation's pages", status);
-      allocation.state = PageState::offloaded;  // still mapped: reload just copies back
-    } else {
-      trace_vmm(trace::RecordType::unmap, va, bytes, device_.ordinal(), true);
-      allocation.has_physical = false;
-      allocation.state = PageState::offloaded;
-      stats_.offloaded_bytes_now += bytes;
-      stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
+    if (allocation.reload_queued) {
+      if (allocation.reload_urgent) {
+        reload_queue_.push_front(&allocation);
+      } else {
+        reload_queue_.push_back(&allocation);
+      }
+      reload_cv_.notify_one();
     }
-  }
-  trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
-             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) {
-    ++stats_.dropped_offloaded;
-    dispose(allocation);
     return;
   }
-  if (allocation.reload_queued || allocation.wanted_back) {
-    allocation.reload_queued = true;
-    if (allocation.reload_urgent || allocation.wanted_back) {
-      reload_queue_.push_front(&allocation);
-    } else {
-      reload_queue_.push_back(&allocation);
+  if (options_.stray_access == StrayAccess::poison) {
+    ++stats_.offloads_completed;
+    stats_.bytes_offloaded += allocation.bytes;
+    allocation.state = PageState::offloaded;  // pages kept, overwritten
+    trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
+               allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
+    if (allocation.reload_queued) {
+      if (allocation.reload_urgent) {
+        reload_queue_.push_front(&allocation);
+      } else {
+        reload_queue_.push_back(&allocation);
+      }
+      reload_cv_.notify_one();
     }
-    allocation.wanted_back = false;
-    reload_cv_.notify_one();
+    return;
   }
+  // Fault mode: the copy is done (rule 2); the pages go back with the rest of the window's.
+  allocation.state = PageState::unmapping;
+  ++window.copied;
+  maybe_queue_unmap(window);
+}
+
+bool DeviceEngine::unmap_due() const {
+  if (unmap_ready_.empty()) return false;
+  // Each unmap waits for the device to finish its queued work and holds up the job's launches
+  // meanwhile: give pages back in batches. The memory must be free by the peak, i.e. by the time
+  // backward begins, and when nothing more is expected in this forward pass.
+  return unmap_ready_bytes_ >= options_.vmm_unmap_batch_bytes || in_backward_ || stopping_ || flush_requests_ > 0 ||
+         sizes_last_iteration_.empty() || cursor_ >= sizes_last_iteration_.size();
+}
+
+void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
+  std::vector<Window*> batch = std::move(unmap_ready_);
+  unmap_ready_.clear();
+  unmap_ready_bytes_ = 0;
+  std::sort(batch.begin(), batch.end(), [](const Window* a, const Window* b) { return a->va < b->va; });
+  struct Plan {
+    Window* window;
+    std::optional<DevPtr> recycle_at;  // pages move to a fresh address in the cache instead of the driver
+    bool unmapped = false;
+    bool recycled = false;
+    Status unmap_status;
+  };
+  std::vector<Plan> plans;
+  std::vector<FreePoint> points;
+  for (Window* window : batch) {
+    window->unmap_queued = false;
+    window->unmapping = true;
+    Plan plan{window, std::nullopt, false, false, Status{}};
+    // When forward will soon ask for this size again, keep the pages mapped elsewhere for it. Not in
+    // backward: there, the ranges the job frees refill the cache with what the next forward asks for.
+    if (!in_backward_ && cache_.wants(window->bytes, demand(), options_.vmm_cache_bytes)) {
+      plan.recycle_at = arena_.acquire(window->bytes);
+    }
+    plans.push_back(plan);
+    // Frees of allocations in the window: their last reads may still be queued (rule 5).
+    points.insert(points.end(), window->free_points.begin(), window->free_points.end());
+  }
+  ++unmapping_;
+  lock.unlock();
+  for (const FreePoint& point : points) (void)device_.synchronize_event(point.event);
+  std::uint64_t calls = 0;
+  std::uint64_t unmap_calls = 0;
+  // Adjacent windows in one call (one wait for the device instead of several); if the driver
+  // refuses a span, each window on its own.
+  for (std::size_t first = 0; first < plans.size();) {
+    std::size_t last = first;
+    while (last + 1 < plans.size() &&
+           plans[last].window->va + plans[last].window->bytes == plans[last + 1].window->va) {
+      ++last;
+    }
+    const DevPtr span_va = plans[first].window->va;
+    const std::size_t span_bytes = plans[last].window->va + plans[last].window->bytes - span_va;
+    ++calls;
+    ++unmap_calls;
+    Status span = device_.unmap(span_va, span_bytes);
+    if (span.ok()) {
+      for (std::size_t i = first; i <= last; ++i) plans[i].unmapped = true;
+    } else if (last > first) {
+      for (std::size_t i = first; i <= last; ++i) {
+        ++calls;
+        ++unmap_calls;
+        plans[i].unmap_status = device_.unmap(plans[i].window->va, plans[i].window->bytes);
+        plans[i].unmapped = plans[i].unmap_status.ok();
+      }
+    } else {
+      plans[first].unmap_status = span;
+    }
+    first = last + 1;
+  }
+  std::vector<Status> failures;
+  for (Plan& plan : plans) {
+    if (!plan.unmapped) continue;
+    Window& window = *plan.window;
+    if (plan.recycle_at) {
+      ++calls;
+      plan.recycled = device_.map(*plan.recycle_at, window.bytes, window.physical).ok();
+    }
+    if (!plan.recycled) {
+      ++calls;
+      if (Status status = device_.release_physical(window.physical); !status.ok()) failures.push_back(status);
+    }
+  }
+  lock.lock();
+  --unmapping_;
+  stats_.worker_vmm_calls += calls;
+  stats_.offload_unmaps += unmap_calls;
+  for (const Status& status : failures) note_failure("releasing an offloaded window's pages", status);
+  for (Plan& plan : plans) {
+    Window& window = *plan.window;
+    window.unmapping = false;
+    if (plan.recycled) {
+      put_cached(CachedRange{*plan.recycle_at, window.bytes, window.physical, {}});
+    } else if (plan.recycle_at) {
+      arena_.release(*plan.recycle_at, window.bytes);
+    }
+    if (!plan.unmapped) {
+      note_failure("giving back an offloaded window's pages", plan.unmap_status);
+    } else {
+      trace_vmm(trace::RecordType::unmap, window.va, window.bytes, device_.ordinal(), true);
+      window.mapped = false;
+      stats_.offloaded_bytes_now += window.bytes;
+      stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
+    }
+    window.copied = 0;
+    // Copy the list: disposing of an allocation changes it (and may retire the window, after which
+    // `window` must not be touched).
+    const std::vector<Allocation*> allocations = window.allocations;
+    for (Allocation* allocation : allocations) {
+      // Still mapped (the unmap failed): reload just copies back.
+      allocation->state = PageState::offloaded;
+      ++stats_.offloads_completed;
+      stats_.bytes_offloaded += allocation->bytes;
+      trace_page(trace::RecordType::offload_end, allocation->va, allocation->bytes,
+                 allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
+      if (allocation->freed) {
+        ++stats_.dropped_offloaded;
+        dispose(*allocation);
+        continue;
+      }
+      if (allocation->reload_queued) {
+        if (allocation->reload_urgent) {
+          reload_queue_.push_front(allocation);
+        } else {
+          reload_queue_.push_back(allocation);
+        }
+        reload_cv_.notify_one();
+      }
+    }
+  }
+  issued_cv_.notify_all();
 }
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
@@ -1087,13 +1358,13 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
   ++trimming_;
   lock.unlock();
   // The job freed the range in stream order: its last reads may still be running (rule 5).
-  if (range.has_event) (void)device_.synchronize_event(range.free_event);
+  for (const FreePoint& point : range.free_points) (void)device_.synchronize_event(point.event);
   Status status = device_.unmap(range.va, range.mapped_bytes);
   if (status.ok()) status = device_.release_physical(range.physical);
   lock.lock();
   --trimming_;
   stats_.worker_vmm_calls += 2;
-  if (range.has_event) recycle_event(range.free_event);
+  for (const FreePoint& point : range.free_points) recycle_event(point.event);
   if (!status.ok()) {
     note_failure("giving back a cached range", status);
     return;  // leak the range rather than reuse something in an unknown state
@@ -1106,6 +1377,8 @@ void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
   if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
+  if (!plan_this_iteration_.empty()) plan_last_iteration_ = std::move(plan_this_iteration_);
+  plan_this_iteration_.clear();
   cursor_ = 0;
   ++iteration_;
   ++stats_.iterations;
@@ -1135,20 +1408,22 @@ void DeviceEngine::reload_worker() {
       reload_host_mapped(*allocation, lock);
       continue;
     }
-    if (!allocation->has_physical) {
-      // Map fresh pages at the same address (VMM calls on this worker, not the job's thread).
+    Window& window = *allocation->window;
+    if (!window.mapped) {
+      // Map fresh pages at the window's address (VMM calls on this worker, not the job's thread):
+      // every allocation of the window gets its pages back at once; each is then copied back.
       ++reload_preparing_;
       allocation->state = PageState::reloading;  // no one else touches it meanwhile
-      const DevPtr va = allocation->va;
-      const std::size_t bytes = allocation->mapped_bytes;
+      const DevPtr va = window.va;
+      const std::size_t bytes = window.bytes;
       // Pages the job freed in this backward are the first choice: no new memory while backward
-      // gives memory back.
+      // gives memory back (the job's own allocator cannot reuse what sits in our cache).
       std::optional<CachedRange> recycled = take_cached(bytes);
       lock.unlock();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
       Status status;
       if (recycled) {
-        if (recycled->has_event) (void)device_.synchronize_event(recycled->free_event);
+        for (const FreePoint& point : recycled->free_points) (void)device_.synchronize_event(point.event);
         status = device_.unmap(recycled->va, recycled->mapped_bytes);
         if (status.ok()) {
           physical = recycled->physical;
@@ -1162,7 +1437,7 @@ void DeviceEngine::reload_worker() {
       }
       lock.lock();
       if (recycled) {
-        if (recycled->has_event) recycle_event(recycled->free_event);
+        for (const FreePoint& point : recycled->free_points) recycle_event(point.event);
         // The old address is free again unless its unmap failed (then it stays, leaked, unused).
         if (physical.ok()) arena_.release(recycled->va, recycled->mapped_bytes);
       }
@@ -1181,8 +1456,8 @@ void DeviceEngine::reload_worker() {
         continue;
       }
       trace_vmm(trace::RecordType::map, va, bytes, device_.ordinal(), true);
-      allocation->physical = *physical;
-      allocation->has_physical = true;
+      window.physical = *physical;
+      window.mapped = true;
       stats_.offloaded_bytes_now -= bytes;
     }
     EventHandle done = acquire_event();

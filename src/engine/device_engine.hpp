@@ -75,13 +75,30 @@ class DeviceEngine {
 
  private:
   struct Group;
+  struct Allocation;
+  // A mapped device range that allocations are served from: the unit of mapping and unmapping.
+  // In steady state one window holds all allocations of one group (one module call), sized from
+  // the same group of the previous iteration, so that giving a layer's pages back is one unmap
+  // (cuMemUnmap waits for the device: see docs/performance.md). Otherwise (first iteration, sizes
+  // that grew, host_mapped mode) a window holds one allocation.
+  struct Window {
+    DevPtr va = 0;
+    std::size_t bytes = 0;          // mapped size, a multiple of the granularity
+    PhysicalHandle physical;        // valid while mapped
+    bool mapped = false;            // device pages are behind the range now
+    bool open = false;              // still takes sub-allocations (its group is open)
+    std::size_t used = 0;           // offset of the next sub-allocation
+    std::vector<Allocation*> allocations;  // live ones
+    std::uint32_t copied = 0;       // of those, copied to the host and waiting for the unmap
+    bool unmap_queued = false;      // in unmap_ready_
+    bool unmapping = false;         // the offload worker is unmapping it now (lock released)
+    std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
+  };
   struct Allocation {
     DevPtr va = 0;
     std::size_t bytes = 0;         // what the job asked for: what is copied
-    std::size_t mapped_bytes = 0;  // rounded to the granularity: what is mapped
     StreamHandle stream;           // the allocating stream (where forward reads and backward waits)
-    PhysicalHandle physical;       // valid while pages are mapped (fault mode)
-    bool has_physical = false;
+    Window* window = nullptr;      // where its pages are
     std::optional<hostpool::HostBlock> host;
     PageState state = PageState::resident;
     Group* group = nullptr;
@@ -89,9 +106,6 @@ class DeviceEngine {
     bool wanted_back = false;      // backward asked for it while its D2H copy was in flight
     bool reload_queued = false;
     bool reload_urgent = false;
-    StreamHandle free_stream;      // where the job freed it: reuse waits for this point
-    EventHandle free_event;
-    bool has_free_event = false;
     PhysicalHandle host_physical;  // host_mapped: the host-located copy
     bool has_host_physical = false;
     DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
@@ -106,10 +120,19 @@ class DeviceEngine {
     ranges::PathId layer_node = ranges::kNoPath;    // groups sharing it form one keep_last layer
     std::thread::id thread;
     std::uint64_t iteration = 0;
+    std::size_t position = 0;                       // index in this iteration's forward order
+    std::size_t planned_bytes = 0;                  // the same group's bytes last iteration; 0 none
+    Window* window = nullptr;                       // the group's window, once made
+    bool window_tried = false;
     std::vector<Allocation*> allocations;           // live ones
     std::vector<ranges::NameId> names;              // selected range's name and its parent's
     std::vector<std::pair<StreamHandle, EventHandle>> release_events;
     bool sealed = false;
+  };
+  // What one group of the forward pass allocated: the size of its window next iteration.
+  struct GroupPlan {
+    ranges::PathId selected = ranges::kNoPath;
+    std::size_t bytes = 0;
   };
   using CachedRange = RangeCache::Range;
 
@@ -122,6 +145,19 @@ class DeviceEngine {
   void request_reload(Allocation& allocation, bool urgent);
   void prefetch_before(std::uint64_t position);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
+  // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
+  // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
+  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
+  // The window takes no more allocations; an empty one is retired.
+  void close_window(Window& window);
+  // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
+  void retire_window(Window& window);
+  // Every live allocation of a closed window is copied: queue its pages to be given back.
+  void maybe_queue_unmap(Window& window);
+  // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
+  void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
+  bool unmap_due() const;
+  void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
   std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
@@ -177,6 +213,12 @@ class DeviceEngine {
   bool stopping_ = false;
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
+  std::map<DevPtr, std::unique_ptr<Window>> windows_;
+  std::vector<Window*> unmap_ready_;      // closed windows whose allocations are all copied
+  std::uint64_t unmap_ready_bytes_ = 0;
+  std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
+  std::vector<GroupPlan> plan_this_iteration_;
+  std::vector<GroupPlan> plan_last_iteration_;
   std::unordered_map<std::uint32_t, std::unique_ptr<Group>> groups_;
   std::uint32_t next_group_id_ = 1;
   std::vector<Group*> open_groups_;       // not yet sealed, any thread
@@ -191,7 +233,8 @@ class DeviceEngine {
   std::uint32_t reload_preparing_ = 0;
   std::uint32_t trimming_ = 0;
   std::uint32_t offload_preparing_ = 0;
-  std::vector<CachedRange> deferred_releases_;  // host_mapped frees: unmapped by the offload worker
+  // Ranges the offload worker unmaps and releases: host_mapped frees, the cache when backward begins.
+  std::vector<CachedRange> deferred_releases_;
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;
@@ -201,7 +244,6 @@ class DeviceEngine {
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
-  bool trim_everything_ = false;                    // backward began: the worker empties the cache
   std::vector<EventHandle> free_events_;
 
   EngineStats stats_;

@@ -15,6 +15,7 @@ namespace actpage::engine {
 //   dropped_offloaded: freed while offloaded: never reloaded
 //   stalls: backward had to wait for a reload to be issued
 //   job_thread_vmm_calls: create+map on the job's thread (cache misses)
+//   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -40,6 +41,7 @@ namespace actpage::engine {
   X(stall_ns) \
   X(job_thread_vmm_calls) \
   X(worker_vmm_calls) \
+  X(offload_unmaps) \
   X(host_pool_misses) \
   X(iterations) \
   X(live_owned_bytes) \

@@ -55,9 +55,13 @@ std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::ui
 bool RangeCache::wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const {
   auto wanted = demand.find(mapped_bytes);
   if (wanted == demand.end() || bytes_ + mapped_bytes > limit) return false;
+  return count(mapped_bytes) < wanted->second;
+}
+
+std::size_t RangeCache::count(std::size_t mapped_bytes) const {
   std::size_t have = 0;
   for (const Range& range : ranges_) have += range.mapped_bytes == mapped_bytes ? 1 : 0;
-  return have < wanted->second;
+  return have;
 }
 
 std::vector<RangeCache::Range> RangeCache::take_all() {

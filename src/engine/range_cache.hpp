@@ -3,8 +3,8 @@
 //
 // Contract (a plain data structure; the DeviceEngine serialises access and makes the device calls):
 // - take(bytes) returns a cached range of at least `bytes` and at most 1/8 more (best fit), or none.
-// - A range put back after a free carries the free's stream point (event); whoever reuses it orders
-//   after that point (rule 5 of docs/engine.md).
+// - A range put back after frees carries their stream points (events); whoever reuses it orders
+//   after those points (rule 5 of docs/engine.md).
 // - How much to keep is decided by *demand*: the sizes the next allocations are expected to ask
 //   for (the engine learns them from the previous iteration). surplus() removes and returns every
 //   range the demand does not need, oldest first, and everything beyond `limit` bytes; wants() says
@@ -22,15 +22,20 @@
 
 namespace actpage::engine {
 
+// A stream point after which a range's last free is done: one per stream the range was freed on
+// (events of one stream complete in order, so the newest one per stream suffices).
+struct FreePoint {
+  StreamHandle stream;
+  EventHandle event;
+};
+
 class RangeCache {
  public:
   struct Range {
     DevPtr va = 0;
     std::size_t mapped_bytes = 0;
     PhysicalHandle physical;
-    StreamHandle free_stream;
-    EventHandle free_event;
-    bool has_event = false;
+    std::vector<FreePoint> free_points;
   };
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
@@ -41,6 +46,7 @@ class RangeCache {
   std::vector<Range> take_all();
 
   std::uint64_t bytes() const { return bytes_; }
+  std::size_t count(std::size_t mapped_bytes) const;  // ranges of exactly this size
   std::size_t size() const { return ranges_.size(); }
 
  private:

@@ -185,8 +185,11 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
 TEST(EngineTorture, ThousandShortRandomJobsKeepEveryByteAndLeakNothing) {
   const char* env = std::getenv("ACTPAGE_TORTURE_SHORT_SEEDS");
   const std::uint64_t cases = env ? std::strtoull(env, nullptr, 10) : 1000;
+  // ACTPAGE_TORTURE_SHORT_FIRST=S starts at seed S (to replay one failing case).
+  const char* first_env = std::getenv("ACTPAGE_TORTURE_SHORT_FIRST");
+  const std::uint64_t first = first_env ? std::strtoull(first_env, nullptr, 10) : 100001;
   TortureTotals all;
-  for (std::uint64_t seed = 100001; seed < 100001 + cases; ++seed) {
+  for (std::uint64_t seed = first; seed < first + cases; ++seed) {
     TortureTotals totals = run_case(seed, /*small=*/true);
     all.allocations += totals.allocations;
     all.bytes_checked += totals.bytes_checked;
