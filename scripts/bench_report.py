@@ -273,10 +273,10 @@ def format_markdown(report, png_link=None):
         meta = data["meta"]
         if meta:
             policies = ", ".join("`%s` %s" % (name, path) for name, path in sorted((meta.get("policies") or {}).items()))
-            lines.append("- %s: %s repetitions, interleaved, %s steps, median after %s warm-up steps "
-                         "(save_on_cpu: one repetition, fewer steps)%s" % (
-                             JOB_TITLES.get(job, job), meta.get("reps"), meta.get("steps"), meta.get("warmup"),
-                             "; policies: " + policies if policies else ""))
+            lines.append("- %s: %s repetitions (%s for save_on_cpu, checkpointing and stream_offload), "
+                         "interleaved, %s steps, median after %s warm-up steps (save_on_cpu: fewer)%s" % (
+                             JOB_TITLES.get(job, job), meta.get("reps"), meta.get("peer_reps", "?"),
+                             meta.get("steps"), meta.get("warmup"), "; policies: " + policies if policies else ""))
     lines.append("")
     for job, data in report["jobs"].items():
         lines.append("#### %s" % data["title"])

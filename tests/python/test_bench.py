@@ -256,7 +256,7 @@ def fabricate(directory, figures=FIGURES, reps=2, fail=None):
             losses = [(10.5 - 0.125 * i) for i in range(6)]
             if variant == "stream_offload":
                 losses[3] += 2 ** -20
-            n = 1 if variant == "save_on_cpu" else reps
+            n = 1 if variant in ("save_on_cpu", "checkpointing", "stream_offload") else reps
             ok = n - (1 if fail == (job, variant) else 0)
             for rep in range(n):
                 good = rep < ok
@@ -272,7 +272,8 @@ def fabricate(directory, figures=FIGURES, reps=2, fail=None):
                        "summary": summary, "runs": runs}, handle)
         with open(os.path.join(directory, job, "meta.json"), "w") as handle:
             json.dump({"job": job, "started": "2026-11-23T10:00:00Z", "finished": "2026-11-23T10:04:00Z",
-                       "device": "Fake GPU, 80 GiB", "commit": "abc123", "reps": reps, "steps": 6, "warmup": 2},
+                       "device": "Fake GPU, 80 GiB", "commit": "abc123", "reps": reps, "peer_reps": 1, "steps": 6,
+                       "warmup": 2},
                       handle)
 
 
@@ -394,7 +395,7 @@ class BenchScriptTest(unittest.TestCase):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
         self.assertEqual(done.returncode, 0, done.stdout[-3000:])
         calls = bench.calls()
-        self.assertEqual(len(calls), 2 * (6 * 2 + 1))
+        self.assertEqual(len(calls), 2 * (4 * 2 + 3))  # the peers run once
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
         slow = [c for c in calls if c["key"] == "save_on_cpu"]
         self.assertEqual([c["steps"] for c in slow], [6, 6])
@@ -405,7 +406,7 @@ class BenchScriptTest(unittest.TestCase):
                 self.assertIn((job, key), keys)
         self.assertIn("MISSED by 0.088x", done.stdout)
         meta = json.loads(read(os.path.join(out, "llama", "meta.json")))
-        self.assertEqual((meta["reps"], meta["steps"], meta["warmup"]), (2, 5, 1))
+        self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["warmup"]), (2, 1, 5, 1))
         read_png(read(os.path.join(out, "bench.png"), "rb"))
         with tarfile.open(os.path.join(packed, "bench-results.tar.gz")) as tar:
             names = tar.getnames()
