@@ -22,9 +22,10 @@
 # actpage variants'. Both jobs: 22 runs, about 8 minutes on the H100.
 #
 # Settings (environment): BENCH_REPS (2), BENCH_PEER_REPS (1), BENCH_STEPS (12), BENCH_WARMUP (4),
-# BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_OUT (out/bench), PYTHON
-# (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON), BENCH_ACTPAGE (default
-# .gpu/bin/actpage).
+# BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
+# runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
+# (out/bench), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
+# BENCH_ACTPAGE (default .gpu/bin/actpage).
 # Results: out/bench/JOB/{results.json,results.md,logs/,meta.json}, traces in out/bench/traces (not
 # packed), the report in out/bench/{report.txt,report.json,bench.png,results.md}. When $OUT is set (the
 # device tool), everything but the traces is packed into $OUT/bench-results.tar.gz.
@@ -40,6 +41,7 @@ job_python=${BENCH_JOB_PYTHON:-$python}
 actpage=${BENCH_ACTPAGE:-$root/.gpu/bin/actpage}
 reps=${BENCH_REPS:-2}
 peer_reps=${BENCH_PEER_REPS:-1}
+trace=${BENCH_TRACE:-1}
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
@@ -74,12 +76,14 @@ for job in "${jobs[@]}"; do
       ;;
   esac
   job_out=$out/$job
+  trace_args=()
+  [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
   rm -rf "$job_out"
   mkdir -p "$job_out"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   echo "=== $job: $script ${args[*]}"
   "$python" examples/compare_runs.py --reps "$reps" --actpage "$actpage" --out "$job_out" \
-    --trace-dir "$out/traces/$job" --baseline none \
+    "${trace_args[@]}" --baseline none \
     --variant "none;plain;async" \
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
     --variant "actpage-near-free;actpage;async;policy=$near" \

@@ -153,7 +153,10 @@ def check_targets(job, rows):
         check = {"job": job, "variant": target["variant"], "measure": target["measure"], "label": label,
                  "target": wanted, "bound": bound, "value": value, "met": None, "missed_by": None}
         sign = "<=" if "max" in target else ">="
-        if value is None:
+        if value is None and target["measure"] == "saved_share" and row.get("offloaded_at_peak_mib") == 0:
+            check["verdict"] = "%s: nothing was off the device at actpage's peak (target %s)" % (label, wanted)
+            check["short"] = "%s: nothing off at the peak" % short
+        elif value is None:
             check["verdict"] = "%s: not measured (target %s)" % (label, wanted)
             check["short"] = "%s: not measured" % short
         else:

@@ -326,6 +326,14 @@ class BenchReportTest(unittest.TestCase):
         self.assertAlmostEqual(share["value"], 1200.0 / 1300.0)
         self.assertIn("MISSED by 6.7 points", share["verdict"])
 
+    def test_nothing_off_the_device_at_the_peak_is_said_so(self):
+        rows = [{"variant": "actpage-all", "ratio": 1.2, "saved_gib": 6.0, "saved_share": None,
+                 "offloaded_at_peak_mib": 0.0}]
+        checks = {c["measure"]: c for c in bench_report.check_targets("llama", rows)}
+        self.assertIsNone(checks["saved_share"]["met"])
+        self.assertIn("nothing was off the device", checks["saved_share"]["verdict"])
+        self.assertTrue(checks["saved_gib"]["met"] and checks["ratio"]["met"])
+
     def test_failed_runs_and_missing_measurements_are_reported(self):
         report = self.report(fail=("llama", "actpage-near-free"))
         self.assertEqual(report["problems"], ["llama: actpage-near-free: 1 of 2 runs failed"])
