@@ -25,7 +25,7 @@
 # BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
 # runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
 # (out/bench), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
-# BENCH_ACTPAGE (default .gpu/bin/actpage).
+# BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run).
 # Results: out/bench/JOB/{results.json,results.md,logs/,meta.json}, traces in out/bench/traces (not
 # packed), the report in out/bench/{report.txt,report.json,bench.png,results.md}. When $OUT is set (the
 # device tool), everything but the traces is packed into $OUT/bench-results.tar.gz.
@@ -42,6 +42,7 @@ actpage=${BENCH_ACTPAGE:-$root/.gpu/bin/actpage}
 reps=${BENCH_REPS:-2}
 peer_reps=${BENCH_PEER_REPS:-1}
 trace=${BENCH_TRACE:-1}
+run_timeout=${BENCH_RUN_TIMEOUT:-240}  # seconds a run may take: a hung run must not use up the device command
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
@@ -82,7 +83,7 @@ for job in "${jobs[@]}"; do
   mkdir -p "$job_out"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   echo "=== $job: $script ${args[*]}"
-  "$python" examples/compare_runs.py --reps "$reps" --actpage "$actpage" --out "$job_out" \
+  "$python" examples/compare_runs.py --reps "$reps" --actpage "$actpage" --out "$job_out" --timeout "$run_timeout" \
     "${trace_args[@]}" --baseline none \
     --variant "none;plain;async" \
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
