@@ -8,9 +8,18 @@ an allocator setting (PYTORCH_CUDA_ALLOC_CONF). The default variants are the cro
 --modes (plain, actpage) and --allocators (native, async, expandable): native is an explicit
 `backend:native` (actpage run would otherwise select the async backend), async is
 `backend:cudaMallocAsync`, expandable is `expandable_segments:True`; any other text is used as the
-value itself, and `unset` removes the variable. --variant "NAME;MODE;ALLOC[;EXTRA ARGS]" adds a
-variant of your own (EXTRA ARGS are appended to the command), e.g.
+value itself, and `unset` removes the variable. --variant "NAME;MODE;ALLOC[;OPTION...][;EXTRA ARGS]"
+adds a variant of your own (EXTRA ARGS are appended to the command), e.g.
     --variant "ckpt;plain;async;--method checkpointing"
+    --variant "near;actpage;async;policy=config/llama-near-free.json"
+    --variant "slow;plain;async;reps=1;--method save_on_cpu --steps 6"
+An OPTION is a part that starts with `policy=` (this variant's policy instead of --policy), `reps=`
+(fewer repetitions than --reps for this variant) or `env=NAME=VALUE` (an environment variable for
+this variant's runs; repeatable).
+
+With --trace-dir, actpage variants run with `actpage run --trace DIR/NAME.repN.trace`, and each run's
+trace is summarised (`actpage dump --json`): the bytes off the device at actpage's peak, offloads,
+reloads and stalls go into results.json and the summary.
 
 Repetitions are interleaved (rep 1 of every variant, then rep 2, each rep in a rotated order) so
 that drift of the machine hits every variant alike. Each run must print an ACTPAGE_RESULT line
@@ -19,9 +28,9 @@ that drift of the machine hits every variant alike. Each run must print an ACTPA
 Every variant is compared with a reference: an actpage variant with the plain variant of the same
 allocator setting (FACTS.md: losses are bit-identical only within one allocator backend), any other
 with the baseline (--baseline, default the first variant). The table says whether the losses are
-bit-identical (their float.hex strings) to the reference's and within the variant's repetitions, the
-median step time (median over repetitions of each run's median) and its ratio to the reference, the
-device-used peak and torch's peak. Written to OUT/results.json and OUT/results.md, logs in OUT/logs/.
+bit-identical (their float.hex strings, over the steps both ran) to the reference's and within the
+variant's repetitions, the median step time (median over repetitions of each run's median) and its
+ratio to the reference, the device-used peak and torch's peak. Written to OUT/results.json and OUT/results.md, logs in OUT/logs/.
 """
 
 import argparse
@@ -38,31 +47,57 @@ from common import RESULT_PREFIX, parse_result_lines as parse_results  # noqa: E
 ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
+MIB = 1 << 20
 
 
 class Variant:
-    def __init__(self, name, mode, alloc, extra_args=()):
+    def __init__(self, name, mode, alloc, extra_args=(), policy=None, reps=None, env=None):
         if mode not in MODES:
             raise ValueError("variant %s: mode must be plain or actpage, got %r" % (name, mode))
+        if reps is not None and reps < 1:
+            raise ValueError("variant %s: reps must be at least 1, got %r" % (name, reps))
         self.name = name
         self.mode = mode
         self.alloc_label = alloc
         self.alloc = ALLOCATORS.get(alloc, alloc)
         self.extra_args = list(extra_args)
+        self.policy = policy  # None: the --policy of the whole comparison
+        self.reps = reps  # None: --reps
+        self.env = dict(env or {})
 
     def to_json(self):
         return {"name": self.name, "mode": self.mode, "alloc": self.alloc_label, "alloc_conf": self.alloc,
-                "extra_args": self.extra_args}
+                "extra_args": self.extra_args, "policy": self.policy, "reps": self.reps, "env": self.env}
+
+
+VARIANT_OPTIONS = ("policy=", "reps=", "env=")
 
 
 def parse_variant(spec):
     parts = spec.split(";")
     if len(parts) < 3:
-        raise argparse.ArgumentTypeError("expected NAME;MODE;ALLOC[;EXTRA ARGS], got %r" % spec)
+        raise argparse.ArgumentTypeError("expected NAME;MODE;ALLOC[;OPTION...][;EXTRA ARGS], got %r" % spec)
     name, mode, alloc = (p.strip() for p in parts[:3])
-    extra = shlex.split(";".join(parts[3:])) if len(parts) > 3 else []
+    options = [p.strip() for p in parts[3:] if p.strip().startswith(VARIANT_OPTIONS)]
+    rest = [p for p in parts[3:] if not p.strip().startswith(VARIANT_OPTIONS)]
+    extra = shlex.split(";".join(rest)) if rest else []
+    policy, reps, env = None, None, {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "policy":
+            policy = value
+        elif key == "reps":
+            try:
+                reps = int(value)
+            except ValueError:
+                raise argparse.ArgumentTypeError("variant %s: reps=%s is not a whole number" % (name, value))
+        else:
+            env_name, equals, env_value = value.partition("=")
+            if not env_name or not equals:
+                raise argparse.ArgumentTypeError("variant %s: expected env=NAME=VALUE, got %r" % (name, option))
+            env[env_name] = env_value
     try:
-        return Variant(name, mode, alloc, extra)
+        return Variant(name, mode, alloc, extra, policy, reps, env)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error))
 
@@ -88,6 +123,8 @@ def parse_args(argv=None):
     parser.add_argument("--with-defaults", action="store_true", help="keep the default variants with --variant")
     parser.add_argument("--baseline", default=None, help="reference for plain variants (default: the first)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
+    parser.add_argument("--trace-dir", default=None,
+                        help="trace each actpage run into this folder and summarise the trace")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the job command")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -102,8 +139,8 @@ def parse_args(argv=None):
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         parser.error("variant names must be unique: %s" % ", ".join(names))
-    if any(v.mode == "actpage" for v in variants) and not args.policy:
-        parser.error("actpage variants need --policy")
+    if any(v.mode == "actpage" and not v.policy for v in variants) and not args.policy:
+        parser.error("actpage variants need --policy (or policy= in their --variant)")
     if args.baseline is not None and args.baseline not in names:
         parser.error("--baseline %s is not a variant (%s)" % (args.baseline, ", ".join(names)))
     args.variants = variants
@@ -120,11 +157,17 @@ def find_actpage(explicit=None):
     return "actpage"
 
 
-def command_for(variant, command, actpage, policy):
+def command_for(variant, command, actpage, policy, trace=None):
     job = list(command) + variant.extra_args
     if variant.mode == "actpage":
-        return [actpage, "run", "--policy", policy, "--"] + job
+        traced = ["--trace", trace] if trace else []
+        return [actpage, "run", "--policy", variant_policy(variant, policy)] + traced + ["--"] + job
     return job
+
+
+def variant_policy(variant, policy):
+    """The policy an actpage variant runs with: its own (policy=), else the comparison's --policy."""
+    return os.path.abspath(variant.policy) if variant.policy else policy
 
 
 def environment_for(variant, base=None):
@@ -134,22 +177,61 @@ def environment_for(variant, base=None):
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = variant.alloc
+    env.update(variant.env)
     return env
 
 
 def schedule(variants, reps):
-    """(rep, variant) pairs, interleaved: every variant once per rep, each rep rotated by one."""
+    """(rep, variant) pairs, interleaved: every variant once per rep, each rep rotated by one. A
+    variant with fewer repetitions of its own (reps=) sits out the later reps."""
     order = []
     for rep in range(reps):
         shift = rep % len(variants) if variants else 0
         for variant in variants[shift:] + variants[:shift]:
-            order.append((rep, variant))
+            if variant.reps is None or rep < variant.reps:
+                order.append((rep, variant))
     return order
 
 
-def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None):
+def summarize_trace(actpage, trace):
+    """The figures of one run's trace that a comparison reports, from `actpage dump --json`; None
+    when there is no trace or it cannot be read (the run's record says why)."""
+    if not trace or not os.path.isfile(trace):
+        return None
+    try:
+        done = subprocess.run([actpage, "dump", "--json", trace], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=300)
+        dump = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+        return {"error": str(error)}
+    if not isinstance(dump, dict):
+        return {"error": "actpage dump --json failed: %s" % (done.stderr.strip().splitlines() or ["?"])[-1]}
+    memory = dump.get("memory") or {}
+    offload, reload, stalls = dump.get("offload") or {}, dump.get("reload") or {}, dump.get("stalls") or {}
+
+    def mib(value):
+        return None if value is None else round(value / MIB, 1)
+
+    return {
+        "offloaded_at_peak_mib": mib(memory.get("offloaded_at_peak_bytes")),
+        "peak_offloaded_mib": mib(memory.get("peak_offloaded_bytes")),
+        "peak_used_mib": mib(memory.get("peak_used_bytes")),
+        "offloads": offload.get("count"), "offloaded_mib": mib(offload.get("bytes")),
+        "reloads": reload.get("count"), "reloaded_mib": mib(reload.get("bytes")),
+        "stalls": stalls.get("count"),
+        "stall_ms": None if stalls.get("total_ns") is None else round(stalls["total_ns"] / 1e6, 2),
+    }
+
+
+def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None, trace_dir=None):
     log = sys.stderr if log is None else log
-    argv = command_for(variant, command, actpage, policy)
+    trace = None
+    if trace_dir and variant.mode == "actpage":
+        os.makedirs(trace_dir, exist_ok=True)
+        trace = os.path.join(os.path.abspath(trace_dir), "%s.rep%d.trace" % (variant.name, rep + 1))
+        if os.path.exists(trace):
+            os.remove(trace)  # a trace left by an earlier comparison must not pass for this run's
+    argv = command_for(variant, command, actpage, policy, trace)
     env = environment_for(variant)
     logs = os.path.join(out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
@@ -175,6 +257,9 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None)
     results = parse_results(stdout)
     record["result"] = results[-1] if results else None
     record["ok"] = record["rc"] == 0 and record["result"] is not None
+    if trace:
+        record["trace"] = trace
+        record["trace_summary"] = summarize_trace(actpage, trace)
     if not record["ok"]:
         log.write("[compare] %s rep %d FAILED (rc %s%s); see %s.err\n" % (
             variant.name, rep + 1, record["rc"], "" if record["result"] else ", no ACTPAGE_RESULT", stem))
@@ -221,7 +306,9 @@ def summarize(variants, records, baseline_name=None):
         identical, differs_at = None, None
         if ref is not None and losses and first_losses.get(ref) is not None:
             ref_losses = first_losses[ref]
-            identical = all(l == ref_losses for l in losses)
+            # Over the steps both ran: a variant may run fewer steps (a slow one, --steps in its
+            # extra args); a run that stops early prints no result at all, so it cannot pass.
+            identical = all(l[:len(ref_losses)] == ref_losses[:len(l)] for l in losses)
             if not identical:
                 differs_at = min(d for d in (_first_difference(l, ref_losses) for l in losses) if d is not None)
         median_ms = medians[variant.name]
@@ -241,6 +328,12 @@ def summarize(variants, records, baseline_name=None):
             "device_used_peak_mib": _round(_median([r["result"].get("device_used_peak_mib") for r in ok])),
             "torch_peak_mib": _round(_median([r["result"].get("torch_peak_mib") for r in ok])),
             "actpage_active": _any([((r["result"].get("actpage") or {}).get("active")) for r in ok]),
+            "policy": variant.policy,
+            "offloaded_at_peak_mib": _round(_median([(r.get("trace_summary") or {}).get("offloaded_at_peak_mib")
+                                                     for r in ok])),
+            "peak_offloaded_mib": _round(_median([(r.get("trace_summary") or {}).get("peak_offloaded_mib")
+                                                  for r in ok])),
+            "median_fwd_ms": _round(_median([r["result"].get("median_fwd_ms") for r in ok]), 3),
         })
     return rows
 
@@ -324,7 +417,8 @@ def main(argv=None):
     policy = os.path.abspath(args.policy) if args.policy else None
     records = []
     for rep, variant in schedule(args.variants, args.reps):
-        records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout))
+        records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout,
+                                trace_dir=args.trace_dir))
     rows = summarize(args.variants, records, args.baseline)
     settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
                 "variants": [v.to_json() for v in args.variants], "baseline": args.baseline}
