@@ -16,11 +16,12 @@ struct CheckArgs {
 int check(const CheckArgs& args, std::ostream& out, std::ostream& err);
 
 struct DumpArgs {
-  std::string trace_path;
+  std::vector<std::string> trace_paths;  // one trace, or the ranks of one job (merged report)
   bool json = false;
-  std::string plot_path;      // --plot out.png
-  std::string perfetto_path;  // --perfetto out.json
-  std::string diff_path;      // --diff OTHER: compare trace_path (baseline) against OTHER
+  std::string plot_path;      // --plot out.png: device memory over one iteration, a panel per trace
+  std::string perfetto_path;  // --perfetto out.json: Chrome/Perfetto trace of every trace given
+  std::string diff_path;      // --diff OTHER: compare the one trace given (baseline) against OTHER
+  long iteration = -1;        // --iteration N: the plot's iteration (from 1); -1: the one with the peak
 };
 int dump(const DumpArgs& args, std::ostream& out, std::ostream& err);
 

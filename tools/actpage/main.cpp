@@ -48,12 +48,14 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--json", check_args.json, "Print the effective options as JSON");
 
   DumpArgs dump_args;
-  auto* dump_cmd = app.add_subcommand("dump", "Summarise a trace: per-module allocations, bytes, lifetimes, peaks");
-  dump_cmd->add_option("trace", dump_args.trace_path, "Trace file written by libactpage")->required();
+  auto* dump_cmd = app.add_subcommand("dump", "Summarise traces: per-module and per-layer tables, plots, Perfetto, diffs");
+  dump_cmd->add_option("traces", dump_args.trace_paths,
+                       "Trace file(s) written by libactpage; several: the ranks of one job side by side")->required();
   dump_cmd->add_flag("--json", dump_args.json, "Print the summary as JSON");
-  dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over time to this PNG");
-  dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace JSON");
-  dump_cmd->add_option("--diff", dump_args.diff_path, "Compare against another trace");
+  dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over one iteration to this PNG");
+  dump_cmd->add_option("--iteration", dump_args.iteration, "The plot's iteration, from 1 (default: the one with the peak)");
+  dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace (JSON) to this file");
+  dump_cmd->add_option("--diff", dump_args.diff_path, "Compare the trace (baseline) against this one: where the peak moved and why");
 
   RunArgs run_args;
   auto* run_cmd = app.add_subcommand("run", "Run a command with libactpage preloaded: actpage run [opts] -- CMD...");
