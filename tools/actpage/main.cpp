@@ -68,6 +68,27 @@ int main(int argc, char** argv) {
   replay_cmd->add_option("trace", replay_args.trace_path, "Observe-only trace to replay")->required();
   replay_cmd->add_option("--policy,-p", replay_args.policy_path, "Policy to apply");
   replay_cmd->add_flag("--json", replay_args.json, "Print the prediction as JSON");
+  replay_cmd->add_option("--calibration", replay_args.calibration_path,
+                         "Costs from `actpage calibrate` (default: its file if present, else built-in H100 figures)");
+  replay_cmd->add_option("--predicted-trace", replay_args.predicted_trace_path,
+                         "Write the predicted run (copies, stalls) as a trace for `actpage dump`");
+
+  PlanArgs plan_args;
+  auto* plan_cmd = app.add_subcommand("plan", "Search policies by timed replay and write the best one for a goal");
+  plan_cmd->add_option("trace", plan_args.trace_path, "Observe-only trace of the job")->required();
+  plan_cmd->add_option("--target-peak", plan_args.target_peak, "Goal: peak memory at most this (e.g. 18GiB)");
+  plan_cmd->add_option("--max-slowdown", plan_args.max_slowdown, "Goal: the most saving within this slowdown (e.g. 3%)");
+  plan_cmd->add_option("--out,-o", plan_args.out_path, "Policy file to write (default actpage-plan.json)");
+  plan_cmd->add_option("--policy,-p", plan_args.base_policy, "Policy whose other settings the plan keeps");
+  plan_cmd->add_option("--calibration", plan_args.calibration_path, "Costs from `actpage calibrate`");
+  plan_cmd->add_flag("--json", plan_args.json, "Print the report as JSON");
+
+  CalibrateArgs calibrate_args;
+  auto* calibrate_cmd = app.add_subcommand("calibrate", "Measure this GPU's copy bandwidth and VMM costs for replay and plan");
+  calibrate_cmd->add_option("--out,-o", calibrate_args.out_path, "File to write (default ~/.cache/actpage/calibration.json)");
+  calibrate_cmd->add_option("--device", calibrate_args.device, "CUDA device ordinal (default 0)");
+  calibrate_cmd->add_option("--repetitions", calibrate_args.repetitions, "Repetitions per measurement (default 5)");
+  calibrate_cmd->add_flag("--quick", calibrate_args.quick, "Fewer sizes (a few seconds)");
 
   OptionsArgs options_args;
   auto* options_cmd = app.add_subcommand("options", "List every option with its key, environment variable and default");
@@ -84,6 +105,8 @@ int main(int argc, char** argv) {
     return run(run_args, std::cerr);
   }
   if (*replay_cmd) return replay(replay_args, std::cout, std::cerr);
+  if (*plan_cmd) return plan(plan_args, std::cout, std::cerr);
+  if (*calibrate_cmd) return calibrate(calibrate_args, std::cout, std::cerr);
   if (*options_cmd) return options(options_args, std::cout);
   return 2;
 }
