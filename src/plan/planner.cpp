@@ -18,12 +18,13 @@ struct KindShape {
   std::string kind;
   std::string before;  // up to the first '*'
   std::string after;
+  std::uint64_t peak_live_bytes = 0;  // of the kind over all layers: about one forward's worth
 };
 
 std::optional<KindShape> shape(const std::string& kind) {
   const std::size_t star = kind.find('*');
   if (star == std::string::npos) return std::nullopt;
-  return KindShape{kind, kind.substr(0, star), kind.substr(star + 1)};
+  return KindShape{kind, kind.substr(0, star), kind.substr(star + 1), 0};
 }
 
 std::string glob_for(const KindShape& shape, std::uint32_t layers, std::uint32_t total) {
@@ -154,6 +155,7 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
     if (std::any_of(kinds.begin(), kinds.end(), [&](const KindShape& k) { return nested(k.kind, s->kind) || nested(s->kind, k.kind); })) {
       continue;
     }
+    s->peak_live_bytes = stats.peak_live_bytes;
     kinds.push_back(*s);
   }
   if (kinds.empty() || search.total_layers == 0) {
@@ -164,7 +166,13 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
   for (const auto& k : kinds) search.result.kinds.push_back(k.kind);
   search.result.layers = search.total_layers;
   const std::uint32_t all = search.total_layers;
-  constexpr std::uint64_t kDefaultPrefetch = 1ull << 30;
+  // Prefetch is sized in layers of what is offloaded: too much brings everything back at the start
+  // of backward (the peak moves there), too little makes backward wait.
+  auto per_layer = [&](const std::vector<KindShape>& set) {
+    std::uint64_t bytes = 0;
+    for (const auto& k : set) bytes += k.peak_live_bytes;
+    return std::max<std::uint64_t>(round_up(bytes / all, MiB), MiB);
+  };
 
   // 1. Each kind alone.
   struct Scored {
@@ -181,7 +189,7 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
     }
   };
   for (const auto& k : kinds) {
-    auto c = search.evaluate(make({k}, all, all, 2, kDefaultPrefetch));
+    auto c = search.evaluate(make({k}, all, all, 2, 2 * per_layer({k})));
     if (!c.ok()) return c.status();
     consider(*c);
     const double saved = static_cast<double>(search.result.baseline_peak_bytes) - static_cast<double>(c->peak_bytes);
@@ -193,7 +201,7 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
   std::vector<KindShape> growing = chosen_kinds;
   for (std::size_t i = 1; i < scored.size(); ++i) {
     growing.push_back(scored[i].kind);
-    auto c = search.evaluate(make(growing, all, all, 2, kDefaultPrefetch));
+    auto c = search.evaluate(make(growing, all, all, 2, 2 * per_layer(growing)));
     if (!c.ok()) return c.status();
     consider(*c);
   }
@@ -224,7 +232,8 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
     consider(*c);
   }
   keep_last = best.keep_last;
-  for (std::uint64_t p : {512ull << 20, 1ull << 30, 2ull << 30}) {
+  const std::uint64_t layer_bytes = per_layer(chosen_kinds);
+  for (std::uint64_t p : {layer_bytes, 2 * layer_bytes, 4 * layer_bytes, std::uint64_t{1} << 30}) {
     auto c = search.evaluate(make(chosen_kinds, layers, all, keep_last, p));
     if (!c.ok()) return c.status();
     consider(*c);

@@ -7,7 +7,8 @@
 //   nested in another chosen kind is not offered separately (its parent's rule covers it);
 // - layers: the first k layers of the model ("model.layers.[0-k].mlp"), since the early layers'
 //   activations wait longest for their backward;
-// - keep_last (0, 1, 2) and prefetch.ahead_bytes (512 MiB, 1 GiB, 2 GiB).
+// - keep_last (0, 1, 2) and prefetch.ahead_bytes (1, 2 and 4 layers' worth of the chosen kinds,
+//   and 1 GiB; the first stages use 2 layers' worth).
 // The search is greedy, to keep the number of replays small (about 20 for a Llama trace): every
 // kind alone; then kinds added in order of saving per added millisecond; then, for the best set,
 // the layer prefix, keep_last and prefetch one at a time.
