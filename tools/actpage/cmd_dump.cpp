@@ -84,6 +84,7 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
   }
 
   if (!args.diff_path.empty() || traces.size() > 1) {
+    if (!args.json && (!args.plot_path.empty() || !args.perfetto_path.empty()) && args.diff_path.empty()) return 0;
     std::vector<trace::Timeline> timelines;
     for (const auto& trace : traces) timelines.push_back(trace::build_timeline(trace, whole_trace_kinds()));
     std::vector<trace::TraceFacts> facts;
@@ -101,9 +102,11 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
     }
     return 0;
   }
+  // With only a file asked for, the file is the answer: the report is printed when wanted.
+  const bool files_only = !args.json && (!args.plot_path.empty() || !args.perfetto_path.empty());
   if (args.json) {
     out << trace::json_report(summaries[0]).dump(2) << '\n';
-  } else {
+  } else if (!files_only) {
     trace::write_text_report(summaries[0], out);
   }
   return 0;
