@@ -84,10 +84,13 @@ Calibration Calibration::defaults() {
   c.costs.map_ns = curve({{2 * MiB, 29e3}, {64 * MiB, 38e3}, {GiB, 67e3}});
   c.costs.unmap_ns = curve({{2 * MiB, 17e3}, {64 * MiB, 23e3}, {GiB, 34e3}});
   c.costs.release_ns = curve({{2 * MiB, 12e3}, {64 * MiB, 33e3}, {GiB, 353e3}});
-  c.costs.unmap_job_penalty_ns = 700'000;
+  // docs/gpu-results.md: about 0.8 ms of step time per offloaded tensor on the H100 Llama job; the
+  // engine made about 1.6 unmaps per offloaded tensor replaying examples/llama-observe.trace with
+  // config/llama-mlp.json (114 unmaps, 72 offloads): 0.5 ms per unmap.
+  c.costs.unmap_job_penalty_ns = 500'000;
   c.pinned_ns_per_gib = 446'000'000;
   c.notes = {"figures of an H100 (FACTS.md, 2026-11-22), not measured on this machine: run `actpage calibrate`",
-             "unmap_job_penalty_ns: the job's time per cuMemUnmap seen on the H100 Llama job (docs/gpu-results.md)"};
+             "unmap_job_penalty_ns: derived from the step time per offloaded tensor on the H100 Llama job (docs/gpu-results.md), not measured"};
   return c;
 }
 

@@ -12,8 +12,9 @@
 //   "release_ns": ..., "unmap_job_penalty_ns": n, "pinned_ns_per_gib": n, "notes": [...]}.
 //   load() names the file and the key on any error.
 // - unmap_job_penalty_ns is not measured (it depends on the job: cuMemUnmap drains the device and a
-//   CPU-bound job then refills an idle GPU): its default is the cost seen per unmap on the H100
-//   Llama job (docs/gpu-results.md, "Where the time goes"); a file may set it.
+//   CPU-bound job then refills an idle GPU): its default is derived from the step time per offloaded
+//   tensor on the H100 Llama job (docs/gpu-results.md, "Where the time goes"; docs/tools.md shows
+//   the arithmetic); a file may set it.
 #pragma once
 
 #include <cstdint>

@@ -232,18 +232,31 @@ Json json_diff(const TraceFacts& a, const TraceFacts& b) {
               {"verdict", verdict(a, b, changes)}};
 }
 
+// Column names: "rank R", or "#N rank R" when two traces share a rank (two runs of one rank).
+std::vector<std::string> rank_labels(const std::vector<TraceFacts>& ranks) {
+  std::map<std::int32_t, int> count;
+  for (const TraceFacts& f : ranks) ++count[f.summary->rank];
+  std::vector<std::string> labels;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const std::int32_t rank = ranks[i].summary->rank;
+    labels.push_back((count[rank] > 1 ? "#" + std::to_string(i + 1) + " " : std::string()) + "rank " + std::to_string(rank));
+  }
+  return labels;
+}
+
 void write_ranks(const std::vector<TraceFacts>& ranks, std::ostream& out) {
+  const std::vector<std::string> labels = rank_labels(ranks);
   out << "actpage traces of " << ranks.size() << " processes\n";
-  for (const TraceFacts& f : ranks) out << "  rank " << f.summary->rank << "  " << f.summary->source << '\n';
+  for (std::size_t i = 0; i < ranks.size(); ++i) out << "  " << labels[i] << "  " << ranks[i].summary->source << '\n';
   out << '\n';
   std::vector<std::vector<std::string>> rows = {{"rank", "pid", "host", "device", "duration", "allocations", "bytes",
                                                  "peak live", "peak resident", "off at peak", "device in use peak",
                                                  "iteration", "stalls"}};
-  for (const TraceFacts& f : ranks) {
-    const Summary& s = *f.summary;
-    const Timeline& t = *f.timeline;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const Summary& s = *ranks[i].summary;
+    const Timeline& t = *ranks[i].timeline;
     const std::uint64_t iteration = median_iteration_ns(t);
-    rows.push_back({std::to_string(s.rank), std::to_string(s.pid), s.hostname.empty() ? "-" : s.hostname,
+    rows.push_back({labels[i].substr(labels[i].find("rank ") + 5) + (labels[i][0] == '#' ? " (" + labels[i].substr(0, labels[i].find(' ')) + ")" : ""), std::to_string(s.pid), s.hostname.empty() ? "-" : s.hostname,
                     std::to_string(s.device), format_duration(s.duration_ns), std::to_string(s.allocations),
                     format_bytes(s.bytes), format_bytes(s.peak_live_bytes), format_bytes(t.peak_resident_bytes),
                     format_bytes(t.offloaded_at_peak_bytes),
@@ -277,8 +290,8 @@ void write_ranks(const std::vector<TraceFacts>& ranks, std::ostream& out) {
     out << '\n' << title << '\n';
     std::vector<std::vector<std::string>> table_rows;
     std::vector<std::string> head = {"module"};
-    for (const TraceFacts& f : ranks) head.push_back("rank " + std::to_string(f.summary->rank) + " bytes");
-    for (const TraceFacts& f : ranks) head.push_back("rank " + std::to_string(f.summary->rank) + " peak live");
+    for (const std::string& label : labels) head.push_back(label + " bytes");
+    for (const std::string& label : labels) head.push_back(label + " peak live");
     table_rows.push_back(head);
     for (const std::string& key : keys) {
       std::vector<std::string> row = {key};
