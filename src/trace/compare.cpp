@@ -246,7 +246,7 @@ std::vector<std::string> rank_labels(const std::vector<TraceFacts>& ranks) {
 
 void write_ranks(const std::vector<TraceFacts>& ranks, std::ostream& out) {
   const std::vector<std::string> labels = rank_labels(ranks);
-  out << "actpage traces of " << ranks.size() << " processes\n";
+  out << "actpage traces of " << ranks.size() << (ranks.size() == 1 ? " process\n" : " processes\n");
   for (std::size_t i = 0; i < ranks.size(); ++i) out << "  " << labels[i] << "  " << ranks[i].summary->source << '\n';
   out << '\n';
   std::vector<std::vector<std::string>> rows = {{"rank", "pid", "host", "device", "duration", "allocations", "bytes",

@@ -46,6 +46,10 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
     err << "actpage dump: no trace file given\n";
     return 2;
   }
+  if (!args.diff_path.empty() && args.merge) {
+    err << "actpage dump: --diff and --merge do not go together\n";
+    return 2;
+  }
   if (!args.diff_path.empty() && args.trace_paths.size() != 1) {
     err << "actpage dump: --diff compares one trace (the baseline) with another: give one trace before it\n";
     return 2;
@@ -83,7 +87,7 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
     err << "actpage dump: wrote " << args.plot_path << '\n';
   }
 
-  if (!args.diff_path.empty() || traces.size() > 1) {
+  if (!args.diff_path.empty() || traces.size() > 1 || args.merge) {
     if (!args.json && (!args.plot_path.empty() || !args.perfetto_path.empty()) && args.diff_path.empty()) return 0;
     std::vector<trace::Timeline> timelines;
     for (const auto& trace : traces) timelines.push_back(trace::build_timeline(trace, whole_trace_kinds()));

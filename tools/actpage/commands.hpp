@@ -22,6 +22,7 @@ struct DumpArgs {
   std::string perfetto_path;  // --perfetto out.json: Chrome/Perfetto trace of every trace given
   std::string diff_path;      // --diff OTHER: compare the one trace given (baseline) against OTHER
   long iteration = -1;        // --iteration N: the plot's iteration (from 1); -1: the one with the peak
+  bool merge = false;         // --merge: the ranks' report even for one trace (several imply it)
 };
 int dump(const DumpArgs& args, std::ostream& out, std::ostream& err);
 

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over one iteration to this PNG");
   dump_cmd->add_option("--iteration", dump_args.iteration, "The plot's iteration, from 1 (default: the one with the peak)");
   dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace (JSON) to this file");
+  dump_cmd->add_flag("--merge", dump_args.merge, "The ranks' side-by-side report (implied by several traces)");
   dump_cmd->add_option("--diff", dump_args.diff_path, "Compare the trace (baseline) against this one: where the peak moved and why");
 
   RunArgs run_args;

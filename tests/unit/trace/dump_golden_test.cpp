@@ -308,6 +308,19 @@ TEST(TraceDumpGolden, RanksSideBySide) {
             128 * MiB);
 }
 
+TEST(TraceDumpGolden, MergeShowsTheRanksReportForOneTraceToo) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "rank0.trace", golden_trace(true, 0))};
+  args.merge = true;
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("actpage traces of 1 process\n", 0), 0u) << result.out;
+  EXPECT_NE(result.out.find("rank 0 peak live"), std::string::npos) << result.out;
+  args.diff_path = args.trace_paths[0];
+  EXPECT_EQ(run_dump(args).exit_code, 2);
+}
+
 TEST(TraceDumpGolden, PerfettoOfTwoRanksHasTwoProcessesOnOneTimeAxis) {
   TempDir dir;
   cli::DumpArgs args;
