@@ -243,11 +243,14 @@ class TimeModel {
     }
     if (marker_module != nullptr) {
       std::uint64_t ready = now;
+      std::size_t latest = 0;  // the copy waited for longest
       std::vector<Awaited> still;
       for (Awaited& a : awaiting_) {
         if (std::find(a.names.begin(), a.names.end(), *marker_module) != a.names.end()) {
-          ready = std::max(ready, a.end_ns);
-          needed_by_.emplace_back(a.copy, now);
+          if (a.end_ns > ready) {
+            ready = a.end_ns;
+            latest = a.copy;
+          }
         } else {
           still.push_back(std::move(a));
         }
@@ -256,7 +259,7 @@ class TimeModel {
       if (ready > now) {
         ++timing.stalls;
         timing.stall_ns += ready - now;
-        stalls.push_back({now, ready, 0, 0});
+        stalls.push_back({now, ready, h2d[latest].va, h2d[latest].bytes, h2d[latest].traced_ptr, h2d[latest].path_id});
         delay_ += ready - now;
         now = ready;
       }
@@ -278,7 +281,6 @@ class TimeModel {
   std::vector<Copy> stalls;
 
   void finish() {
-    delay_ += 0;
     timing.traced_ns = started_ ? last_ns_ - first_ns_ : 0;
     timing.predicted_ns = timing.traced_ns + delay_;
     timing.added_ns = delay_;
@@ -317,9 +319,6 @@ class TimeModel {
   std::uint64_t pending_bytes_ = 0;
   std::priority_queue<std::uint64_t, std::vector<std::uint64_t>, std::greater<>> penalties_;
   std::vector<Awaited> awaiting_;
-
- public:
-  std::vector<std::pair<std::size_t, std::uint64_t>> needed_by_;  // (h2d copy, when backward asked)
 };
 
 struct Event {
@@ -639,7 +638,9 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
       b.at(copy.begin_ns, 1).page(trace::RecordType::reload_begin, copy.traced_ptr, copy.bytes, path_id(copy.path_id));
       b.at(copy.end_ns, 1).page(trace::RecordType::reload_end, copy.traced_ptr, copy.bytes, path_id(copy.path_id));
     }
-    for (const auto& stall : model->stalls) b.at(stall.end_ns, 1).stall(stall.end_ns - stall.begin_ns, 0);
+    for (const auto& stall : model->stalls) {
+      b.at(stall.end_ns, 1).stall(stall.end_ns - stall.begin_ns, path_id(stall.path_id));
+    }
     b.at(model->now(trace.last_time_ns), 0).message(0, "predicted by actpage replay (simulated, not measured)");
     if (Status status = b.write_file(replay_options.predicted_trace_path); !status.ok()) return status;
   }
