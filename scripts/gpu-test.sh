@@ -16,6 +16,10 @@
 #   observe-ab Qwen3-MoE observe-only vs plain, cudaMallocAsync, 8 interleaved repetitions pinned to
 #            fixed CPU cores (the job syncs the CPU every layer: its step follows the host's noise)
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
+#   plan     actpage calibrate; per job (Llama 16 layers, Qwen3-MoE 8 layers): an observe-only trace,
+#            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
+#            the job run with the planned policy, predicted vs measured peak and step time
+#            (scripts/plan_compare.py, 10%), plots of both traces and a predicted trace
 #
 # Usage: scripts/gpu-test.sh STAGE...
 # Logs, traces and JSON reports go to out/gpu (ACTPAGE_GPU_OUT); when $OUT is set (the device tool),
@@ -211,6 +215,38 @@ PY
       check demo "$actpage" run --policy config/observe.json --trace "$out/llama-observe.trace" -- \
         "$python" examples/train_llama.py "${llama[@]}" --layers 8 --steps 3 --warmup 1
       ls -la "$out/llama-observe.trace"
+      ;;
+    plan)
+      say "plan: calibrate, trace observe-only, plan for a target peak, run the plan, compare"
+      check plan-calibrate "$actpage" calibrate --out "$out/calibration.json"
+      cat "$out/plan-calibrate.log"
+      fraction=${PLAN_TARGET_FRACTION:-0.9}
+      for job in llama qwen; do
+        if [[ $job == llama ]]; then
+          cmd=("$python" examples/train_llama.py "${llama[@]}" --steps 10 --warmup 4 --deterministic)
+        else
+          cmd=("$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 10 --warmup 4 --deterministic)
+        fi
+        check "plan-$job-observe" "$actpage" run --policy config/observe.json --trace "$out/plan-$job-observe.trace" -- "${cmd[@]}"
+        "$actpage" dump "$out/plan-$job-observe.trace" --json >"$out/plan-$job-observe.dump.json" 2>/dev/null
+        target=$("$python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(d["peak"]["live_bytes"]*float(sys.argv[2])))' \
+          "$out/plan-$job-observe.dump.json" "$fraction") || { echo "FAILED: no trace peak for $job"; failed=1; continue; }
+        echo "$job: target peak $target bytes ($fraction of the traced peak)"
+        "$actpage" plan "$out/plan-$job-observe.trace" --target-peak "$target" --calibration "$out/calibration.json" \
+          --out "$out/plan-$job-policy.json" --json >"$out/plan-$job.json" 2>"$out/plan-$job.err"
+        echo "plan exit $? (3: target not met, closest written)"; head -c 600 "$out/plan-$job.json"; echo
+        "$actpage" replay "$out/plan-$job-observe.trace" --policy "$out/plan-$job-policy.json" \
+          --calibration "$out/calibration.json" --predicted-trace "$out/plan-$job-predicted.trace" >"$out/plan-$job-replay.log" 2>&1
+        check "plan-$job-planned" "$actpage" run --policy "$out/plan-$job-policy.json" --trace "$out/plan-$job-planned.trace" -- "${cmd[@]}"
+        "$python" scripts/plan_compare.py "$job" --observe-log "$out/plan-$job-observe.log" --plan-json "$out/plan-$job.json" \
+          --planned-log "$out/plan-$job-planned.log" --json "$out/plan-$job-compare.json" || failed=1
+        for t in observe planned predicted; do
+          "$actpage" dump "$out/plan-$job-$t.trace" --plot "$out/plan-$job-$t.png" >/dev/null 2>&1
+        done
+        "$actpage" dump "$out/plan-$job-observe.trace" --diff "$out/plan-$job-planned.trace" >"$out/plan-$job-diff.txt" 2>&1
+        "$actpage" dump "$out/plan-$job-planned.trace" --perfetto "$out/plan-$job-planned.perfetto.json" >/dev/null 2>&1
+        tail -n 3 "$out/plan-$job-diff.txt"
+      done
       ;;
     *) echo "unknown stage $stage" >&2; failed=1 ;;
   esac

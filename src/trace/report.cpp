@@ -58,8 +58,9 @@ void write_table(std::ostream& out, const std::vector<std::vector<std::string>>&
   }
 }
 
-void write_modules(std::ostream& out, const char* title, const std::vector<ModuleStats>& modules, bool paging) {
-  out << '\n' << title << " (sorted by bytes)\n";
+void write_modules(std::ostream& out, const char* title, const std::vector<ModuleStats>& modules, bool paging,
+                   const char* order = "sorted by bytes") {
+  out << '\n' << title << " (" << order << ")\n";
   if (modules.empty()) {
     out << "  none\n";
     return;
@@ -197,6 +198,8 @@ void write_text_report(const Summary& s, std::ostream& out) {
 
   const bool paging = s.offload.count != 0 || s.reload.count != 0 || s.stalls.count != 0;
   write_modules(out, "Modules by innermost range", s.modules, paging);
+  write_modules(out, "Modules by kind, summed over layers", s.module_kinds, paging);
+  write_modules(out, "Layers", s.layers, paging, "in model order");
   write_modules(out, "Modules by range path", s.module_paths, paging);
 
   out << "\nPeak live bytes: ";
@@ -273,6 +276,8 @@ nlohmann::ordered_json json_report(const Summary& s) {
                            {"lifetime", duration_json(s.lifetime)},
                            {"by_api", apis}};
   report["modules"] = modules_json(s.modules);
+  report["module_kinds"] = modules_json(s.module_kinds);
+  report["layers"] = modules_json(s.layers);
   report["module_paths"] = modules_json(s.module_paths);
   report["peak"] = {{"live_bytes", s.peak_live_bytes}, {"time_ns", s.peak_time_ns}, {"modules", peak_modules}};
   report["offload"] = copies_json(s.offload);

@@ -1,11 +1,14 @@
 #include "trace/summary.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <deque>
 #include <map>
 #include <unordered_map>
 #include <utility>
+
+#include "trace/timeline.hpp"
 
 namespace actpage::trace {
 namespace {
@@ -23,6 +26,34 @@ DurationStats duration_stats(std::vector<std::uint64_t>& values) {
   stats.p90_ns = values[rank(90)];
   stats.max_ns = values.back();
   return stats;
+}
+
+// "layers.9" before "layers.10": runs of digits compare as numbers, the rest as text.
+bool natural_less(const std::string& a, const std::string& b) {
+  std::size_t i = 0;
+  std::size_t j = 0;
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      std::size_t i_end = i;
+      std::size_t j_end = j;
+      while (i_end < a.size() && digit(a[i_end])) ++i_end;
+      while (j_end < b.size() && digit(b[j_end])) ++j_end;
+      std::string_view x(a.data() + i, i_end - i);
+      std::string_view y(b.data() + j, j_end - j);
+      while (x.size() > 1 && x.front() == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y.front() == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i_end;
+      j = j_end;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
 }
 
 // Modules by key, in order of first appearance; each keeps the lifetimes of its freed allocations
@@ -54,28 +85,36 @@ struct ModuleTable {
   }
 };
 
-// Where a path id's allocations are counted.
+// Where a path id's allocations are counted: its innermost range, its whole path, its layer and
+// its module kind (the innermost name with layer numbers replaced by '*').
 struct ModuleSlots {
   std::size_t by_name = 0;
   std::size_t by_path = 0;
+  std::size_t by_layer = 0;
+  std::size_t by_kind = 0;
 };
+
+inline constexpr std::string_view kNoLayer = "(no layer)";
 
 class Attribution {
  public:
-  Attribution(const TraceFile& trace, ModuleTable& names, ModuleTable& paths)
-      : trace_(trace), names_(names), paths_(paths) {}
+  Attribution(const TraceFile& trace, ModuleTable& names, ModuleTable& paths, ModuleTable& layers, ModuleTable& kinds)
+      : trace_(trace), names_(names), paths_(paths), layers_(layers), kinds_(kinds) {}
 
   ModuleSlots slots(std::uint32_t path_id) {
     auto found = cache_.find(path_id);
     if (found != cache_.end()) return found->second;
     ModuleSlots slots;
     if (path_id == 0) {
-      slots = {names_.get(std::string(kUntagged)), paths_.get(std::string(kUntagged))};
+      const std::string untagged(kUntagged);
+      slots = {names_.get(untagged), paths_.get(untagged), layers_.get(std::string(kNoLayer)), kinds_.get(untagged)};
     } else if (const ResolvedPath* path = trace_.path(path_id)) {
-      slots = {names_.get(path->leaf), paths_.get(path->full)};
+      const std::string layer = layer_of(*path);
+      slots = {names_.get(path->leaf), paths_.get(path->full), layers_.get(layer.empty() ? std::string(kNoLayer) : layer),
+               kinds_.get(module_kind(path->leaf))};
     } else {
       const std::string unknown = trace_.path_string(path_id);
-      slots = {names_.get(unknown), paths_.get(unknown)};
+      slots = {names_.get(unknown), paths_.get(unknown), layers_.get(std::string(kNoLayer)), kinds_.get(unknown)};
     }
     cache_.emplace(path_id, slots);
     return slots;
@@ -85,6 +124,8 @@ class Attribution {
   const TraceFile& trace_;
   ModuleTable& names_;
   ModuleTable& paths_;
+  ModuleTable& layers_;
+  ModuleTable& kinds_;
   std::unordered_map<std::uint32_t, ModuleSlots> cache_;
 };
 
@@ -115,7 +156,14 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
 
   ModuleTable names;
   ModuleTable paths;
-  Attribution attribution(trace, names, paths);
+  ModuleTable layers;
+  ModuleTable kinds;
+  Attribution attribution(trace, names, paths, layers, kinds);
+  // Every table an allocation counts in, with its slot there.
+  const auto tables = [&](const ModuleSlots& slots) {
+    return std::array<std::pair<ModuleTable*, std::size_t>, 4>{
+        {{&names, slots.by_name}, {&paths, slots.by_path}, {&layers, slots.by_layer}, {&kinds, slots.by_kind}}};
+  };
   std::unordered_map<std::uint64_t, Live> live;
   std::uint64_t live_bytes = 0;
   std::size_t peak_event = events.size();  // none yet
@@ -124,13 +172,12 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
 
   const auto end_life = [&](const Live& gone) {
     live_bytes -= gone.bytes;
-    names.live[gone.slots.by_name] -= gone.bytes;
-    paths.live[gone.slots.by_path] -= gone.bytes;
+    for (auto [table, slot] : tables(gone.slots)) table->live[slot] -= gone.bytes;
   };
   const auto never_freed = [&](const Live& gone) {
-    for (ModuleStats* stats : {&names.stats[gone.slots.by_name], &paths.stats[gone.slots.by_path]}) {
-      ++stats->never_freed;
-      stats->never_freed_bytes += gone.bytes;
+    for (auto [table, slot] : tables(gone.slots)) {
+      ++table->stats[slot].never_freed;
+      table->stats[slot].never_freed_bytes += gone.bytes;
     }
     ++summary.never_freed;
     summary.never_freed_bytes += gone.bytes;
@@ -147,7 +194,8 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
       const ModuleSlots slots = attribution.slots(alloc.path_id);
       const bool owned = (alloc.flags & kAllocOwned) != 0;
       const bool candidate = (alloc.flags & kAllocCandidate) != 0;
-      for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+      for (auto [table, slot] : tables(slots)) {
+        ModuleStats* stats = &table->stats[slot];
         ++stats->allocations;
         stats->bytes += alloc.bytes;
         if (owned) ++stats->owned_allocations;
@@ -186,12 +234,11 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
         it->second = Live{event.time_ns, alloc.bytes, slots};
       }
       live_bytes += alloc.bytes;
-      std::uint64_t& by_name = names.live[slots.by_name];
-      by_name += alloc.bytes;
-      names.stats[slots.by_name].peak_live_bytes = std::max(names.stats[slots.by_name].peak_live_bytes, by_name);
-      std::uint64_t& by_path = paths.live[slots.by_path];
-      by_path += alloc.bytes;
-      paths.stats[slots.by_path].peak_live_bytes = std::max(paths.stats[slots.by_path].peak_live_bytes, by_path);
+      for (auto [table, slot] : tables(slots)) {
+        std::uint64_t& now = table->live[slot];
+        now += alloc.bytes;
+        table->stats[slot].peak_live_bytes = std::max(table->stats[slot].peak_live_bytes, now);
+      }
       if (live_bytes > summary.peak_live_bytes) {
         summary.peak_live_bytes = live_bytes;
         summary.peak_time_ns = event.time_ns;
@@ -208,11 +255,11 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
       }
       const Live& gone = found->second;
       const std::uint64_t lifetime = event.time_ns - gone.time_ns;
-      names.lifetimes[gone.slots.by_name].push_back(lifetime);
-      paths.lifetimes[gone.slots.by_path].push_back(lifetime);
+      for (auto [table, slot] : tables(gone.slots)) {
+        table->lifetimes[slot].push_back(lifetime);
+        ++table->stats[slot].freed;
+      }
       all_lifetimes.push_back(lifetime);
-      ++names.stats[gone.slots.by_name].freed;
-      ++paths.stats[gone.slots.by_path].freed;
       end_life(gone);
       live.erase(found);
     }
@@ -256,7 +303,8 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
     const bool reload = page.type == RecordType::reload_begin;
     if (!offload && !reload) continue;
     const ModuleSlots slots = attribution.slots(page.data.path_id);
-    for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+    for (auto [table, slot] : tables(slots)) {
+      ModuleStats* stats = &table->stats[slot];
       if (offload) {
         ++stats->offloads;
         stats->offloaded_bytes += page.data.bytes;
@@ -268,7 +316,8 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
   }
   for (const auto& stall : trace.stalls) {
     const ModuleSlots slots = attribution.slots(stall.data.path_id);
-    for (ModuleStats* stats : {&names.stats[slots.by_name], &paths.stats[slots.by_path]}) {
+    for (auto [table, slot] : tables(slots)) {
+      ModuleStats* stats = &table->stats[slot];
       ++stats->stalls;
       stats->stall_ns += stall.data.wait_ns;
     }
@@ -276,6 +325,15 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
 
   summary.modules = names.finish();
   summary.module_paths = paths.finish();
+  summary.layers = layers.finish();
+  // Layers read best in model order: by name, numbers compared as numbers; "(no layer)" last.
+  std::sort(summary.layers.begin(), summary.layers.end(), [](const ModuleStats& a, const ModuleStats& b) {
+    const bool a_none = a.module == kNoLayer;
+    const bool b_none = b.module == kNoLayer;
+    if (a_none != b_none) return b_none;
+    return natural_less(a.module, b.module);
+  });
+  summary.module_kinds = kinds.finish();
   for (auto& [id, count] : apis) {
     count.api = api_name(id);
     summary.apis.push_back(count);

@@ -132,6 +132,11 @@ struct Summary {
   DurationStats lifetime;  // every freed allocation
   std::vector<ModuleStats> modules;       // by innermost range name
   std::vector<ModuleStats> module_paths;  // by full range path
+  // By layer: the outermost range whose name ends in ".<number>" ("model.layers.3"), or
+  // "(no layer)"; and by module kind: the innermost name with such numbers as '*'
+  // ("model.layers.*.mlp"), the same module summed over the layers (trace/timeline.hpp).
+  std::vector<ModuleStats> layers;
+  std::vector<ModuleStats> module_kinds;
   std::vector<ApiCount> apis;
 
   // Live bytes.

@@ -6,7 +6,9 @@
 #include <ostream>
 #include <sstream>
 
+#include "calibration_choice.hpp"
 #include "commands.hpp"
+#include "trace/report.hpp"
 #include "common/units.hpp"
 #include "engine/replay.hpp"
 #include "policy/policy.hpp"
@@ -51,13 +53,25 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
   if (options.mode != Mode::offload) {
     err << "actpage replay: the policy's mode is observe: nothing would be offloaded\n";
   }
-  auto result = engine::replay_trace(*trace, options);
+  auto calibration = choose_calibration(args.calibration_path);
+  if (!calibration.ok()) {
+    err << "actpage replay: " << calibration.status().message() << "\n";
+    return 1;
+  }
+  engine::ReplayOptions replay_options;
+  replay_options.costs = &calibration->costs;
+  replay_options.predicted_trace_path = args.predicted_trace_path;
+  auto result = engine::replay_trace(*trace, options, replay_options);
   if (!result.ok()) {
     err << "actpage replay: " << result.status().message() << "\n";
     return 1;
   }
   const auto& r = *result;
   const auto& s = r.stats;
+  const auto& t = r.timing;
+  const double slowdown = t.traced_iteration_ns > 0
+                              ? static_cast<double>(t.predicted_iteration_ns) / static_cast<double>(t.traced_iteration_ns) - 1
+                              : (t.traced_ns > 0 ? static_cast<double>(t.added_ns) / static_cast<double>(t.traced_ns) : 0.0);
   const double saved = static_cast<double>(r.baseline_peak_bytes) - static_cast<double>(r.predicted_peak_bytes);
   if (args.json) {
     nlohmann::json json = {
@@ -77,6 +91,27 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
         {"reloads", s.reloads_completed},
         {"bytes_reloaded", s.bytes_reloaded},
         {"groups_kept_resident", s.groups_kept_resident},
+        {"calibration", {{"source", calibration->source}, {"measured", calibration->measured}, {"device", calibration->device}}},
+        {"timed_peak_bytes", t.timed_peak_bytes},
+        {"time",
+         {{"traced_ns", t.traced_ns},
+          {"predicted_ns", t.predicted_ns},
+          {"added_ns", t.added_ns},
+          {"slowdown", slowdown},
+          {"iterations", t.iterations},
+          {"traced_iteration_ns", t.traced_iteration_ns},
+          {"predicted_iteration_ns", t.predicted_iteration_ns},
+          {"stalls", t.stalls},
+          {"stall_ns", t.stall_ns},
+          {"job_vmm_calls", t.job_vmm_calls},
+          {"job_vmm_ns", t.job_vmm_ns},
+          {"unmaps", t.unmaps},
+          {"unmap_penalty_ns", t.unmap_penalty_ns},
+          {"d2h_copies", t.d2h_copies},
+          {"d2h_busy_ns", t.d2h_busy_ns},
+          {"h2d_copies", t.h2d_copies},
+          {"h2d_busy_ns", t.h2d_busy_ns},
+          {"late_offloads", t.late_offloads}}},
         {"warnings", r.warnings},
     };
     out << json.dump(2) << "\n";
@@ -84,7 +119,8 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
   }
   out << "SIMULATED: this prediction ran on actpage's simulated device, not on a GPU.\n"
       << "It replays the allocations and module ranges recorded in the trace through the offload\n"
-      << "engine with the policy below, taking copies as instant: it bounds what the policy can save.\n\n"
+      << "engine with the policy below. The first figures take copies as instant (the memory bound of\n"
+      << "the policy); the last section prices copies and VMM calls with the calibration.\n\n"
       << "trace:   " << args.trace_path << " (pid " << trace->header.pid << ", " << r.allocations
       << " allocations, " << s.iterations << " iterations)\n"
       << "policy:  " << (args.policy_path.empty() ? "(defaults)" : args.policy_path) << ": offload "
@@ -98,7 +134,26 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
       << "activations served by actpage: " << s.allocations_served << " (" << format_bytes(s.bytes_served) << ")\n"
       << "offloaded: " << s.offloads_completed << " copies, " << format_bytes(s.bytes_offloaded)
       << "; reloaded: " << s.reloads_completed << " copies, " << format_bytes(s.bytes_reloaded) << "\n"
-      << "kept resident for backward (keep_last): " << s.groups_kept_resident << " module calls\n";
+      << "kept resident for backward (keep_last): " << s.groups_kept_resident << " module calls\n\n"
+      << "with copies taking time (calibration: " << calibration_line(*calibration) << ")\n"
+      << "  peak of device memory:    " << format_bytes(t.timed_peak_bytes) << "\n"
+      << "  traced span:              " << trace::format_duration(t.traced_ns) << ", predicted "
+      << trace::format_duration(t.predicted_ns) << " (+" << trace::format_duration(t.added_ns) << ")\n";
+  if (t.traced_iteration_ns > 0) {
+    out << "  iteration (median of " << (t.iterations - 1) << "): " << trace::format_duration(t.traced_iteration_ns)
+        << " traced, " << trace::format_duration(t.predicted_iteration_ns) << " predicted (" << std::showpos
+        << std::fixed << std::setprecision(1) << 100.0 * slowdown << std::noshowpos << "%)\n";
+  }
+  out << "  stalls: " << t.stalls << " (" << trace::format_duration(t.stall_ns) << "); unmaps: " << t.unmaps << " ("
+      << trace::format_duration(t.unmap_penalty_ns) << " of device drains); job-thread VMM calls: " << t.job_vmm_calls
+      << " (" << trace::format_duration(t.job_vmm_ns) << ")\n"
+      << "  copy engines busy: D2H " << trace::format_duration(t.d2h_busy_ns) << " (" << t.d2h_copies << " copies), H2D "
+      << trace::format_duration(t.h2d_busy_ns) << " (" << t.h2d_copies << " copies)";
+  if (t.late_offloads > 0) out << "; " << t.late_offloads << " reloads waited for their own offload";
+  out << "\n";
+  if (!args.predicted_trace_path.empty()) {
+    out << "predicted trace: " << args.predicted_trace_path << " (actpage dump it; simulated, not measured)\n";
+  }
   for (const auto& warning : r.warnings) out << "note: " << warning << "\n";
   return 0;
 }

@@ -16,11 +16,13 @@ struct CheckArgs {
 int check(const CheckArgs& args, std::ostream& out, std::ostream& err);
 
 struct DumpArgs {
-  std::string trace_path;
+  std::vector<std::string> trace_paths;  // one trace, or the ranks of one job (merged report)
   bool json = false;
-  std::string plot_path;      // --plot out.png
-  std::string perfetto_path;  // --perfetto out.json
-  std::string diff_path;      // --diff OTHER: compare trace_path (baseline) against OTHER
+  std::string plot_path;      // --plot out.png: device memory over one iteration, a panel per trace
+  std::string perfetto_path;  // --perfetto out.json: Chrome/Perfetto trace of every trace given
+  std::string diff_path;      // --diff OTHER: compare the one trace given (baseline) against OTHER
+  long iteration = -1;        // --iteration N: the plot's iteration (from 1); -1: the one with the peak
+  bool merge = false;         // --merge: the ranks' report even for one trace (several imply it)
 };
 int dump(const DumpArgs& args, std::ostream& out, std::ostream& err);
 
@@ -35,8 +37,29 @@ struct ReplayArgs {
   std::string trace_path;
   std::string policy_path;
   bool json = false;
+  std::string calibration_path;      // --calibration FILE; empty: the default file, else built-in defaults
+  std::string predicted_trace_path;  // --predicted-trace OUT: the predicted run as a trace
 };
 int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err);
+
+struct PlanArgs {
+  std::string trace_path;
+  std::string target_peak;    // --target-peak 18GiB
+  std::string max_slowdown;   // --max-slowdown 3%
+  std::string out_path = "actpage-plan.json";  // --out: the policy written
+  std::string base_policy;    // --policy: every other setting of the written policy
+  std::string calibration_path;
+  bool json = false;          // the report as JSON
+};
+int plan(const PlanArgs& args, std::ostream& out, std::ostream& err);
+
+struct CalibrateArgs {
+  std::string out_path;  // empty: plan::default_path()
+  int device = 0;
+  int repetitions = 5;
+  bool quick = false;    // fewer sizes (tests)
+};
+int calibrate(const CalibrateArgs& args, std::ostream& out, std::ostream& err);
 
 struct OptionsArgs {
   bool markdown = false;  // the README's option table

@@ -48,12 +48,15 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--json", check_args.json, "Print the effective options as JSON");
 
   DumpArgs dump_args;
-  auto* dump_cmd = app.add_subcommand("dump", "Summarise a trace: per-module allocations, bytes, lifetimes, peaks");
-  dump_cmd->add_option("trace", dump_args.trace_path, "Trace file written by libactpage")->required();
+  auto* dump_cmd = app.add_subcommand("dump", "Summarise traces: per-module and per-layer tables, plots, Perfetto, diffs");
+  dump_cmd->add_option("traces", dump_args.trace_paths,
+                       "Trace file(s) written by libactpage; several: the ranks of one job side by side")->required();
   dump_cmd->add_flag("--json", dump_args.json, "Print the summary as JSON");
-  dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over time to this PNG");
-  dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace JSON");
-  dump_cmd->add_option("--diff", dump_args.diff_path, "Compare against another trace");
+  dump_cmd->add_option("--plot", dump_args.plot_path, "Draw device memory over one iteration to this PNG");
+  dump_cmd->add_option("--iteration", dump_args.iteration, "The plot's iteration, from 1 (default: the one with the peak)");
+  dump_cmd->add_option("--perfetto", dump_args.perfetto_path, "Write a Chrome/Perfetto trace (JSON) to this file");
+  dump_cmd->add_flag("--merge", dump_args.merge, "The ranks' side-by-side report (implied by several traces)");
+  dump_cmd->add_option("--diff", dump_args.diff_path, "Compare the trace (baseline) against this one: where the peak moved and why");
 
   RunArgs run_args;
   auto* run_cmd = app.add_subcommand("run", "Run a command with libactpage preloaded: actpage run [opts] -- CMD...");
@@ -66,6 +69,27 @@ int main(int argc, char** argv) {
   replay_cmd->add_option("trace", replay_args.trace_path, "Observe-only trace to replay")->required();
   replay_cmd->add_option("--policy,-p", replay_args.policy_path, "Policy to apply");
   replay_cmd->add_flag("--json", replay_args.json, "Print the prediction as JSON");
+  replay_cmd->add_option("--calibration", replay_args.calibration_path,
+                         "Costs from `actpage calibrate` (default: its file if present, else built-in H100 figures)");
+  replay_cmd->add_option("--predicted-trace", replay_args.predicted_trace_path,
+                         "Write the predicted run (copies, stalls) as a trace for `actpage dump`");
+
+  PlanArgs plan_args;
+  auto* plan_cmd = app.add_subcommand("plan", "Search policies by timed replay and write the best one for a goal");
+  plan_cmd->add_option("trace", plan_args.trace_path, "Observe-only trace of the job")->required();
+  plan_cmd->add_option("--target-peak", plan_args.target_peak, "Goal: peak memory at most this (e.g. 18GiB)");
+  plan_cmd->add_option("--max-slowdown", plan_args.max_slowdown, "Goal: the most saving within this slowdown (e.g. 3%)");
+  plan_cmd->add_option("--out,-o", plan_args.out_path, "Policy file to write (default actpage-plan.json)");
+  plan_cmd->add_option("--policy,-p", plan_args.base_policy, "Policy whose other settings the plan keeps");
+  plan_cmd->add_option("--calibration", plan_args.calibration_path, "Costs from `actpage calibrate`");
+  plan_cmd->add_flag("--json", plan_args.json, "Print the report as JSON");
+
+  CalibrateArgs calibrate_args;
+  auto* calibrate_cmd = app.add_subcommand("calibrate", "Measure this GPU's copy bandwidth and VMM costs for replay and plan");
+  calibrate_cmd->add_option("--out,-o", calibrate_args.out_path, "File to write (default ~/.cache/actpage/calibration.json)");
+  calibrate_cmd->add_option("--device", calibrate_args.device, "CUDA device ordinal (default 0)");
+  calibrate_cmd->add_option("--repetitions", calibrate_args.repetitions, "Repetitions per measurement (default 5)");
+  calibrate_cmd->add_flag("--quick", calibrate_args.quick, "Fewer sizes (a few seconds)");
 
   OptionsArgs options_args;
   auto* options_cmd = app.add_subcommand("options", "List every option with its key, environment variable and default");
@@ -82,6 +106,8 @@ int main(int argc, char** argv) {
     return run(run_args, std::cerr);
   }
   if (*replay_cmd) return replay(replay_args, std::cout, std::cerr);
+  if (*plan_cmd) return plan(plan_args, std::cout, std::cerr);
+  if (*calibrate_cmd) return calibrate(calibrate_args, std::cout, std::cerr);
   if (*options_cmd) return options(options_args, std::cout);
   return 2;
 }

@@ -112,14 +112,14 @@ TEST(Replay, CommandSaysItIsSimulated) {
     policy << R"({"version": 1, "modules": [{"match": "*.mlp"}], "keep_last": 0, "prefetch": {"ahead_bytes": 0}})";
   }
   std::ostringstream out, err;
-  const int code = cli::replay({trace_path, policy_path, false}, out, err);
+  const int code = cli::replay({trace_path, policy_path, false, "", ""}, out, err);
   EXPECT_EQ(code, 0) << err.str();
   EXPECT_NE(out.str().find("SIMULATED"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("48 MiB"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("24 MiB"), std::string::npos) << out.str();
 
   std::ostringstream json_out;
-  EXPECT_EQ(cli::replay({trace_path, policy_path, true}, json_out, err), 0);
+  EXPECT_EQ(cli::replay({trace_path, policy_path, true, "", ""}, json_out, err), 0);
   EXPECT_NE(json_out.str().find("\"simulated\": true"), std::string::npos);
   EXPECT_NE(json_out.str().find("\"predicted_peak_bytes\": 25165824"), std::string::npos) << json_out.str();
 }
@@ -134,7 +134,7 @@ TEST(Replay, BadPolicyIsAnErrorNamingTheFile) {
     policy << R"({"version": 1, "keep_lats": 0})";
   }
   std::ostringstream out, err;
-  EXPECT_EQ(cli::replay({trace_path, policy_path, false}, out, err), 1);
+  EXPECT_EQ(cli::replay({trace_path, policy_path, false, "", ""}, out, err), 1);
   EXPECT_NE(err.str().find("replay_bad.json"), std::string::npos) << err.str();
   EXPECT_NE(err.str().find("keep_last"), std::string::npos) << err.str();
 }

@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -73,9 +75,14 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 // One training iteration of a two-layer model, written the way the library would: a main thread
 // (tid 11) allocating and freeing, an engine worker (tid 12) paging the mlp activations, a sampler
 // (tid 13). Deterministic: every time is fixed.
-TraceBuilder golden_trace() {
+// `paging` false leaves out the engine worker's records (an observe-only run of the same job);
+// `rank` and `mlp_mib` make the other ranks of a distributed job.
+// `early_offload`: layer 0's offload copies end before the peak (at the loss), so the peak falls.
+TraceBuilder golden_trace(bool paging = true, std::int32_t rank = 0, std::uint64_t mlp_mib = 64,
+                          bool early_offload = false) {
   TraceBuilder b;
-  b.pid(4242).rank(0).device(0).hostname("golden-host").start_unix_ns(1'795'341'600'000'000'000ull);
+  b.pid(4242 + static_cast<std::uint64_t>(rank)).rank(rank).device(rank).hostname("golden-host");
+  b.start_unix_ns(1'795'341'600'000'000'000ull + static_cast<std::uint64_t>(rank) * 1000);
   constexpr std::uint64_t us = 1000;
   b.at(0, 11);
   const std::uint32_t attn[2] = {b.path("model/model.layers.0/model.layers.0.self_attn"),
@@ -93,8 +100,8 @@ TraceBuilder golden_trace() {
     b.at(t + 9 * us).alloc(base + 0x2000000, 8 * MiB, attn[layer], 0, 3, 0x10);
     b.at(t + 20 * us).range_pop(attn[layer]);
     b.at(t + 21 * us).range_push(mlp[layer]);
-    b.at(t + 25 * us).alloc(base + 0x4000000, 64 * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
-    b.at(t + 30 * us).alloc(base + 0x8000000, 64 * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
+    b.at(t + 25 * us).alloc(base + 0x4000000, mlp_mib * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
+    b.at(t + 30 * us).alloc(base + 0x8000000, mlp_mib * MiB, mlp[layer], kAllocOwned | kAllocCandidate, 3, 0x10);
     b.at(t + 40 * us).range_pop(mlp[layer]);
     t += 50 * us;
   }
@@ -116,10 +123,14 @@ TraceBuilder golden_trace() {
   b.at(t + 5 * us).free(0x7f00deadbeef);  // a free actpage never saw allocated
   // The engine worker: offload layer 0's mlp after its forward, reload it before its backward.
   const std::uint64_t mlp0 = 0x7f1000000000ull;
+  if (!paging) {
+    b.at(6000 * us, 11).iteration(1);
+    return b;
+  }
   b.at(62 * us, 12).page(RecordType::offload_begin, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
   b.at(63 * us).page(RecordType::offload_begin, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
-  b.at(1300 * us).page(RecordType::offload_end, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
-  b.at(2500 * us).page(RecordType::offload_end, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
+  b.at((early_offload ? 80 : 1300) * us).page(RecordType::offload_end, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
+  b.at((early_offload ? 90 : 2500) * us).page(RecordType::offload_end, mlp0 + 0x8000000, 64 * MiB, mlp[0], 1);
   b.at(2501 * us).vmm(RecordType::unmap, mlp0 + 0x4000000, 128 * MiB);
   b.at(3000 * us).vmm(RecordType::map, mlp0 + 0x4000000, 128 * MiB);
   b.at(3001 * us).page(RecordType::reload_begin, mlp0 + 0x4000000, 64 * MiB, mlp[0], 1);
@@ -161,7 +172,7 @@ TEST(TraceDumpGolden, TextReport) {
   const std::string path = dir.file("golden.trace");
   ASSERT_TRUE(golden_trace().write_file(path).ok());
   cli::DumpArgs args;
-  args.trace_path = path;
+  args.trace_paths = {path};
   const DumpOutput result = run_dump(args);
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.err, "");
@@ -173,7 +184,7 @@ TEST(TraceDumpGolden, JsonReport) {
   const std::string path = dir.file("golden.trace");
   ASSERT_TRUE(golden_trace().write_file(path).ok());
   cli::DumpArgs args;
-  args.trace_path = path;
+  args.trace_paths = {path};
   args.json = true;
   const DumpOutput result = run_dump(args);
   EXPECT_EQ(result.exit_code, 0) << result.err;
@@ -192,7 +203,7 @@ TEST(TraceDumpGolden, TruncatedTraceStillReportsWithAWarning) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
                                               static_cast<std::streamsize>(bytes.size()));
   cli::DumpArgs args;
-  args.trace_path = path;
+  args.trace_paths = {path};
   const DumpOutput result = run_dump(args);
   EXPECT_EQ(result.exit_code, 0);
   const std::string warning = "truncated at byte " + std::to_string(builder.record_ends()[20]) + ": read 21 whole records";
@@ -203,27 +214,135 @@ TEST(TraceDumpGolden, TruncatedTraceStillReportsWithAWarning) {
 TEST(TraceDumpGolden, UnreadableTraceExitsOneNamingTheFile) {
   TempDir dir;
   cli::DumpArgs args;
-  args.trace_path = dir.file("missing.trace");
+  args.trace_paths = {dir.file("missing.trace")};
   const DumpOutput result = run_dump(args);
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.out, "");
-  EXPECT_EQ(result.err.rfind("actpage dump: open('" + args.trace_path + "'): ENOENT", 0), 0u) << result.err;
+  EXPECT_EQ(result.err.rfind("actpage dump: open('" + args.trace_paths[0] + "'): ENOENT", 0), 0u) << result.err;
 }
 
-TEST(TraceDumpGolden, LaterOptionsAreRefusedWithUsageExit) {
-  for (const char* flag : {"--plot", "--perfetto", "--diff"}) {
-    cli::DumpArgs args;
-    args.trace_path = "whatever.trace";
-    const std::string option = flag;
-    if (option == "--plot") args.plot_path = "memory.png";
-    if (option == "--perfetto") args.perfetto_path = "trace.json";
-    if (option == "--diff") args.diff_path = "other.trace";
-    const DumpOutput result = run_dump(args);
-    EXPECT_EQ(result.exit_code, 2);
-    EXPECT_EQ(result.err, "actpage dump: " + option + " is not implemented yet\n");
-    EXPECT_EQ(result.out, "");
-  }
+std::string write_golden(TempDir& dir, const std::string& name, const TraceBuilder& builder) {
+  const std::string path = dir.file(name);
+  EXPECT_TRUE(builder.write_file(path).ok());
+  return path;
 }
+
+TEST(TraceDumpGolden, PerfettoTrace) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "golden.trace", golden_trace())};
+  args.perfetto_path = dir.file("golden.json");
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const std::string written = read_text(args.perfetto_path);
+  const auto json = nlohmann::json::parse(written, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << "not JSON";
+  ASSERT_TRUE(json["traceEvents"].is_array());
+  // What a reader of the trace relies on, besides the exact bytes: every event has the fields
+  // Perfetto needs, copies never overlap on a lane, and range events nest per thread.
+  std::map<std::uint64_t, double> lane_end;
+  for (const auto& event : json["traceEvents"]) {
+    ASSERT_TRUE(event.contains("ph") && event.contains("pid") && event.contains("name")) << event.dump();
+    if (event["ph"] == "M") continue;
+    ASSERT_TRUE(event.contains("ts")) << event.dump();
+    if (event["ph"] == "X" && event["cat"] == "copy") {
+      const std::uint64_t tid = event["tid"];
+      const double ts = event["ts"];
+      EXPECT_GE(ts, lane_end[tid]) << "copies overlap on lane " << tid;
+      lane_end[tid] = ts + event["dur"].get<double>();
+    }
+  }
+  EXPECT_EQ(lane_end.size(), 4u) << "two offloads in flight at once need two lanes, and two reloads two more";
+  // Pretty-printed so that a change shows as a readable line in the golden diff.
+  expect_golden("dump_perfetto.json", replace_all(json.dump(1), args.trace_paths[0], "TRACE") + "\n");
+}
+
+TEST(TraceDumpGolden, DiffSaysWhereThePeakMovedAndWhy) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "baseline.trace", golden_trace(false))};
+  args.diff_path = write_golden(dir, "offloaded.trace", golden_trace(true, 0, 64, true));
+  DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  std::string text = replace_all(replace_all(result.out, args.trace_paths[0], "BASELINE"), args.diff_path, "OFFLOADED");
+  expect_golden("dump_diff.txt", text);
+  // Layer 0's MLP (128 MiB) left before the loss; the peak is now earlier, at layer 1's MLP, with
+  // 64 MiB of layer 0 off the device and the loss's 16 MiB not yet allocated: 80 MiB lower.
+  EXPECT_NE(text.find("The peak fell by 80 MiB (-13.5%). It moved from 'loss' to 'model.layers.1.mlp'"), std::string::npos)
+      << text;
+  args.json = true;
+  result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["peak_change_bytes"].get<std::int64_t>(), -80 * static_cast<std::int64_t>(MiB));
+  EXPECT_EQ(json["b"]["offloaded_at_peak_bytes"].get<std::uint64_t>(), 64 * MiB);
+}
+
+TEST(TraceDumpGolden, DiffNeedsExactlyOneBaseline) {
+  cli::DumpArgs args;
+  args.trace_paths = {"a.trace", "b.trace"};
+  args.diff_path = "c.trace";
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--diff compares one trace"), std::string::npos) << result.err;
+}
+
+TEST(TraceDumpGolden, RanksSideBySide) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "rank0.trace", golden_trace(true, 0)),
+                      write_golden(dir, "rank1.trace", golden_trace(true, 1, 96))};
+  DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const std::string text = replace_all(replace_all(result.out, args.trace_paths[0], "RANK0"), args.trace_paths[1], "RANK1");
+  expect_golden("dump_ranks.txt", text);
+  args.json = true;
+  result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json["ranks"].size(), 2u);
+  EXPECT_EQ(json["ranks"][1]["process"]["rank"], 1);
+  EXPECT_EQ(json["ranks"][1]["process"]["pid"], 4243);
+  // Rank 1's MLPs are 96 MiB each instead of 64: its peak is 2 x 2 x 32 MiB higher.
+  EXPECT_EQ(json["ranks"][1]["peak"]["live_bytes"].get<std::uint64_t>() - json["ranks"][0]["peak"]["live_bytes"].get<std::uint64_t>(),
+            128 * MiB);
+}
+
+TEST(TraceDumpGolden, MergeShowsTheRanksReportForOneTraceToo) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "rank0.trace", golden_trace(true, 0))};
+  args.merge = true;
+  const DumpOutput result = run_dump(args);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("actpage traces of 1 process\n", 0), 0u) << result.out;
+  EXPECT_NE(result.out.find("rank 0 peak live"), std::string::npos) << result.out;
+  args.diff_path = args.trace_paths[0];
+  EXPECT_EQ(run_dump(args).exit_code, 2);
+}
+
+TEST(TraceDumpGolden, PerfettoOfTwoRanksHasTwoProcessesOnOneTimeAxis) {
+  TempDir dir;
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "rank0.trace", golden_trace(true, 0)),
+                      write_golden(dir, "rank1.trace", golden_trace(true, 1))};
+  args.perfetto_path = dir.file("ranks.json");
+  ASSERT_EQ(run_dump(args).exit_code, 0);
+  const auto json = nlohmann::json::parse(read_text(args.perfetto_path));
+  std::set<std::uint64_t> pids;
+  double rank1_first_ts = 1e18;
+  double rank0_first_ts = 1e18;
+  for (const auto& event : json["traceEvents"]) {
+    pids.insert(event["pid"].get<std::uint64_t>());
+    if (event["ph"] == "M") continue;
+    double& first = event["pid"] == 4243 ? rank1_first_ts : rank0_first_ts;
+    first = std::min(first, event["ts"].get<double>());
+  }
+  EXPECT_EQ(pids, (std::set<std::uint64_t>{4242, 4243}));
+  // Rank 1 started 1 us later by the wall clock: its records sit 1 us later on the common axis.
+  EXPECT_DOUBLE_EQ(rank1_first_ts - rank0_first_ts, 1.0);
+}
+
 
 // The committed file pins the version-1 layout: the builder must still produce it byte for byte
 // and the reader must still decode it. A change here is a format change (docs/trace-format.md).

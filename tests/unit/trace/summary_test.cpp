@@ -259,6 +259,34 @@ TEST(TraceSummary, BytesOffTheDeviceAtThePeakOfUse) {
   EXPECT_EQ(s.memory.peak_offloaded_bytes, 112 * kMiB);
 }
 
+TEST(TraceSummary, LayersInModelOrderAndKindsSummedOverLayers) {
+  TraceBuilder b;
+  b.at(0, 1);
+  // Layers 2, 10 and 9 (in that order), each an mlp and its act_fn child; an expert inside layer 10.
+  std::uint64_t ptr = 0x1000;
+  for (int layer : {2, 10, 9}) {
+    const std::string l = "model/model.layers." + std::to_string(layer);
+    const std::string mlp = l + "/model.layers." + std::to_string(layer) + ".mlp";
+    b.alloc(ptr += 0x1000, 4 * MiB, b.path(mlp));
+    b.alloc(ptr += 0x1000, 2 * MiB, b.path(mlp + "/model.layers." + std::to_string(layer) + ".mlp.act_fn"));
+  }
+  b.alloc(ptr += 0x1000, 1 * MiB, b.path("model/model.layers.10/model.layers.10.mlp/model.layers.10.mlp.experts.3"));
+  b.alloc(ptr += 0x1000, 8 * MiB, b.path("model/model.embed_tokens"));
+  const Summary s = summarize_built(b);
+  std::vector<std::string> layers;
+  for (const auto& m : s.layers) layers.push_back(m.module);
+  EXPECT_EQ(layers, (std::vector<std::string>{"model.layers.2", "model.layers.9", "model.layers.10", "(no layer)"}));
+  ASSERT_NE(find(s.layers, "model.layers.10"), nullptr);
+  EXPECT_EQ(find(s.layers, "model.layers.10")->bytes, 7 * MiB);
+  EXPECT_EQ(find(s.layers, "(no layer)")->bytes, 8 * MiB);
+  ASSERT_NE(find(s.module_kinds, "model.layers.*.mlp"), nullptr);
+  EXPECT_EQ(find(s.module_kinds, "model.layers.*.mlp")->allocations, 3u);
+  EXPECT_EQ(find(s.module_kinds, "model.layers.*.mlp")->bytes, 12 * MiB);
+  EXPECT_EQ(find(s.module_kinds, "model.layers.*.mlp.act_fn")->bytes, 6 * MiB);
+  EXPECT_EQ(find(s.module_kinds, "model.layers.*.mlp.experts.*")->bytes, 1 * MiB);
+  EXPECT_EQ(find(s.module_kinds, "model.embed_tokens")->bytes, 8 * MiB);
+}
+
 TEST(TraceSummary, EmptyTrace) {
   const Summary s = summarize_built(TraceBuilder());
   EXPECT_EQ(s.allocations, 0u);

@@ -1,0 +1,151 @@
+// actpage plan TRACE --target-peak SIZE | --max-slowdown PCT [--out POLICY]: searches policies with
+// timed replay (plan/planner.hpp) and writes the best one, with a short report of what it chose.
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+
+#include "calibration_choice.hpp"
+#include "commands.hpp"
+#include "common/units.hpp"
+#include "plan/planner.hpp"
+#include "policy/policy.hpp"
+#include "policy/sizes.hpp"
+#include "trace/reader.hpp"
+#include "trace/report.hpp"
+
+namespace actpage::cli {
+namespace {
+
+std::string pct(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.1f%%", 100.0 * fraction);
+  return text;
+}
+
+// "3%", "3", "0.03" (a fraction below 1 without a % sign is read as a fraction).
+std::optional<double> parse_slowdown(std::string text) {
+  bool percent = false;
+  if (!text.empty() && text.back() == '%') {
+    percent = true;
+    text.pop_back();
+  }
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == nullptr || *end != '\0' || !std::isfinite(value) || value < 0) return std::nullopt;
+  return percent || value >= 1 ? value / 100.0 : value;
+}
+
+}  // namespace
+
+int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
+  plan::Goal goal;
+  if (args.target_peak.empty() == args.max_slowdown.empty()) {
+    err << "actpage plan: give one goal: --target-peak SIZE (e.g. 18GiB) or --max-slowdown PCT (e.g. 3%)\n";
+    return 2;
+  }
+  if (!args.target_peak.empty()) {
+    auto bytes = policy::parse_size(args.target_peak);
+    if (!bytes.ok()) {
+      err << "actpage plan: --target-peak '" << args.target_peak << "': " << bytes.status().message() << "\n";
+      return 2;
+    }
+    goal.target_peak_bytes = *bytes;
+  } else {
+    goal.max_slowdown = parse_slowdown(args.max_slowdown);
+    if (!goal.max_slowdown) {
+      err << "actpage plan: --max-slowdown '" << args.max_slowdown << "': expected a percentage such as 3%\n";
+      return 2;
+    }
+  }
+  auto loaded = policy::load(args.base_policy, policy::process_environment());
+  if (!loaded.ok()) {
+    for (const auto& error : loaded.errors) err << error.to_string() << "\n";
+    return 1;
+  }
+  auto trace = trace::read_trace_file(args.trace_path);
+  if (!trace.ok()) {
+    err << "actpage plan: " << trace.status().message() << "\n";
+    return 1;
+  }
+  auto calibration = choose_calibration(args.calibration_path);
+  if (!calibration.ok()) {
+    err << "actpage plan: " << calibration.status().message() << "\n";
+    return 1;
+  }
+  plan::PlanOptions options;
+  options.base = loaded.options;
+  options.costs = &calibration->costs;
+  auto planned = plan::plan(*trace, goal, options);
+  if (!planned.ok()) {
+    err << "actpage plan: " << planned.status().message() << "\n";
+    return 1;
+  }
+  const plan::PlanResult& p = *planned;
+  const plan::Candidate& c = p.chosen;
+  {
+    std::ofstream file(args.out_path, std::ios::trunc);
+    if (file) file << plan::policy_json(c, options.base);
+    if (!file || !file.flush()) {
+      err << "actpage plan: cannot write the policy to '" << args.out_path << "'\n";
+      return 1;
+    }
+  }
+  const std::string goal_text = goal.target_peak_bytes ? "peak at most " + format_bytes(*goal.target_peak_bytes)
+                                                       : "slowdown at most " + pct(*goal.max_slowdown).substr(1);
+  if (args.json) {
+    nlohmann::ordered_json tried = nlohmann::ordered_json::array();
+    for (const auto& e : p.evaluated) {
+      tried.push_back({{"modules", e.globs}, {"keep_last", e.keep_last}, {"prefetch_bytes", e.prefetch_bytes},
+                       {"peak_bytes", e.peak_bytes}, {"slowdown", e.slowdown}, {"stall_ns", e.stall_ns}});
+    }
+    nlohmann::ordered_json report = {
+        {"simulated", true},
+        {"trace", args.trace_path},
+        {"policy", args.out_path},
+        {"goal", goal_text},
+        {"goal_met", p.goal_met},
+        {"calibration", {{"source", calibration->source}, {"measured", calibration->measured}, {"device", calibration->device}}},
+        {"baseline_peak_bytes", p.baseline_peak_bytes},
+        {"traced_iteration_ns", p.traced_iteration_ns},
+        {"chosen",
+         {{"modules", c.globs},
+          {"description", c.description},
+          {"keep_last", c.keep_last},
+          {"prefetch_bytes", c.prefetch_bytes},
+          {"predicted_peak_bytes", c.peak_bytes},
+          {"predicted_peak_instant_copies_bytes", c.instant_peak_bytes},
+          {"predicted_slowdown", c.slowdown},
+          {"predicted_iteration_ns", c.predicted_iteration_ns},
+          {"predicted_stall_ns", c.stall_ns},
+          {"offloaded_bytes", c.offloaded_bytes}}},
+        {"evaluated", tried}};
+    out << report.dump(2) << "\n";
+    return p.goal_met ? 0 : 3;
+  }
+  out << "SIMULATED: predicted by replaying " << args.trace_path << " (" << p.evaluated.size()
+      << " policies tried) with calibration: " << calibration_line(*calibration) << "\n\n"
+      << "goal:       " << goal_text << (p.goal_met ? "" : "  -- NOT MET: the closest policy is written") << "\n"
+      << "chosen:     offload " << c.description << ", keep_last " << c.keep_last << ", prefetch "
+      << format_bytes(c.prefetch_bytes) << "\n"
+      << "policy:     " << args.out_path << "\n\n"
+      << "peak of memory held by allocations (the device also holds the CUDA context and the allocator's cache)\n"
+      << "  as traced:   " << format_bytes(p.baseline_peak_bytes) << "\n"
+      << "  predicted:   " << format_bytes(c.peak_bytes) << " ("
+      << pct((static_cast<double>(c.peak_bytes) - static_cast<double>(p.baseline_peak_bytes)) /
+             static_cast<double>(std::max<std::uint64_t>(p.baseline_peak_bytes, 1)))
+      << ")\n";
+  if (c.traced_iteration_ns > 0) {
+    out << "iteration:    " << trace::format_duration(c.traced_iteration_ns) << " traced, "
+        << trace::format_duration(c.predicted_iteration_ns) << " predicted (" << pct(c.slowdown) << ")\n";
+  } else {
+    out << "time added:   " << trace::format_duration(c.added_ns) << " (" << pct(c.slowdown) << " of the traced span)\n";
+  }
+  out << "stalls:       " << trace::format_duration(c.stall_ns) << "; offloaded " << format_bytes(c.offloaded_bytes)
+      << " over the trace\n";
+  return p.goal_met ? 0 : 3;
+}
+
+}  // namespace actpage::cli
