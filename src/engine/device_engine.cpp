@@ -1131,7 +1131,11 @@ void DeviceEngine::start_iteration() {
   cursor_ = 0;
   ++iteration_;
   ++stats_.iterations;
-  forward_order_.clear();
+  // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
+  // schedule (1F1B) runs the next forward before the last one's backward, and another job thread
+  // may be between its forward and backward. Dropping them would leave their pages offloaded when
+  // backward reads them.
+  std::erase_if(forward_order_, [&](std::uint32_t id) { return groups_.find(id) == groups_.end(); });
   if (auto* writer = trace::active()) {
     trace::IterationPayload payload{iteration_};
     writer->record(trace::RecordType::iteration, payload);
