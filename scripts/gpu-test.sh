@@ -20,6 +20,10 @@
 #            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
 #            the job run with the planned policy, predicted vs measured peak and step time
 #            (scripts/plan_compare.py, 10%), plots of both traces and a predicted trace
+#   reliability  (docs/reliability.md) a paging job SIGKILLed during offload leaves a trace that
+#            `actpage dump` reads; the safety stage's poison check; Llama (config/llama-mlp.json) and
+#            Qwen3-MoE (config/qwen3-moe-experts.json) 200 steps, plain vs actpage, losses compared
+#            bit for bit under deterministic algorithms. Small models: ~5 minutes in all.
 #
 # Usage: scripts/gpu-test.sh STAGE...
 # Logs, traces and JSON reports go to out/gpu (ACTPAGE_GPU_OUT); when $OUT is set (the device tool),
@@ -147,6 +151,64 @@ PY
         "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 20 --warmup 5 --deterministic
       "$python" scripts/gpu_report.py pair "$out/paging-qwen-plain.log" "$out/paging-qwen-actpage.log" \
         --trace "$out/paging-qwen.trace" --actpage "$actpage" --json "$out/paging-qwen.json" || failed=1
+      ;;
+    reliability)
+      say "reliability: SIGKILL during offload, poison on an unsafe policy, 200 steps bit-identical"
+      rel_llama=(--layers 6 --hidden 1024 --ffn 2816 --heads 8 --seq 512 --batch 4)
+      rel_qwen=(--layers 4 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 2)
+      # (a) Killed mid-offload: wait until the live trace shows offloads, then SIGKILL the whole job.
+      killed=$out/rel-killed.trace
+      rm -f "$killed"
+      setsid "$actpage" run --policy config/llama-mlp.json --trace "$killed" -- \
+        "$python" examples/train_llama.py "${rel_llama[@]}" --steps 100000 --warmup 1 >"$out/rel-killed.log" 2>&1 &
+      job_pid=$!
+      offloads=0
+      for _ in $(seq 1 240); do
+        sleep 0.5
+        offloads=$("$actpage" dump --json "$killed" 2>/dev/null | "$python" -c 'import json,sys; print(json.load(sys.stdin)["offload"]["count"])' 2>/dev/null || echo 0)
+        [[ ${offloads:-0} -gt 0 ]] && break
+      done
+      sleep 1
+      kill -KILL -- "-$job_pid" 2>/dev/null
+      wait "$job_pid" 2>/dev/null
+      echo "killed with $offloads offloads in the trace"
+      check rel-killed-dump "$actpage" dump "$killed"
+      "$actpage" dump --json "$killed" >"$out/rel-killed-dump.json" 2>"$out/rel-killed-dump.err"
+      "$python" - "$out/rel-killed-dump.json" "$offloads" <<'PY' || failed=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+ok = report["offload"]["count"] > 0 and int(sys.argv[2]) > 0
+print("killed trace: %s records, %s offloads (%s unfinished), warnings: %s -> %s" % (
+    report["records"]["total"], report["offload"]["count"], report["offload"]["unfinished"],
+    report["warnings"][:3], "readable" if ok else "NOT readable or no offload seen"))
+sys.exit(0 if ok else 1)
+PY
+      # (b) Poison catches an unsafe policy (and host_mapped survives it): the safety stage's check.
+      unsafe=$out/rel-unsafe-policy.json
+      for mode in poison host_mapped; do
+        printf '{"version": 1, "modules": [{"match": "*.mlp"}], "keep_last": 0, "release_after": "range_end", "stray_access": "%s"}\n' $mode >"$unsafe.$mode"
+      done
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check rel-safety-plain \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      check rel-safety-poison "$actpage" run --policy "$unsafe.poison" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      check rel-safety-host-mapped "$actpage" run --policy "$unsafe.host_mapped" -- \
+        "$python" examples/train_llama.py "${small_llama[@]}" --steps 4 --warmup 1 --deterministic
+      "$python" scripts/gpu_report.py safety "$out/rel-safety-plain.log" "$out/rel-safety-poison.log" \
+        "$out/rel-safety-host-mapped.log" --json "$out/rel-safety.json" || failed=1
+      # (c) 200 steps with and without actpage, deterministic: losses bit for bit.
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check rel-llama-plain \
+        "$python" examples/train_llama.py "${rel_llama[@]}" --steps 200 --warmup 5 --deterministic
+      check rel-llama-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/rel-llama.trace" -- \
+        "$python" examples/train_llama.py "${rel_llama[@]}" --steps 200 --warmup 5 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/rel-llama-plain.log" "$out/rel-llama-actpage.log" \
+        --trace "$out/rel-llama.trace" --actpage "$actpage" --json "$out/rel-llama.json" || failed=1
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check rel-qwen-plain \
+        "$python" examples/train_qwen3_moe.py "${rel_qwen[@]}" --steps 200 --warmup 5 --deterministic
+      check rel-qwen-actpage "$actpage" run --policy config/qwen3-moe-experts.json --trace "$out/rel-qwen.trace" -- \
+        "$python" examples/train_qwen3_moe.py "${rel_qwen[@]}" --steps 200 --warmup 5 --deterministic
+      "$python" scripts/gpu_report.py pair "$out/rel-qwen-plain.log" "$out/rel-qwen-actpage.log" \
+        --trace "$out/rel-qwen.trace" --actpage "$actpage" --json "$out/rel-qwen.json" || failed=1
       ;;
     safety)
       say "safety: release at the MLP's own end (its output is read again by the residual add)"

@@ -364,15 +364,23 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   } else {
     recycle_event(event);
     note_failure("recording the stream point of a free", status);
-    // Without an event, wait for the stream now: correctness over speed.
+    // Without an event, wait for the stream now: correctness over speed. Each step is checked
+    // and retried (a failed record used to leave nothing to wait on): a range reused before the
+    // job's stream passed its free is overwritten or unmapped under a kernel still reading it.
     lock.unlock();
-    auto sync = device_.create_event();
-    if (sync.ok()) {
-      (void)device_.record_event(*sync, stream);
-      (void)device_.synchronize_event(*sync);
+    bool waited = false;
+    for (int attempt = 0; attempt < 100 && !waited; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      auto sync = device_.create_event();
+      if (!sync.ok()) continue;
+      waited = device_.record_event(*sync, stream).ok() && device_.synchronize_event(*sync).ok();
       (void)device_.destroy_event(*sync);
     }
     lock.lock();
+    if (!waited) {
+      ACTPAGE_WARN_ONCE("engine.free_unordered",
+                        "cannot wait for the free of {:#x} on its stream; its range may be reused early", ptr);
+    }
   }
   switch (allocation.state) {
     case PageState::resident:
@@ -880,16 +888,30 @@ bool DeviceEngine::issue_offload(Allocation& allocation) {
     if (stream == allocation.stream) release = event;
   }
   Status status = device_.stream_wait_event(copy_stream_, release);
-  if (status.ok()) status = device_.copy_to_host(block->pointer, allocation.va, allocation.bytes, copy_stream_);
+  bool copy_enqueued = false;
+  if (status.ok()) {
+    status = device_.copy_to_host(block->pointer, allocation.va, allocation.bytes, copy_stream_);
+    copy_enqueued = status.ok();
+  }
   if (status.ok() && options_.stray_access == StrayAccess::poison) {
     status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
   }
   EventHandle done = acquire_event();
   if (status.ok()) status = device_.record_event(done, copy_stream_);
+  // Once the copy is enqueued its end must be known: until then it reads the pages (which must not
+  // be reused or unmapped, rule 5) and writes the block. Retry the completion event.
+  for (int attempt = 0; copy_enqueued && !status.ok() && attempt < 8; ++attempt) {
+    recycle_event(done);
+    done = acquire_event();
+    status = device_.record_event(done, copy_stream_);
+  }
   if (!status.ok()) {
     // Nothing was given back; the data is where it was. Stay resident.
     recycle_event(done);
-    host_pool_->free(*block);
+    // A copy already enqueued may still be writing into the block, with no event to tell when it
+    // ends: the block is not handed out again (the pool frees it when it goes) rather than let
+    // that copy overwrite another activation's host copy.
+    if (!copy_enqueued) host_pool_->free(*block);
     note_failure("issuing an offload copy", status);
     keep_resident(allocation);
     return false;
@@ -1382,7 +1404,11 @@ void DeviceEngine::start_iteration() {
   cursor_ = 0;
   ++iteration_;
   ++stats_.iterations;
-  forward_order_.clear();
+  // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
+  // schedule (1F1B) runs the next forward before the last one's backward, and another job thread
+  // may be between its forward and backward. Dropping them would leave their pages offloaded when
+  // backward reads them.
+  std::erase_if(forward_order_, [&](std::uint32_t id) { return groups_.find(id) == groups_.end(); });
   if (auto* writer = trace::active()) {
     trace::IterationPayload payload{iteration_};
     writer->record(trace::RecordType::iteration, payload);

@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <unordered_set>
 #include <utility>
 
 #include "trace/sys_error.hpp"
+#include "trace/utf8.hpp"
 
 namespace actpage::trace {
 namespace {
@@ -103,7 +105,13 @@ class Decoder {
                                ": skipped");
       return;
     }
-    std::string text(reinterpret_cast<const char*>(body.data() + sizeof prefix), prefix.length);
+    bool repaired = false;
+    std::string text = valid_utf8(
+        std::string_view(reinterpret_cast<const char*>(body.data() + sizeof prefix), prefix.length), &repaired);
+    if (repaired) {
+      file_.warnings.push_back(std::string(record_type_name(header.type)) + " record at byte " +
+                               std::to_string(offset) + " holds text that is not UTF-8: bad bytes read as U+FFFD");
+    }
     if (header.type == RecordType::message) {
       Timed<TextPayload> message;
       message.type = header.type;
@@ -125,50 +133,73 @@ class Decoder {
   std::unordered_map<std::uint16_t, std::uint64_t> unknown_by_type_;
 };
 
-// Builds every path node's leaf and full text once the whole file is known.
+// Deeper paths than this are taken as corrupt (a real job nests a few dozen ranges): the node is
+// shown as "?/<its name>", which bounds the text a damaged file can make the reader build.
+constexpr std::uint32_t kMaxPathDepth = 256;
+
+// Builds every path node's leaf and full text once the whole file is known. Each node's text is its
+// parent's plus its own name, resolved once (memoised), so a corrupt file with long parent chains
+// or cycles costs time linear in its nodes.
 void resolve_paths(TraceFile& file) {
   std::uint64_t missing_names = 0;
   std::uint64_t missing_parents = 0;
-  for (const auto& [id, node] : file.path_nodes) {
-    ResolvedPath resolved;
-    auto leaf = file.names.find(node.name_id);
-    if (leaf != file.names.end()) {
-      resolved.leaf = leaf->second;
-    } else {
-      resolved.leaf = "(name " + std::to_string(node.name_id) + ")";
-      ++missing_names;
-    }
-    resolved.backward = (node.flags & kPathBackward) != 0;
-    // Walk to the top; the bound stops a cycle in a corrupt file.
-    std::vector<std::string_view> parts;
-    std::vector<std::string> placeholders;
-    std::uint32_t current = id;
+  std::unordered_set<std::uint32_t> incomplete;  // resolved nodes with an undefined ancestor or a cycle
+  auto name_of = [&](std::uint32_t name_id, bool* missing) {
+    auto found = file.names.find(name_id);
+    if (found != file.names.end()) return found->second;
+    if (missing != nullptr) *missing = true;
+    return "(name " + std::to_string(name_id) + ")";
+  };
+  std::vector<std::uint32_t> chain;
+  std::unordered_set<std::uint32_t> on_chain;
+  for (const auto& entry : file.path_nodes) {
+    if (file.paths.count(entry.first) != 0) continue;
+    // Walk up to the top, to an ancestor already resolved, or to a break (undefined or a cycle).
+    chain.clear();
+    on_chain.clear();
+    std::string base;
+    std::uint32_t base_depth = 0;
     bool complete = true;
-    for (std::size_t steps = 0; current != 0; ++steps) {
-      auto found = file.path_nodes.find(current);
-      if (found == file.path_nodes.end() || steps > file.path_nodes.size()) {
+    for (std::uint32_t current = entry.first;;) {
+      if (current == 0) break;
+      auto resolved = file.paths.find(current);
+      if (resolved != file.paths.end()) {
+        base = resolved->second.full;
+        base_depth = resolved->second.depth;
+        complete = incomplete.count(current) == 0;
+        break;
+      }
+      auto node = file.path_nodes.find(current);
+      if (node == file.path_nodes.end() || !on_chain.insert(current).second) {
+        base = "?";
         complete = false;
         break;
       }
-      auto name = file.names.find(found->second.name_id);
-      if (name != file.names.end()) {
-        parts.push_back(name->second);
-      } else {
-        placeholders.push_back("(name " + std::to_string(found->second.name_id) + ")");
-        parts.push_back(placeholders.back());
+      chain.push_back(current);
+      current = node->second.parent;
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const PathPayload& node = file.path_nodes.at(*it);
+      ResolvedPath resolved;
+      bool missing = false;
+      resolved.leaf = name_of(node.name_id, &missing);
+      if (missing) ++missing_names;
+      resolved.backward = (node.flags & kPathBackward) != 0;
+      if (base_depth >= kMaxPathDepth) {
+        base = "?";
+        base_depth = 0;
+        complete = false;
       }
-      current = found->second.parent;
+      resolved.full = base.empty() ? resolved.leaf : base + "/" + resolved.leaf;
+      resolved.depth = base_depth + 1;
+      if (!complete) {
+        ++missing_parents;
+        incomplete.insert(*it);
+      }
+      base = resolved.full;
+      base_depth = resolved.depth;
+      file.paths.emplace(*it, std::move(resolved));
     }
-    if (!complete) {
-      ++missing_parents;
-      resolved.full = "?";
-    }
-    for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-      if (!resolved.full.empty()) resolved.full += '/';
-      resolved.full.append(*it);
-    }
-    resolved.depth = static_cast<std::uint32_t>(parts.size());
-    file.paths.emplace(id, std::move(resolved));
   }
   if (missing_names != 0) {
     file.warnings.push_back(std::to_string(missing_names) + " path node(s) use a name id that no NAME record defines");
@@ -262,7 +293,7 @@ Result<TraceFile> read_trace_bytes(std::span<const std::byte> bytes, std::string
                                               std::to_string(sizeof(FileHeader)) + " or more, a multiple of 8");
   }
   if (file.header.header_bytes > bytes.size()) return header_truncated(file.header.header_bytes);
-  file.hostname.assign(file.header.hostname, strnlen(file.header.hostname, sizeof file.header.hostname));
+  file.hostname = valid_utf8(std::string_view(file.header.hostname, strnlen(file.header.hostname, sizeof file.header.hostname)));
 
   Decoder decoder(file);
   bool corrupt = false;

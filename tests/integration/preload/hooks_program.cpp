@@ -15,11 +15,14 @@
 //        hooks_program fork PARENT_MANIFEST CHILD_MANIFEST
 //        hooks_program env OUTPUT            (writes PYTORCH_CUDA_ALLOC_CONF)
 //        hooks_program active OUTPUT         (writes actpage_is_active() and actpage_python_hooks_mode())
+//        hooks_program loop SECONDS          (allocates and frees inside ranges until SECONDS passed,
+//                                             prints "running" after the first round: a job to kill)
 #include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -531,8 +534,25 @@ int main(int argc, char** argv) {
                                    std::to_string(hooks_mode != nullptr ? hooks_mode() : -1) + " " +
                                    (allocated ? "allocated" : "failed"));
   }
+  if (mode == "loop" && argc == 3) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::atof(argv[2]));
+    for (long round = 0; std::chrono::steady_clock::now() < end; ++round) {
+      push("model");
+      push("model.layers.0.mlp");
+      void* p = nullptr;
+      if (cudaMallocAsync(&p, 2u << 20, nullptr) != cudaSuccess) return 1;
+      if (cudaFreeAsync(p, nullptr) != cudaSuccess) return 1;
+      pop();
+      pop();
+      if (round == 0) {
+        std::printf("running\n");
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
   std::fprintf(stderr,
-               "usage: %s calls MANIFEST preloaded|plain | fork PARENT CHILD | env OUTPUT | active OUTPUT\n",
+               "usage: %s calls MANIFEST preloaded|plain | fork PARENT CHILD | env OUTPUT | active OUTPUT | loop SECONDS\n",
                argv[0]);
   return 2;
 }

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -54,7 +56,11 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
     options.vmm_cache_bytes = pick(0, 64) * 64 * kKiB;
     if (options.host_pool_bytes < 512 * kMiB) options.host_pool_bytes = pick(1, 32) * 64 * kKiB;
   }
+  // Policies that release early: at the module's own range end (the job then reads outputs
+  // before the range closes, as a model whose residual add lies inside the module would).
   options.release_after = ReleaseAfter::enclosing_range;
+  if (!small && pick(0, 3) == 0) options.release_after = ReleaseAfter::range_end;
+  const bool early = options.release_after == ReleaseAfter::range_end;
   switch (pick(0, 5)) {
     case 0: options.stray_access = StrayAccess::poison; break;
     case 1: options.stray_access = StrayAccess::host_mapped; break;
@@ -110,7 +116,12 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
               job.free(tensor);
               break;
             case 1:  // output read after the module's range closed (residual)
-              outputs.push_back(tensor);
+              if (early) {
+                job.check(tensor);
+                job.free(tensor);
+              } else {
+                outputs.push_back(tensor);
+              }
               break;
             default:  // saved for backward
               saved[name].push_back(tensor);
@@ -180,6 +191,141 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   const auto left = device.stats();
   EXPECT_TRUE(left.clean()) << "seed " << seed << ": " << left.to_string();
   return totals;
+}
+
+// Many job threads, each with its own stream and its own model, on one engine and one device at
+// once (several training loops in one process, or a loop and an evaluation thread): each thread's
+// activations must come back intact whatever the engine decides for the others.
+TortureTotals run_threaded_case(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  Options options = Options::defaults();
+  options.mode = Mode::offload;
+  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  options.min_bytes = 4 * kKiB;
+  options.keep_last = pick(0, 1);
+  options.max_inflight_copies = pick(1, 4);
+  options.prefetch_ahead_bytes = pick(0, 16) * 64 * kKiB;
+  options.vmm_cache_bytes = pick(0, 32) * 64 * kKiB;
+  options.vmm_arena_bytes = 64ull << 30;
+  options.host_pool_bytes = 256 * kMiB;
+  options.host_pool_slab_bytes = 1 * kMiB;
+  options.host_pool_prealloc_bytes = 4 * kMiB;
+  options.stray_access = pick(0, 2) == 0 ? StrayAccess::host_mapped : StrayAccess::fault;
+  SimDeviceConfig config;
+  config.seed = seed;
+  config.max_delay_us = static_cast<std::uint32_t>(pick(0, 20));
+  config.capacity_bytes = 16ull << 30;
+  config.granularity = 64 * kKiB;
+  SimDevice device(config);
+  Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
+  ranges::set_listener(&engine);
+
+  const int threads = static_cast<int>(pick(2, 6));
+  std::vector<StreamHandle> streams;
+  std::vector<std::unique_ptr<SimJob>> jobs;
+  std::vector<std::uint64_t> seeds;
+  for (int t = 0; t < threads; ++t) {
+    streams.push_back(*device.create_stream(0));
+    jobs.push_back(std::make_unique<SimJob>(device, engine, streams.back()));
+    seeds.push_back(rng());
+  }
+  std::atomic<std::uint64_t> allocations{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 local(seeds[t]);
+      auto roll = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(local); };
+      SimJob& job = *jobs[t];
+      const std::string model = "job" + std::to_string(t);
+      const int layers = static_cast<int>(roll(1, 4));
+      for (int iteration = 0, iterations = static_cast<int>(roll(2, 4)); iteration < iterations; ++iteration) {
+        std::vector<std::vector<Tensor>> saved(layers);
+        job.push(model);
+        for (int layer = 0; layer < layers; ++layer) {
+          const std::string name = model + ".layers." + std::to_string(layer);
+          job.push(name);
+          job.push(name + ".mlp");
+          for (int k = 0, count = static_cast<int>(roll(1, 3)); k < count; ++k) {
+            Tensor tensor = job.allocate(roll(1, 256) * kKiB);
+            allocations.fetch_add(1);
+            job.write(tensor);
+            saved[layer].push_back(tensor);
+          }
+          job.pop();
+          job.pop();
+          if (roll(0, 5) == 0 && !saved[layer].empty()) {  // a free racing the offload
+            job.free(saved[layer].back());
+            saved[layer].pop_back();
+          }
+        }
+        job.pop();
+        if (roll(0, 3) != 0) {
+          // Backward on this job's own autograd thread.
+          std::thread autograd([&] {
+            for (int layer = layers; layer-- > 0;) {
+              const std::string name = model + ".layers." + std::to_string(layer);
+              job.marker(name + ".backward");
+              job.marker(name + ".mlp.backward");
+              for (const Tensor& tensor : saved[layer]) {
+                job.check(tensor);
+                job.free(tensor);
+              }
+            }
+          });
+          autograd.join();
+        } else {
+          for (auto& tensors : saved) {
+            for (const Tensor& tensor : tensors) job.free(tensor);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  engine.quiesce();
+  device.synchronize();
+  TortureTotals totals;
+  const EngineStats stats = engine.stats();
+  totals.allocations = allocations.load();
+  totals.offloads = stats.offloads_completed;
+  totals.reloads = stats.reloads_completed;
+  for (auto& job : jobs) {
+    totals.bytes_checked += job->bytes_checked();
+    EXPECT_EQ(job->mismatches(), 0u) << "seed " << seed;
+    EXPECT_EQ(job->failed(), 0u) << "seed " << seed;
+  }
+  EXPECT_EQ(device.fault_count(), 0u) << "seed " << seed << ": " << (device.faults().empty() ? "" : device.faults()[0]);
+  EXPECT_EQ(stats.live_owned_bytes, 0u) << "seed " << seed;
+  EXPECT_EQ(stats.offloaded_bytes_now, 0u) << "seed " << seed;
+  ranges::set_listener(nullptr);
+  engine.shutdown();
+  device.synchronize();
+  for (StreamHandle stream : streams) (void)device.destroy_stream(stream);
+  const auto left = device.stats();
+  EXPECT_TRUE(left.clean()) << "seed " << seed << ": " << left.to_string();
+  return totals;
+}
+
+TEST(EngineTorture, ManyThreadsAndStreamsKeepEveryByteAndLeakNothing) {
+  // ACTPAGE_TORTURE_THREAD_SEEDS=N runs more cases (scripts/torture.sh).
+  const char* env = std::getenv("ACTPAGE_TORTURE_THREAD_SEEDS");
+  const std::uint64_t cases = env ? std::strtoull(env, nullptr, 10) : 40;
+  TortureTotals all;
+  for (std::uint64_t seed = 200001; seed < 200001 + cases; ++seed) {
+    TortureTotals totals = run_threaded_case(seed);
+    all.allocations += totals.allocations;
+    all.bytes_checked += totals.bytes_checked;
+    all.offloads += totals.offloads;
+    all.reloads += totals.reloads;
+    if (::testing::Test::HasFailure()) break;
+  }
+  std::printf("torture (threads): %llu cases, %llu allocations, %llu offloads, %llu reloads, %llu MiB checked\n",
+              static_cast<unsigned long long>(cases), static_cast<unsigned long long>(all.allocations),
+              static_cast<unsigned long long>(all.offloads), static_cast<unsigned long long>(all.reloads),
+              static_cast<unsigned long long>(all.bytes_checked >> 20));
+  EXPECT_GT(all.offloads, 0u);
+  EXPECT_GT(all.reloads, 0u);
 }
 
 TEST(EngineTorture, ThousandShortRandomJobsKeepEveryByteAndLeakNothing) {

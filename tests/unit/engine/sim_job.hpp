@@ -39,10 +39,20 @@ class PassThroughAllocator {
   explicit PassThroughAllocator(device::SimDevice& device) : device_(device) {}
   DevPtr allocate(std::size_t bytes) {
     const std::size_t mapped = (bytes + device_.granularity() - 1) / device_.granularity() * device_.granularity();
+    // A failure gives back what was made, as a real allocator would (fault tests count leaks).
     auto va = device_.reserve(mapped);
+    if (!va.ok()) return 0;
     auto physical = device_.create_physical(mapped, MemoryLocation::device);
-    if (!va.ok() || !physical.ok() || !device_.map(*va, mapped, *physical).ok()) return 0;
+    if (!physical.ok()) {
+      (void)device_.unreserve(*va, mapped);
+      return 0;
+    }
+    const bool mapped_ok = device_.map(*va, mapped, *physical).ok();
     (void)device_.release_physical(*physical);  // freed when unmapped
+    if (!mapped_ok) {
+      (void)device_.unreserve(*va, mapped);
+      return 0;
+    }
     return *va;
   }
   // Synchronous: the caller made sure the device is done with it.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -257,6 +258,46 @@ TEST(TraceReader, DuplicateNameKeepsTheFirst) {
   ASSERT_TRUE(file.ok());
   EXPECT_EQ(file->name(1), "first");
   EXPECT_EQ(file->warnings.size(), 1u);
+}
+
+// Found by fuzzing (tests/fuzz): resolving a path whose names were undefined read freed memory;
+// a cycle of parents, or a chain far deeper than any job nests, must resolve quickly and be marked.
+TEST(TraceReader, CyclesAndDeepChainsOfPathNodesResolveAndAreMarked) {
+  TraceBuilder builder;
+  builder.at(1).name(1, "a");
+  builder.at(2).path_node(10, 11, 1).path_node(11, 12, 2).path_node(12, 10, 3);  // a cycle, names 2 and 3 undefined
+  constexpr std::uint32_t kChain = 20000;
+  for (std::uint32_t id = 100; id < 100 + kChain; ++id) builder.path_node(id, id == 100 ? 0 : id - 1, 1);
+  auto file = read_trace_bytes(builder.bytes());
+  ASSERT_TRUE(file.ok());
+  ASSERT_NE(file->path(10), nullptr);
+  EXPECT_EQ(file->path(10)->leaf, "a");
+  EXPECT_EQ(file->path(10)->full.substr(0, 2), "?/");
+  EXPECT_NE(file->path(11)->full.find("(name 2)"), std::string::npos);
+  EXPECT_EQ(file->path(100)->full, "a");
+  EXPECT_EQ(file->path(100 + 255)->depth, 256u);
+  EXPECT_EQ(file->path(100 + 256)->full, "?/a");  // past the depth any job reaches: cut
+  EXPECT_LE(file->path(100 + kChain - 1)->depth, 256u);
+}
+
+// Found by fuzzing (tests/fuzz): a name that is not UTF-8 made `actpage dump --json` throw.
+TEST(TraceReader, TextThatIsNotUtf8IsReadWithReplacementCharacters) {
+  TraceBuilder builder;
+  builder.hostname("node\xff");
+  builder.at(1).name(1, "mlp\xc3").name(2, "caf\xc3\xa9").name(3, "\xe0\x80\xafx").name(4, "\xed\xa0\x80");
+  builder.at(2).message(5, "\x80note");
+  auto file = read_trace_bytes(builder.bytes());
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->hostname, "node\xEF\xBF\xBD");
+  EXPECT_EQ(file->name(1), "mlp\xEF\xBF\xBD");                          // cut sequence
+  EXPECT_EQ(file->name(2), "caf\xc3\xa9");                               // valid: kept as it is
+  EXPECT_EQ(file->name(3), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDx");  // overlong '/'
+  EXPECT_EQ(file->name(4), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");    // a surrogate
+  ASSERT_EQ(file->messages.size(), 1u);
+  EXPECT_EQ(file->messages[0].data.text, "\xEF\xBF\xBDnote");
+  EXPECT_EQ(std::count_if(file->warnings.begin(), file->warnings.end(),
+                          [](const std::string& w) { return w.find("not UTF-8") != std::string::npos; }),
+            4);
 }
 
 TEST(TraceReader, EmptyAndHeaderOnlyFiles) {
