@@ -213,7 +213,7 @@ PY
           "${job[@]}" --result-json "$out/dist-$parallel-plain-rank%r.json"
         CUDA_VISIBLE_DEVICES=0,1 ACTPAGE_LOG_LEVEL=info check "dist-$parallel-actpage" "$actpage" run --policy config/llama-mlp.json \
           --trace "$out/dist-$parallel-rank%r-%p.trace" -- "${job[@]}" --result-json "$out/dist-$parallel-actpage-rank%r.json"
-        grep -E '^\[actpage rank [0-9]+\] info: (tracing to|engine:)' "$out/dist-$parallel-actpage.log" | cut -c1-240
+        grep -E '\[actpage rank [0-9]+\] info: (tracing to|engine:)' "$out/dist-$parallel-actpage.log" | cut -c1-240
       done
       ls -la "$out"/dist-*.trace 2>/dev/null
       "$python" scripts/distributed_report.py "$out" --json "$out/distributed.json" || failed=1
