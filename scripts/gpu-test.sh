@@ -24,6 +24,8 @@
 #            `actpage dump` reads; the safety stage's poison check; Llama (config/llama-mlp.json) and
 #            Qwen3-MoE (config/qwen3-moe-experts.json) 200 steps, plain vs actpage, losses compared
 #            bit for bit under deterministic algorithms. Small models: ~5 minutes in all.
+#   distributed  DDP and FSDP2 on 2 GPUs (torchrun, NCCL), each without and under actpage
+#            (config/llama-mlp.json), 20 steps: per-rank losses, peaks and step times side by side
 #
 # Usage: scripts/gpu-test.sh STAGE...
 # Logs, traces and JSON reports go to out/gpu (ACTPAGE_GPU_OUT); when $OUT is set (the device tool),
@@ -309,6 +311,25 @@ PY
         "$actpage" dump "$out/plan-$job-planned.trace" --perfetto "$out/plan-$job-planned.perfetto.json" >/dev/null 2>&1
         tail -n 3 "$out/plan-$job-diff.txt"
       done
+      ;;
+    distributed)
+      say "distributed: DDP and FSDP2 on 2 GPUs, without and under actpage (config/llama-mlp.json), 20 steps"
+      gpus=$(nvidia-smi -L | grep -c '^GPU')
+      if (( gpus < 2 )); then
+        echo "FAILED: distributed needs 2 GPUs, this machine has $gpus (ask for nvidia-h200-x2)"; failed=1; continue
+      fi
+      if command -v torchrun >/dev/null; then torchrun=(torchrun); else torchrun=("$python" -m torch.distributed.run); fi
+      dist_llama=(--layers 8 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4 --steps 20 --warmup 5 --deterministic)
+      for parallel in ddp fsdp2; do
+        job=("${torchrun[@]}" --standalone --nproc-per-node 2 examples/train_distributed.py --parallel "$parallel" "${dist_llama[@]}")
+        CUDA_VISIBLE_DEVICES=0,1 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check "dist-$parallel-plain" \
+          "${job[@]}" --result-json "$out/dist-$parallel-plain-rank%r.json"
+        CUDA_VISIBLE_DEVICES=0,1 ACTPAGE_LOG_LEVEL=info check "dist-$parallel-actpage" "$actpage" run --policy config/llama-mlp.json \
+          --trace "$out/dist-$parallel-rank%r-%p.trace" -- "${job[@]}" --result-json "$out/dist-$parallel-actpage-rank%r.json"
+        grep -E '\[actpage rank [0-9]+\] info: (tracing to|engine:)' "$out/dist-$parallel-actpage.log" | cut -c1-240
+      done
+      ls -la "$out"/dist-*.trace 2>/dev/null
+      "$python" scripts/distributed_report.py "$out" --json "$out/distributed.json" || failed=1
       ;;
     *) echo "unknown stage $stage" >&2; failed=1 ;;
   esac

@@ -21,6 +21,14 @@ int actpage_python_hooks_scope(void);
 int actpage_module_rule_matches(const char* name);
 /* Flushes the trace file (if any) to disk. */
 void actpage_flush_trace(void);
+/* An outermost module forward call begins on the calling thread (one micro-batch through the model
+   or a pipeline stage's chunk): returns its id, never 0. Activations allocated on this thread until
+   the next call belong to it. */
+unsigned long long actpage_begin_forward_pass(void);
+/* The next backward marker ("<path>.backward") pushed on the calling thread belongs to the forward
+   call `id` (from actpage_begin_forward_pass): only that call's activations of the module are
+   brought back. 0 or never called: all of them. */
+void actpage_set_backward_pass(unsigned long long id);
 
 #ifdef __cplusplus
 }

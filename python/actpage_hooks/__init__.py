@@ -39,7 +39,8 @@ def installed():
     return _installed
 
 
-def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, scope=None):
+def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, scope=None,
+            pass_functions=None):
     """Registers the global module hooks (idempotent; imports torch).
 
     mode: 'auto' or 'on' (default: resolve_mode(); 'off' installs nothing and returns None).
@@ -48,6 +49,8 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
     with tensor hooks on the outputs (the fallback for older torch).
     scope: 'blocks' or 'all' (default: the library's python_hooks_scope, else
     ACTPAGE_PYTHON_HOOKS_SCOPE, else 'blocks'); see _hooks.ModuleHooks.
+    pass_functions: (begin_forward_pass, set_backward_pass) standing in for the library's
+    (default: libactpage.so's when it is loaded, else none).
     """
     global _installed
     with _lock:
@@ -64,7 +67,8 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
         scope = _mode.resolve_scope() if scope is None else scope
         _installed = hooks_module.ModuleHooks(mode, push=push, pop=pop, force=force,
                                               use_node_prehook=use_node_prehook, scope=scope,
-                                              rule_matches=_mode.library_rule_matcher()).install()
+                                              rule_matches=_mode.library_rule_matcher(),
+                                              pass_functions=pass_functions).install()
         _log.debug("installed (mode %s, scope %s)" % (mode, scope))
         return _installed
 

@@ -16,6 +16,12 @@ wrapper returning its last child's output) fire outermost first, so the markers 
 order of forward completion. Each forward call's marker fires once, at the first of its output nodes
 the engine reaches.
 
+Micro-batches (pipeline parallelism): each outermost forward call on a thread gets an id from
+libactpage.so (actpage_begin_forward_pass), and each marker tells the library the id of the forward
+call it belongs to just before it is pushed (actpage_set_backward_pass), so that a stage holding
+several micro-batches' activations brings back only the one backward is about to read. Without the
+library these calls are skipped.
+
 Every hook body is wrapped: an exception is reported once on stderr and never reaches the job.
 """
 
@@ -94,21 +100,39 @@ def find_grad_tensors(output, limit=_MAX_OUTPUT_TENSORS):
 
 
 class _Marker:
-    """One module forward call's "<path>.backward" marker; fires at most once."""
+    """One module forward call's "<path>.backward" marker; fires at most once. `forward_pass` is the
+    id of the outermost forward call it ran in (0: unknown)."""
 
-    __slots__ = ("name", "fired")
+    __slots__ = ("name", "fired", "forward_pass")
 
-    def __init__(self, name):
+    def __init__(self, name, forward_pass=0):
         self.name = name
         self.fired = False
+        self.forward_pass = forward_pass
+
+
+def _library_pass_functions():
+    """(begin_forward_pass, set_backward_pass) of the preloaded libactpage.so, or (None, None)."""
+    import ctypes
+
+    from . import _mode as mode
+
+    begin = mode._process_symbol("actpage_begin_forward_pass", ctypes.c_ulonglong, [])
+    mark = mode._process_symbol("actpage_set_backward_pass", None, [ctypes.c_ulonglong])
+    if begin is None or mark is None:
+        return None, None
+    return begin, mark
 
 
 class ModuleHooks:
     """The installed global hooks. One instance per process (see actpage_hooks.install)."""
 
     def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None, scope=None,
-                 rule_matches=None):
+                 rule_matches=None, pass_functions=None):
         self.mode = mode
+        # Forward-call ids for micro-batches (see the module docstring): the library's functions,
+        # or a pair of stand-ins (tests).
+        self._begin_pass, self._set_backward_pass = pass_functions or _library_pass_functions()
         # blocks: only the model, modules with children, the direct children of each repeated layer
         # and modules a policy rule names get hooks; the other leaves keep torch's fast call path
         # (global hooks would push every module call through the slow one). all: every module.
@@ -304,6 +328,8 @@ class ModuleHooks:
                 return None
             name = module.__dict__.get(_NAME_ATTR) or self.name_of(module)
             stack = self._stack()
+            if not stack and self._begin_pass is not None:
+                self._local.forward_pass = self._begin_pass()  # an outermost call: a new micro-batch
             try:
                 self._push(name)
             except Exception as error:
@@ -349,7 +375,7 @@ class ModuleHooks:
             tensors = find_grad_tensors(output)
         if not tensors:
             return
-        marker = _Marker(name + ".backward")
+        marker = _Marker(name + ".backward", getattr(self._local, "forward_pass", 0))
         # Graph nodes hooked during the current outermost forward (cleared when it ends): a wrapper
         # module often returns its last child's output, so both modules' markers share one hook on
         # that node, which fires them outermost first. The table holds the nodes only as long as
@@ -377,6 +403,8 @@ class ModuleHooks:
             for marker in reversed(markers):  # outermost module first
                 if not marker.fired:
                     marker.fired = True
+                    if marker.forward_pass and self._set_backward_pass is not None:
+                        self._set_backward_pass(marker.forward_pass)
                     self._push(marker.name)
                     self._pop()
         except Exception as error:

@@ -41,7 +41,7 @@ spdlog::logger& logger() {
 void configure(LogLevel level, int rank) {
   auto& l = logger();
   l.set_level(to_spdlog(level));
-  if (rank > 0) {
+  if (rank >= 0) {
     l.set_pattern("[actpage rank " + std::to_string(rank) + "] %^%l%$: %v");
   } else {
     l.set_pattern("[actpage] %^%l%$: %v");

@@ -13,7 +13,8 @@
 
 namespace actpage::log {
 
-// Sets the level and the prefix (which carries the rank of a distributed job). Safe to call again.
+// Sets the level and the prefix, which carries the rank of a distributed job ("[actpage rank 1]";
+// rank < 0: not a distributed job, "[actpage]"). Safe to call again.
 void configure(LogLevel level, int rank);
 spdlog::logger& logger();
 // True the first time it is called with a given key in this process.

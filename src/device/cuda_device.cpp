@@ -275,9 +275,25 @@ Status CudaDevice::free_pinned(void* ptr) {
 // ---------------------------------------------------------------------------------------------
 // Streams and events
 
+// Streams and events belong to the context current when they are made. The engine makes them on
+// whatever thread needs one, and in a process driving several devices that thread's current context
+// may be another device's (or none): make this device's current meanwhile, then restore the caller's.
+template <class Fn>
+CUresult CudaDevice::in_own_context(Fn&& make) {
+  CUcontext caller = nullptr;
+  if (driver_.cuCtxGetCurrent(&caller) != CUDA_SUCCESS) caller = nullptr;
+  if (caller == context_) return make();
+  const CUresult switched = driver_.cuCtxSetCurrent(context_);
+  if (switched != CUDA_SUCCESS) return switched;
+  const CUresult result = make();
+  (void)driver_.cuCtxSetCurrent(caller);
+  return result;
+}
+
 Result<StreamHandle> CudaDevice::create_stream(int priority) {
   CUstream stream = nullptr;
-  const CUresult result = driver_.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, priority);
+  const CUresult result =
+      in_own_context([&] { return driver_.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, priority); });
   if (result != CUDA_SUCCESS) {
     return driver_.check(result, "cuStreamCreateWithPriority",
                          "creating a stream of priority " + std::to_string(priority) + " on " + device_text(ordinal_));
@@ -294,7 +310,8 @@ Status CudaDevice::destroy_stream(StreamHandle stream) {
 Result<EventHandle> CudaDevice::create_event() {
   CUevent event = nullptr;
   // Blocking sync: actpage's workers wait on events; spinning would take a core from the job.
-  const CUresult result = driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
+  const CUresult result =
+      in_own_context([&] { return driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC); });
   if (result != CUDA_SUCCESS) {
     return driver_.check(result, "cuEventCreate", "creating an event on " + device_text(ordinal_));
   }

@@ -93,6 +93,9 @@ class CudaDevice final : public Device {
 
  private:
   explicit CudaDevice(const DriverApi& driver) : driver_(driver) {}
+  // Runs `make` (a driver call creating a stream or an event) with this device's context current.
+  template <class Fn>
+  CUresult in_own_context(Fn&& make);
 
   const DriverApi& driver_;
   int ordinal_ = 0;

@@ -6,6 +6,7 @@
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "common/units.hpp"
+#include "engine/forward_pass.hpp"
 #include "trace/writer.hpp"
 
 namespace actpage::engine {
@@ -428,12 +429,15 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   }
 }
 
-void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
+void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) return;
   if (!in_backward_) backward_begins();
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
+  // With a forward pass id, only that forward call's: in a pipeline stage the same module has
+  // several micro-batches' groups offloaded, and backward reads only one of them (a group of
+  // unknown pass is always included).
   // Allocations are remembered by address and pointer: one may be disposed of while this thread
   // waits (freed by the job during its reload), so a pointer is only compared, never followed,
   // until the address lookup proves it alive.
@@ -444,6 +448,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
     if (found == groups_.end()) continue;
     Group& group = *found->second;
     if (std::find(group.names.begin(), group.names.end(), module_name) == group.names.end()) continue;
+    if (forward_pass != 0 && group.forward_pass != 0 && group.forward_pass != forward_pass) continue;
     first_position = std::min(first_position, position);
     for (Allocation* allocation : group.allocations) {
       request_reload(*allocation, /*urgent=*/true);
@@ -451,7 +456,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name) {
     }
   }
   if (needed.empty()) return;
-  prefetch_before(first_position);
+  prefetch_before(first_position, forward_pass);
 
   auto alive = [&](const std::pair<DevPtr, const Allocation*>& entry) -> Allocation* {
     auto it = allocations_.find(entry.first);
@@ -561,6 +566,7 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
       plan_last_iteration_[group->position].selected == verdict.selected) {
     group->planned_bytes = plan_last_iteration_[group->position].bytes;
   }
+  group->forward_pass = forward_pass::current();
   const ranges::PathId parent = registry.node(verdict.selected).parent;
   group->layer_node = parent != ranges::kNoPath ? parent : verdict.selected;
   group->release_node =
@@ -745,11 +751,13 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
   }
 }
 
-void DeviceEngine::prefetch_before(std::uint64_t position) {
+void DeviceEngine::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
   std::uint64_t budget = 0;
   for (std::uint64_t at = position; at-- > 0;) {
     auto found = groups_.find(forward_order_[at]);
     if (found == groups_.end()) continue;
+    const std::uint64_t pass = found->second->forward_pass;
+    if (forward_pass != 0 && pass != 0 && pass != forward_pass) continue;
     for (Allocation* allocation : found->second->allocations) {
       if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
       budget += allocation->bytes;

@@ -61,7 +61,9 @@ class DeviceEngine {
 
   // Range events of the job's threads, forwarded by Engine.
   void on_pop(ranges::PathId node);
-  void on_backward_marker(ranges::NameId module_name);
+  // `forward_pass`: the id of the forward call the marker belongs to (engine/forward_pass.hpp), or
+  // 0 when unknown: then every group of the module is asked for.
+  void on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass = 0);
 
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
@@ -124,6 +126,7 @@ class DeviceEngine {
     std::size_t planned_bytes = 0;                  // the same group's bytes last iteration; 0 none
     Window* window = nullptr;                       // the group's window, once made
     bool window_tried = false;
+    std::uint64_t forward_pass = 0;                 // the creating thread's forward call (0: unknown)
     std::vector<Allocation*> allocations;           // live ones
     std::vector<ranges::NameId> names;              // selected range's name and its parent's
     std::vector<std::pair<StreamHandle, EventHandle>> release_events;
@@ -143,7 +146,9 @@ class DeviceEngine {
   void keep_resident(Allocation& allocation);
   void backward_begins();
   void request_reload(Allocation& allocation, bool urgent);
-  void prefetch_before(std::uint64_t position);
+  // Requests the groups before `position` in forward order; with a forward pass id, only that
+  // forward call's (and unknown ones'): another micro-batch's backward is not next.
+  void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
@@ -223,7 +228,7 @@ class DeviceEngine {
   std::uint32_t next_group_id_ = 1;
   std::vector<Group*> open_groups_;       // not yet sealed, any thread
   std::deque<std::vector<Group*>> keep_window_;  // released layers held back by keep_last
-  std::vector<std::uint32_t> forward_order_;     // this iteration's groups, in forward order
+  std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
   ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
   std::deque<Allocation*> offload_queue_;
   std::deque<Allocation*> offload_inflight_;

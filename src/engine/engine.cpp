@@ -4,6 +4,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "engine/forward_pass.hpp"
 
 namespace actpage::engine {
 
@@ -97,9 +98,10 @@ void Engine::on_push(ranges::PathId node) {
     auto module = classifier_.backward_module(node);
     if (!module) return;
     const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
+    const std::uint64_t pass = forward_pass::take_backward();  // the Python hooks' hint, once
     for_each_device([&](DeviceEngine& engine) {
       JobThreadTimer timer(&engine);
-      engine.on_backward_marker(name);
+      engine.on_backward_marker(name, pass);
     });
   }
 }

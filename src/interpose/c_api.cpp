@@ -1,6 +1,7 @@
 // The C API of include/actpage/c_api.h, for the Python hook package (ctypes) and tests.
 #include "actpage/c_api.h"
 
+#include "engine/forward_pass.hpp"
 #include "interpose/runtime.hpp"
 
 #define ACTPAGE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -11,3 +12,5 @@ ACTPAGE_EXPORT int actpage_python_hooks_mode(void) { return actpage::interpose::
 ACTPAGE_EXPORT int actpage_python_hooks_scope(void) { return actpage::interpose::python_hooks_scope(); }
 ACTPAGE_EXPORT int actpage_module_rule_matches(const char* name) { return actpage::interpose::module_rule_matches(name); }
 ACTPAGE_EXPORT void actpage_flush_trace(void) { actpage::interpose::flush_trace(); }
+ACTPAGE_EXPORT unsigned long long actpage_begin_forward_pass(void) { return actpage::engine::forward_pass::begin(); }
+ACTPAGE_EXPORT void actpage_set_backward_pass(unsigned long long id) { actpage::engine::forward_pass::set_backward(id); }

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -109,12 +110,15 @@ Interposer& interposer_instance() {
 
 // --- Step 1: options
 
+// The job's rank as torchrun (and torch.distributed's other launchers, mpirun through
+// OMPI_COMM_WORLD_RANK aside) set it in each worker's environment: RANK; -1 when not set or not a
+// number (not a distributed job).
 int rank_from_environment() {
   const char* text = std::getenv("RANK");
-  if (text == nullptr || *text == '\0') return 0;
+  if (text == nullptr || *text == '\0') return -1;
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
-  return end != nullptr && *end == '\0' && value >= 0 && value < (1L << 30) ? static_cast<int>(value) : 0;
+  return end != nullptr && *end == '\0' && value >= 0 && value < (1L << 30) ? static_cast<int>(value) : -1;
 }
 
 void load_options_locked(ProcessState& state) {
@@ -123,7 +127,10 @@ void load_options_locked(ProcessState& state) {
   struct Settle {
     ~Settle() { g_options_settled.store(true, std::memory_order_release); }
   } settle;
-  state.rank = rank_from_environment();
+  // Logs name the rank whenever the job is distributed (rank 0 too); trace paths and headers use 0
+  // for a job that is not.
+  const int rank = rank_from_environment();
+  state.rank = std::max(rank, 0);
   const char* policy_path = std::getenv("ACTPAGE_POLICY");
   policy::LoadResult loaded = policy::load(policy_path != nullptr ? policy_path : "", policy::process_environment());
   if (!loaded.ok()) {
@@ -134,7 +141,7 @@ void load_options_locked(ProcessState& state) {
     return;
   }
   state.options = std::move(loaded.options);
-  log::configure(state.options.log_level, state.rank);
+  log::configure(state.options.log_level, rank);
   if (!state.options.enabled) {
     ACTPAGE_LOG_INFO("disabled by the policy (enabled: false): every call passes through");
     return;

@@ -4,7 +4,7 @@
 set(ACTPAGE_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
   "Python interpreter with torch (Debian's python3-torch) for the python tests")
 
-foreach(test_name hooks sitecustomize examples compare_runs bench plan_compare)
+foreach(test_name hooks sitecustomize examples compare_runs bench plan_compare micro_batches distributed)
   add_test(NAME python.${test_name}
     COMMAND "${ACTPAGE_TEST_PYTHON}" -m unittest -v test_${test_name}
     WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}")

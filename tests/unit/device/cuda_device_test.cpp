@@ -211,6 +211,35 @@ TEST_F(FakeDriver, AContextOfAnotherDeviceIsLeftAloneAndRestored) {
   EXPECT_EQ(current_context(), job) << "create() did not restore the caller's context";
 }
 
+TEST_F(FakeDriver, StreamsAndEventsAreMadeInTheDevicesContextWhateverIsCurrent) {
+  // A process driving two devices: the engine of device 0 may make an event on a thread whose
+  // current context is device 1's (or none). Events and streams belong to the context current
+  // when they are made, so the device makes its own current meanwhile and restores the caller's.
+  auto device = make_device(0);
+  ASSERT_NE(device, nullptr);
+  auto created_in = control<void* (*)(unsigned long long)>("fake_cuda_created_in");
+  for (const char* caller_case : {"device 1's context", "no context", "the device's own context"}) {
+    SCOPED_TRACE(caller_case);
+    if (caller_case[0] == 'd') {
+      use_job_context(1);
+    } else if (caller_case[0] == 'n') {
+      use_job_context(-1);
+    } else {
+      ACTPAGE_ASSERT_OK(device->bind_thread());
+    }
+    void* caller = current_context();
+    auto event = device->create_event();
+    ACTPAGE_ASSERT_OK(event.status());
+    auto stream = device->create_stream(0);
+    ACTPAGE_ASSERT_OK(stream.status());
+    EXPECT_EQ(created_in(event->value), device->context());
+    EXPECT_EQ(created_in(stream->value), device->context());
+    EXPECT_EQ(current_context(), caller) << "the caller's context was not restored";
+    ACTPAGE_ASSERT_OK(device->destroy_event(*event));
+    ACTPAGE_ASSERT_OK(device->destroy_stream(*stream));
+  }
+}
+
 TEST_F(FakeDriver, GranularitySuitsDeviceAndHostMemory) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);

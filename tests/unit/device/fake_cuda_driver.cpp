@@ -35,6 +35,7 @@ struct State {
   int location_types_tried = 0;  // bit per CUmemLocationType asked of cuMemCreate
   unsigned long long next_handle = 0x100;
   CUdeviceptr next_va = 0x7f0000000000ull;
+  std::map<unsigned long long, CUcontext> created_in;  // stream or event -> context current then
 };
 
 State& state() {
@@ -220,6 +221,7 @@ CUresult CUDAAPI fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int 
   FAKE_ENTER("cuStreamCreateWithPriority");
   if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(state().mutex);
+  state().created_in[state().next_handle] = current_context;
   *stream = reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(state().next_handle++));
   return CUDA_SUCCESS;
 }
@@ -240,6 +242,7 @@ CUresult CUDAAPI fake_cuEventCreate(CUevent* event, unsigned int flags) {
   FAKE_ENTER("cuEventCreate");
   if (flags != (CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC)) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(state().mutex);
+  state().created_in[state().next_handle] = current_context;
   *event = reinterpret_cast<CUevent>(static_cast<std::uintptr_t>(state().next_handle++));
   return CUDA_SUCCESS;
 }
@@ -399,6 +402,12 @@ FAKE_EXPORT void fake_cuda_use_job_context(int device) {
 // Makes the primary context of `device` current on the calling thread (without retaining it).
 FAKE_EXPORT void fake_cuda_use_primary_context(int device) { current_context = primary_context(device); }
 FAKE_EXPORT void* fake_cuda_current_context() { return current_context; }
+// The context that was current when a stream or event was created (null: none, or unknown handle).
+FAKE_EXPORT void* fake_cuda_created_in(unsigned long long handle) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto found = state().created_in.find(handle);
+  return found == state().created_in.end() ? nullptr : found->second;
+}
 FAKE_EXPORT void* fake_cuda_primary_context(int device) { return primary_context(device); }
 FAKE_EXPORT int fake_cuda_primary_references(int device) {
   std::lock_guard<std::mutex> lock(state().mutex);

@@ -355,6 +355,7 @@ TEST(Engine, HostMappedOffloadsAndReloadsWithEveryByteIntact) {
 
 TEST(Engine, SteadyStateMapsAtMostOneWindowPerModuleCallOnTheJobThread) {
   Options options = offload_options();
+  options.vmm_group_windows = true;
   options.vmm_cache_bytes = 1ull << 30;
   Rig rig(options);
   for (int iteration = 0; iteration < 4; ++iteration) {
@@ -419,6 +420,7 @@ TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
     Options options = offload_options();
     options.keep_last = 0;
     options.vmm_unmap_batch_bytes = batch;
+    options.vmm_group_windows = true;
     Rig rig(options);
     auto forward_with_check = [&](bool check) {
       Forward forward;

@@ -58,6 +58,8 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   }
   // Policies that release early: at the module's own range end (the job then reads outputs
   // before the range closes, as a model whose residual add lies inside the module would).
+  options.vmm_group_windows = pick(0, 1) == 1;
+  options.vmm_unmap_batch_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : 2 * kMiB) : 0;
   options.release_after = ReleaseAfter::enclosing_range;
   if (!small && pick(0, 3) == 0) options.release_after = ReleaseAfter::range_end;
   const bool early = options.release_after == ReleaseAfter::range_end;

@@ -61,6 +61,10 @@ TEST(ShippedConfig, LlamaMlp) {
   EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
   EXPECT_FALSE(matcher.match("model.layers.15.self_attn"));
   EXPECT_FALSE(matcher.match("expert_fc1"));
+  // Under DistributedDataParallel the hooks name the model's modules from the wrapper: "module." first.
+  EXPECT_TRUE(matcher.match("module.model.layers.15.mlp"));
+  EXPECT_FALSE(matcher.match("module.model.layers.15.self_attn"));
+  EXPECT_FALSE(matcher.match("module.model.layers.15.mlp.down_proj"));
 }
 
 TEST(ShippedConfig, Qwen3MoeExperts) {
