@@ -1201,49 +1201,41 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
       if (allocation.freed) dispose(allocation);
       return;
     }
-    ++stats_.offloads_completed;
-    stats_.bytes_offloaded += allocation.bytes;
     window.mapped = false;
-    allocation.state = PageState::offloaded;
     stats_.offloaded_bytes_now += bytes;
     stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
-    trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
-               allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-    if (allocation.freed) {
-      ++stats_.dropped_offloaded;
-      dispose(allocation);
-      return;
-    }
-    if (allocation.reload_queued) {
-      if (allocation.reload_urgent) {
-        reload_queue_.push_front(&allocation);
-      } else {
-        reload_queue_.push_back(&allocation);
-      }
-      reload_cv_.notify_one();
-    }
+    offload_done(allocation);
     return;
   }
   if (options_.stray_access == StrayAccess::poison) {
-    ++stats_.offloads_completed;
-    stats_.bytes_offloaded += allocation.bytes;
-    allocation.state = PageState::offloaded;  // pages kept, overwritten
-    trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
-               allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-    if (allocation.reload_queued) {
-      if (allocation.reload_urgent) {
-        reload_queue_.push_front(&allocation);
-      } else {
-        reload_queue_.push_back(&allocation);
-      }
-      reload_cv_.notify_one();
-    }
+    offload_done(allocation);  // pages kept, overwritten
     return;
   }
   // Fault mode: the copy is done (rule 2); the pages go back with the rest of the window's.
   allocation.state = PageState::unmapping;
   ++window.copied;
   maybe_queue_unmap(window);
+}
+
+void DeviceEngine::offload_done(Allocation& allocation) {
+  allocation.state = PageState::offloaded;
+  ++stats_.offloads_completed;
+  stats_.bytes_offloaded += allocation.bytes;
+  trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
+             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
+  if (allocation.freed) {
+    ++stats_.dropped_offloaded;
+    dispose(allocation);
+    return;
+  }
+  if (allocation.reload_queued) {
+    if (allocation.reload_urgent) {
+      reload_queue_.push_front(&allocation);
+    } else {
+      reload_queue_.push_back(&allocation);
+    }
+    reload_cv_.notify_one();
+  }
 }
 
 bool DeviceEngine::unmap_due() const {
@@ -1352,27 +1344,8 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // Copy the list: disposing of an allocation changes it (and may retire the window, after which
     // `window` must not be touched).
     const std::vector<Allocation*> allocations = window.allocations;
-    for (Allocation* allocation : allocations) {
-      // Still mapped (the unmap failed): reload just copies back.
-      allocation->state = PageState::offloaded;
-      ++stats_.offloads_completed;
-      stats_.bytes_offloaded += allocation->bytes;
-      trace_page(trace::RecordType::offload_end, allocation->va, allocation->bytes,
-                 allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
-      if (allocation->freed) {
-        ++stats_.dropped_offloaded;
-        dispose(*allocation);
-        continue;
-      }
-      if (allocation->reload_queued) {
-        if (allocation->reload_urgent) {
-          reload_queue_.push_front(allocation);
-        } else {
-          reload_queue_.push_back(allocation);
-        }
-        reload_cv_.notify_one();
-      }
-    }
+    // If the unmap failed the pages are still mapped: a reload then just copies back.
+    for (Allocation* allocation : allocations) offload_done(*allocation);
   }
   issued_cv_.notify_all();
 }

@@ -162,6 +162,9 @@ class DeviceEngine {
   // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
   void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
   bool unmap_due() const;
+  // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
+  // it if the job freed it meanwhile, or queue the reload backward already asked for.
+  void offload_done(Allocation& allocation);
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
