@@ -122,7 +122,11 @@ struct VmmPayload {
   std::int8_t device;
   std::uint8_t location;  // 0 device, 1 host
   std::uint32_t result;   // CUresult of the call
+  std::uint64_t duration_ns;  // how long the call took (the record is written when it returned); 0 unknown.
+                              // Appended after version 1's first 24 bytes: older traces lack it.
 };
+// The bytes of a VmmPayload every writer wrote; readers take shorter payloads than sizeof as old ones.
+inline constexpr std::size_t kVmmPayloadMinBytes = 24;
 
 struct MemSamplePayload {
   std::uint64_t free_bytes;
@@ -149,7 +153,7 @@ struct IterationPayload {
 static_assert(std::endian::native == std::endian::little, "the trace is written in the host's byte order");
 static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 32 &&
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
-              sizeof(VmmPayload) == 24 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
+              sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8);
 
 }  // namespace actpage::trace

@@ -28,13 +28,17 @@ void trace_page(trace::RecordType type, DevPtr va, std::size_t bytes, ranges::Pa
   }
 }
 
-void trace_vmm(trace::RecordType type, DevPtr va, std::size_t bytes, int device, bool ok) {
+// `duration_ns`: how long the driver calls behind the record took (create+map, unmap+release...): the
+// trace shows where VMM time goes, and on which thread (docs/performance.md).
+void trace_vmm(trace::RecordType type, DevPtr va, std::size_t bytes, int device, bool ok,
+               std::uint64_t duration_ns) {
   if (auto* writer = trace::active()) {
     trace::VmmPayload payload{};
     payload.va = va;
     payload.bytes = bytes;
     payload.device = static_cast<std::int8_t>(device);
     payload.result = ok ? 0u : 1u;
+    payload.duration_ns = duration_ns;
     writer->record(type, payload);
   }
 }
@@ -271,12 +275,14 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     // Cache miss: create and map on the job's thread. The steady state of a training loop finds
     // its sizes in the cache; this is the first iteration, or a new size.
     lock.unlock();
+    const std::uint64_t started = monotonic_ns();
     auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
     if (physical.ok()) {
       mapped_status = device_.map(*va, mapped_bytes, *physical);
       if (!mapped_status.ok()) (void)device_.release_physical(*physical);
     }
+    const std::uint64_t took = monotonic_ns() - started;
     lock.lock();
     stats_.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
@@ -286,7 +292,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
       if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);
       return nullptr;
     }
-    trace_vmm(trace::RecordType::map, *va, mapped_bytes, device_.ordinal(), true);
+    trace_vmm(trace::RecordType::map, *va, mapped_bytes, device_.ordinal(), true, took);
     window->va = *va;
     window->bytes = mapped_bytes;
     window->physical = *physical;
@@ -1258,13 +1264,15 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     bool unmapped = false;
     bool recycled = false;
     Status unmap_status;
+    std::uint64_t unmap_ns = 0;  // the unmap call that covered it (the span's on its first window)
+    std::uint64_t after_ns = 0;  // the recycling map or the release that followed
   };
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
   for (Window* window : batch) {
     window->unmap_queued = false;
     window->unmapping = true;
-    Plan plan{window, std::nullopt, false, false, Status{}};
+    Plan plan{window, std::nullopt, false, false, Status{}, 0, 0};
     // When forward will soon ask for this size again, keep the pages mapped elsewhere for it. Not in
     // backward: there, the ranges the job frees refill the cache with what the next forward asks for.
     if (!in_backward_ && cache_.wants(window->bytes, demand(), options_.vmm_cache_bytes)) {
@@ -1291,14 +1299,18 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     const std::size_t span_bytes = plans[last].window->va + plans[last].window->bytes - span_va;
     ++calls;
     ++unmap_calls;
+    std::uint64_t started = monotonic_ns();
     Status span = device_.unmap(span_va, span_bytes);
+    plans[first].unmap_ns = monotonic_ns() - started;
     if (span.ok()) {
       for (std::size_t i = first; i <= last; ++i) plans[i].unmapped = true;
     } else if (last > first) {
       for (std::size_t i = first; i <= last; ++i) {
         ++calls;
         ++unmap_calls;
+        started = monotonic_ns();
         plans[i].unmap_status = device_.unmap(plans[i].window->va, plans[i].window->bytes);
+        plans[i].unmap_ns += monotonic_ns() - started;
         plans[i].unmapped = plans[i].unmap_status.ok();
       }
     } else {
@@ -1310,6 +1322,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   for (Plan& plan : plans) {
     if (!plan.unmapped) continue;
     Window& window = *plan.window;
+    const std::uint64_t started = monotonic_ns();
     if (plan.recycle_at) {
       ++calls;
       plan.recycled = device_.map(*plan.recycle_at, window.bytes, window.physical).ok();
@@ -1318,6 +1331,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
       ++calls;
       if (Status status = device_.release_physical(window.physical); !status.ok()) failures.push_back(status);
     }
+    plan.after_ns = monotonic_ns() - started;
   }
   lock.lock();
   --unmapping_;
@@ -1327,18 +1341,23 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   for (Plan& plan : plans) {
     Window& window = *plan.window;
     window.unmapping = false;
+    if (!plan.unmapped) {
+      note_failure("giving back an offloaded window's pages", plan.unmap_status);
+    } else {
+      trace_vmm(trace::RecordType::unmap, window.va, window.bytes, device_.ordinal(), true,
+                plan.unmap_ns + (plan.recycled ? 0 : plan.after_ns));
+      // The pages moved to an address of the cache: that map is the worker's too.
+      if (plan.recycled) {
+        trace_vmm(trace::RecordType::map, *plan.recycle_at, window.bytes, device_.ordinal(), true, plan.after_ns);
+      }
+      window.mapped = false;
+      stats_.offloaded_bytes_now += window.bytes;
+      stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
+    }
     if (plan.recycled) {
       put_cached(CachedRange{*plan.recycle_at, window.bytes, window.physical, {}});
     } else if (plan.recycle_at) {
       arena_.release(*plan.recycle_at, window.bytes);
-    }
-    if (!plan.unmapped) {
-      note_failure("giving back an offloaded window's pages", plan.unmap_status);
-    } else {
-      trace_vmm(trace::RecordType::unmap, window.va, window.bytes, device_.ordinal(), true);
-      window.mapped = false;
-      stats_.offloaded_bytes_now += window.bytes;
-      stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
     }
     window.copied = 0;
     // Copy the list: disposing of an allocation changes it (and may retire the window, after which
@@ -1362,8 +1381,10 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
   lock.unlock();
   // The job freed the range in stream order: its last reads may still be running (rule 5).
   for (const FreePoint& point : range.free_points) (void)device_.synchronize_event(point.event);
+  const std::uint64_t started = monotonic_ns();
   Status status = device_.unmap(range.va, range.mapped_bytes);
   if (status.ok()) status = device_.release_physical(range.physical);
+  const std::uint64_t took = monotonic_ns() - started;
   lock.lock();
   --trimming_;
   stats_.worker_vmm_calls += 2;
@@ -1372,7 +1393,7 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
     note_failure("giving back a cached range", status);
     return;  // leak the range rather than reuse something in an unknown state
   }
-  trace_vmm(trace::RecordType::unmap, range.va, range.mapped_bytes, device_.ordinal(), true);
+  trace_vmm(trace::RecordType::unmap, range.va, range.mapped_bytes, device_.ordinal(), true, took);
   arena_.release(range.va, range.mapped_bytes);
 }
 
@@ -1427,6 +1448,7 @@ void DeviceEngine::reload_worker() {
       // gives memory back (the job's own allocator cannot reuse what sits in our cache).
       std::optional<CachedRange> recycled = take_cached(bytes);
       lock.unlock();
+      const std::uint64_t started = monotonic_ns();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
       Status status;
       if (recycled) {
@@ -1442,6 +1464,7 @@ void DeviceEngine::reload_worker() {
         status = physical.ok() ? device_.map(va, bytes, *physical) : physical.status();
         if (physical.ok() && !status.ok()) (void)device_.release_physical(*physical);
       }
+      const std::uint64_t took = monotonic_ns() - started;
       lock.lock();
       if (recycled) {
         for (const FreePoint& point : recycled->free_points) recycle_event(point.event);
@@ -1462,7 +1485,7 @@ void DeviceEngine::reload_worker() {
         lock.lock();
         continue;
       }
-      trace_vmm(trace::RecordType::map, va, bytes, device_.ordinal(), true);
+      trace_vmm(trace::RecordType::map, va, bytes, device_.ordinal(), true, took);
       window.physical = *physical;
       window.mapped = true;
       stats_.offloaded_bytes_now -= bytes;

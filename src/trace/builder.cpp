@@ -146,8 +146,9 @@ TraceBuilder& TraceBuilder::page(RecordType type, std::uint64_t ptr, std::uint64
 }
 
 TraceBuilder& TraceBuilder::vmm(RecordType type, std::uint64_t va, std::uint64_t bytes, std::uint16_t api,
-                                std::uint8_t location, std::uint32_t result, std::int8_t device) {
-  return record(type, VmmPayload{va, bytes, api, device, location, result});
+                                std::uint8_t location, std::uint32_t result, std::int8_t device,
+                                std::uint64_t duration_ns) {
+  return record(type, VmmPayload{va, bytes, api, device, location, result, duration_ns});
 }
 
 TraceBuilder& TraceBuilder::mem_sample(std::uint64_t free_bytes, std::uint64_t total_bytes, std::int32_t device) {

@@ -63,9 +63,10 @@ class TraceBuilder {
   // offload_begin, offload_end, reload_begin or reload_end.
   TraceBuilder& page(RecordType type, std::uint64_t ptr, std::uint64_t bytes, std::uint32_t path_id,
                      std::uint32_t group = 0);
-  // map, unmap or vmm_call.
+  // map, unmap or vmm_call; `duration_ns` how long the call took (0: unknown).
   TraceBuilder& vmm(RecordType type, std::uint64_t va, std::uint64_t bytes, std::uint16_t api = 0,
-                    std::uint8_t location = 0, std::uint32_t result = 0, std::int8_t device = 0);
+                    std::uint8_t location = 0, std::uint32_t result = 0, std::int8_t device = 0,
+                    std::uint64_t duration_ns = 0);
   TraceBuilder& mem_sample(std::uint64_t free_bytes, std::uint64_t total_bytes, std::int32_t device = 0);
   TraceBuilder& stall(std::uint64_t wait_ns, std::uint32_t path_id, std::uint32_t group = 0);
   TraceBuilder& lost(std::uint64_t records);

@@ -268,7 +268,13 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
     Json args = {{"va", hex(v.data.va)}, {"bytes", v.data.bytes}, {"location", v.data.location == 0 ? "device" : "host"}};
     if (v.type == RecordType::vmm_call) args["api"] = api_name(v.data.api);
     if (v.data.result != 0) args["result"] = v.data.result;
-    out.instant(v.tid, v.time_ns, std::string(what) + " " + format_bytes(v.data.bytes), "vmm", std::move(args));
+    std::string label = std::string(what) + " " + format_bytes(v.data.bytes);
+    if (v.data.duration_ns > 0 && v.data.duration_ns <= v.time_ns) {
+      // The record is written when the call returned: a slice ending there.
+      out.complete(v.tid, v.time_ns - v.data.duration_ns, v.time_ns, std::move(label), "vmm", std::move(args));
+    } else {
+      out.instant(v.tid, v.time_ns, std::move(label), "vmm", std::move(args));
+    }
   }
   for (const auto& it : trace.iterations) {
     out.instant(it.tid, it.time_ns, "iteration " + std::to_string(it.data.index), "iteration", {{"index", it.data.index}}, "p");

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 
@@ -66,17 +67,28 @@ class Decoder {
   }
 
  private:
+  // Payloads grow only by appended fields: the bytes every writer wrote, the rest read as 0.
+  template <class Payload>
+  static constexpr std::size_t min_bytes() {
+    if constexpr (std::is_same_v<Payload, VmmPayload>) {
+      return kVmmPayloadMinBytes;
+    } else {
+      return sizeof(Payload);
+    }
+  }
+
   template <class Payload>
   bool payload(const RecordHeader& header, std::span<const std::byte> body, std::uint64_t offset, Payload& out) {
-    if (body.size() < sizeof(Payload)) {
+    if (body.size() < min_bytes<Payload>()) {
       ++file_.malformed_records;
       file_.warnings.push_back(std::string(record_type_name(header.type)) + " record at byte " +
                                std::to_string(offset) + " has a " + std::to_string(body.size()) +
-                               "-byte payload, shorter than its " + std::to_string(sizeof(Payload)) +
+                               "-byte payload, shorter than its " + std::to_string(min_bytes<Payload>()) +
                                " bytes: skipped");
       return false;
     }
-    std::memcpy(&out, body.data(), sizeof(Payload));
+    out = Payload{};
+    std::memcpy(&out, body.data(), std::min(body.size(), sizeof(Payload)));
     return true;
   }
 

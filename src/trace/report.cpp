@@ -239,6 +239,10 @@ void write_text_report(const Summary& s, std::ostream& out) {
       << plural(s.messages, "message", "messages") << ", " << plural(s.range_pushes, "range push", "range pushes")
       << ", " << plural(s.maps, "map", "maps") << ", " << plural(s.unmaps, "unmap", "unmaps") << ", "
       << plural(s.vmm_calls, "job VMM call", "job VMM calls") << '\n';
+  if (s.map_ns + s.unmap_ns > 0) {
+    out << "VMM time: maps " << format_duration(s.map_ns) << ", unmaps " << format_duration(s.unmap_ns)
+        << " (longest " << format_duration(s.max_unmap_ns) << ")\n";
+  }
 }
 
 nlohmann::ordered_json json_report(const Summary& s) {
@@ -297,7 +301,10 @@ nlohmann::ordered_json json_report(const Summary& s) {
                      {"range_pushes", s.range_pushes},
                      {"maps", s.maps},
                      {"unmaps", s.unmaps},
-                     {"vmm_calls", s.vmm_calls}};
+                     {"vmm_calls", s.vmm_calls},
+                     {"map_ns", s.map_ns},
+                     {"unmap_ns", s.unmap_ns},
+                     {"max_unmap_ns", s.max_unmap_ns}};
   return report;
 }
 

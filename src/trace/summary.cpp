@@ -477,8 +477,15 @@ Summary summarize(const TraceFile& trace) {
     if (range.type == RecordType::range_push) ++summary.range_pushes;
   }
   for (const auto& call : trace.vmm) {
-    if (call.type == RecordType::map) ++summary.maps;
-    if (call.type == RecordType::unmap) ++summary.unmaps;
+    if (call.type == RecordType::map) {
+      ++summary.maps;
+      summary.map_ns += call.data.duration_ns;
+    }
+    if (call.type == RecordType::unmap) {
+      ++summary.unmaps;
+      summary.unmap_ns += call.data.duration_ns;
+      summary.max_unmap_ns = std::max(summary.max_unmap_ns, call.data.duration_ns);
+    }
     if (call.type == RecordType::vmm_call) ++summary.vmm_calls;
   }
   return summary;

@@ -156,6 +156,10 @@ struct Summary {
   std::uint64_t maps = 0;
   std::uint64_t unmaps = 0;
   std::uint64_t vmm_calls = 0;
+  // Time actpage's maps and unmaps took (traces that record it: VmmPayload::duration_ns).
+  std::uint64_t map_ns = 0;
+  std::uint64_t unmap_ns = 0;
+  std::uint64_t max_unmap_ns = 0;
 };
 
 Summary summarize(const TraceFile& trace);

@@ -344,8 +344,10 @@ TEST(TraceDumpGolden, PerfettoOfTwoRanksHasTwoProcessesOnOneTimeAxis) {
 }
 
 
-// The committed file pins the version-1 layout: the builder must still produce it byte for byte
-// and the reader must still decode it. A change here is a format change (docs/trace-format.md).
+// The committed files pin the version-1 layout: the builder must still produce the current one byte
+// for byte, and the reader must still decode both: `format_v1.trace.bin` was written before
+// VmmPayload::duration_ns was appended (24-byte VMM payloads, as the first actpage wrote them),
+// `format_v1_vmm_duration.trace.bin` after. A change here is a format change (docs/trace-format.md).
 TraceBuilder format_sample() {
   TraceBuilder b;
   b.pid(7).rank(2).device(1).hostname("format-host").start_unix_ns(1'000'000'000ull);
@@ -355,14 +357,37 @@ TraceBuilder format_sample() {
   b.at(4).range_push(1, 9).range_pop(1, 9);
   b.at(5).page(RecordType::offload_begin, 0x1000, 4096, 1, 3).page(RecordType::offload_end, 0x1000, 4096, 1, 3);
   b.at(6).page(RecordType::reload_begin, 0x1000, 4096, 1, 3).page(RecordType::reload_end, 0x1000, 4096, 1, 3);
-  b.at(7).vmm(RecordType::map, 0x200000, 2 * MiB, 0, 0, 0, 1).vmm(RecordType::unmap, 0x200000, 2 * MiB, 0, 1, 0, 1);
+  b.at(7).vmm(RecordType::map, 0x200000, 2 * MiB, 0, 0, 0, 1, 3).vmm(RecordType::unmap, 0x200000, 2 * MiB, 0, 1, 0, 1, 2);
   b.at(8, 6).vmm(RecordType::vmm_call, 0x400000, 2 * MiB, 40, 0, 2, 1);
   b.at(9).mem_sample(3 * GiB, 8 * GiB, 1).stall(250, 1, 3).lost(4).iteration(5).message(2, "note");
   return b;
 }
 
+// What both layouts must decode to.
+void expect_format_sample(const TraceFile& file) {
+  EXPECT_TRUE(file.warnings.empty()) << file.warnings.front();
+  EXPECT_EQ(file.record_count, format_sample().record_count());
+  EXPECT_EQ(file.hostname, "format-host");
+  EXPECT_EQ(file.header.rank, 2);
+  EXPECT_EQ(file.path(2)->full, "layer/layer");
+  EXPECT_TRUE(file.path(2)->backward);
+  ASSERT_EQ(file.allocs.size(), 1u);
+  EXPECT_EQ(file.allocs[0].data.stream, 0x20u);
+  EXPECT_EQ(file.allocs[0].data.device, 1);
+  ASSERT_EQ(file.vmm.size(), 3u);
+  EXPECT_EQ(file.vmm.at(1).data.location, 1);
+  EXPECT_EQ(file.vmm.at(2).tid, 6u);
+  EXPECT_EQ(file.vmm.at(2).data.result, 2u);
+  EXPECT_EQ(file.mem_samples.at(0).data.total_bytes, 8 * GiB);
+  EXPECT_EQ(file.stalls.at(0).data.wait_ns, 250u);
+  EXPECT_EQ(file.lost_records, 4u);
+  EXPECT_EQ(file.iterations.at(0).data.index, 5u);
+  EXPECT_EQ(file.messages.at(0).data.text, "note");
+  EXPECT_EQ(file.last_time_ns, 9u);
+}
+
 TEST(TraceFormatGolden, VersionOneLayoutIsStable) {
-  const std::string path = kGoldenDir + "format_v1.trace.bin";
+  const std::string path = kGoldenDir + "format_v1_vmm_duration.trace.bin";
   const std::vector<std::byte> built = format_sample().bytes();
   if (updating()) {
     ASSERT_TRUE(format_sample().write_file(path).ok());
@@ -373,23 +398,19 @@ TEST(TraceFormatGolden, VersionOneLayoutIsStable) {
   EXPECT_TRUE(committed == built) << "the builder no longer writes the committed version-1 bytes";
   auto file = read_trace_file(path);
   ASSERT_TRUE(file.ok()) << file.status().message();
-  EXPECT_TRUE(file->warnings.empty());
-  EXPECT_EQ(file->record_count, format_sample().record_count());
-  EXPECT_EQ(file->hostname, "format-host");
-  EXPECT_EQ(file->header.rank, 2);
-  EXPECT_EQ(file->path(2)->full, "layer/layer");
-  EXPECT_TRUE(file->path(2)->backward);
-  ASSERT_EQ(file->allocs.size(), 1u);
-  EXPECT_EQ(file->allocs[0].data.stream, 0x20u);
-  EXPECT_EQ(file->allocs[0].data.device, 1);
-  EXPECT_EQ(file->vmm.at(2).tid, 6u);
-  EXPECT_EQ(file->vmm.at(2).data.result, 2u);
-  EXPECT_EQ(file->mem_samples.at(0).data.total_bytes, 8 * GiB);
-  EXPECT_EQ(file->stalls.at(0).data.wait_ns, 250u);
-  EXPECT_EQ(file->lost_records, 4u);
-  EXPECT_EQ(file->iterations.at(0).data.index, 5u);
-  EXPECT_EQ(file->messages.at(0).data.text, "note");
-  EXPECT_EQ(file->last_time_ns, 9u);
+  expect_format_sample(*file);
+  EXPECT_EQ(file->vmm.at(0).data.duration_ns, 3u);
+  EXPECT_EQ(file->vmm.at(1).data.duration_ns, 2u);
+}
+
+TEST(TraceFormatGolden, TracesWrittenBeforeTheVmmDurationStillRead) {
+  // Never rewritten: the bytes the first writers produced.
+  const std::string path = kGoldenDir + "format_v1.trace.bin";
+  auto file = read_trace_file(path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  expect_format_sample(*file);
+  for (const auto& call : file->vmm) EXPECT_EQ(call.data.duration_ns, 0u);
+  EXPECT_LT(testing::read_bytes(path).size(), format_sample().bytes().size());
 }
 
 }  // namespace

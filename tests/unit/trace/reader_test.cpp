@@ -223,6 +223,33 @@ TEST(TraceReader, ShortPayloadIsSkippedLongPayloadAccepted) {
                                    " bytes: skipped");
 }
 
+TEST(TraceReader, VmmRecordsOfTheFirstWritersLackTheDurationAndReadAsZero) {
+  // Version 1's first writers wrote 24 bytes of VmmPayload (no duration_ns); newer ones 32.
+  struct FirstVmm {
+    std::uint64_t va, bytes;
+    std::uint16_t api;
+    std::int8_t device;
+    std::uint8_t location;
+    std::uint32_t result;
+  };
+  static_assert(sizeof(FirstVmm) == kVmmPayloadMinBytes);
+  TraceBuilder builder;
+  builder.at(1).record(RecordType::unmap, FirstVmm{0x200000, 2u << 20, 0, 1, 0, 0});
+  builder.at(2).vmm(RecordType::unmap, 0x400000, 4u << 20, 0, 0, 0, 1, 812'000);
+  builder.at(3).record(RecordType::map, std::uint64_t{0x1234});  // shorter than any writer's: malformed
+  auto file = read_trace_bytes(builder.bytes());
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ(file->vmm.size(), 2u);
+  EXPECT_EQ(file->vmm[0].data.va, 0x200000u);
+  EXPECT_EQ(file->vmm[0].data.device, 1);
+  EXPECT_EQ(file->vmm[0].data.duration_ns, 0u);
+  EXPECT_EQ(file->vmm[1].data.bytes, 4u << 20);
+  EXPECT_EQ(file->vmm[1].data.duration_ns, 812'000u);
+  EXPECT_EQ(file->malformed_records, 1u);
+  ASSERT_EQ(file->warnings.size(), 1u);
+  EXPECT_NE(file->warnings[0].find("shorter than its 24 bytes"), std::string::npos) << file->warnings[0];
+}
+
 TEST(TraceReader, TextLongerThanItsRecordIsSkipped) {
   TraceBuilder builder;
   const NamePayload lying{1, 500};  // claims 500 bytes of text, carries none

@@ -71,9 +71,9 @@ TEST(TraceWriter, EveryRecordTypeRoundTrips) {
   const RecordType page_types[] = {RecordType::offload_begin, RecordType::offload_end, RecordType::reload_begin,
                                    RecordType::reload_end};
   for (std::uint32_t i = 0; i < 4; ++i) writer->record(page_types[i], PagePayload{0x2000 + i, 1u << 21, 21, 40 + i});
-  writer->record(RecordType::map, VmmPayload{0x3000, 2u << 20, 0, 1, 0, 0});
-  writer->record(RecordType::unmap, VmmPayload{0x3000, 2u << 20, 0, 1, 1, 0});
-  writer->record(RecordType::vmm_call, VmmPayload{0x4000, 4u << 20, 41, 0, 0, 2});
+  writer->record(RecordType::map, VmmPayload{0x3000, 2u << 20, 0, 1, 0, 0, 40000});
+  writer->record(RecordType::unmap, VmmPayload{0x3000, 2u << 20, 0, 1, 1, 0, 0});
+  writer->record(RecordType::vmm_call, VmmPayload{0x4000, 4u << 20, 41, 0, 0, 2, 0});
   writer->record(RecordType::mem_sample, MemSamplePayload{50ull << 30, 80ull << 30, 1, 0});
   writer->record(RecordType::stall, StallPayload{12345, 21, 42});
   writer->record(RecordType::lost, LostPayload{9});
@@ -125,6 +125,7 @@ TEST(TraceWriter, EveryRecordTypeRoundTrips) {
   }
   ASSERT_EQ(file.vmm.size(), 3u);
   EXPECT_EQ(file.vmm[0].type, RecordType::map);
+  EXPECT_EQ(file.vmm[0].data.duration_ns, 40000u);
   EXPECT_EQ(file.vmm[1].data.location, 1);
   EXPECT_EQ(file.vmm[2].type, RecordType::vmm_call);
   EXPECT_EQ(file.vmm[2].data.api, 41);
