@@ -15,6 +15,9 @@
 #   probe-vmm which VMM calls wait for the device, and whether one unmap may span mappings
 #   observe-ab Qwen3-MoE observe-only vs plain, cudaMallocAsync, 8 interleaved repetitions pinned to
 #            fixed CPU cores (the job syncs the CPU every layer: its step follows the host's noise)
+#   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
+#            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
+#            where the time and the memory go (docs/performance.md)
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #   plan     actpage calibrate; per job (Llama 16 layers, Qwen3-MoE 8 layers): an observe-only trace,
 #            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
@@ -250,6 +253,23 @@ PY
         echo "--- $variant"
         "$python" scripts/gpu_report.py pair "$out/diag-plain.log" "$out/diag-$variant.log" | grep -E "losses|median|device used"
         grep -o 'engine: {.*}' "$out/diag-$variant.log" | head -1
+      done
+      ;;
+    nearfree)
+      say "nearfree: Llama 16 layers, near-free policy, four engine settings, traced"
+      job=("$python" examples/train_llama.py "${llama[@]}" --steps 8 --warmup 3 --deterministic)
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}"
+      declare -A nf_env=([tensor]="" [nocache]="ACTPAGE_VMM_CACHE_BYTES=0" [windows]="ACTPAGE_VMM_GROUP_WINDOWS=true"
+                         [windows-batch]="ACTPAGE_VMM_GROUP_WINDOWS=true ACTPAGE_VMM_UNMAP_BATCH_BYTES=8GiB")
+      for variant in tensor nocache windows windows-batch; do
+        ACTPAGE_LOG_LEVEL=info check "nf-$variant" env ${nf_env[$variant]} "$actpage" run --policy config/llama-near-free.json \
+          --trace "$out/nf-$variant.trace" -- "${job[@]}"
+      done
+      for variant in tensor nocache windows windows-batch; do
+        echo "--- $variant (${nf_env[$variant]:-defaults})"
+        "$python" scripts/gpu_report.py pair "$out/nf-plain.log" "$out/nf-$variant.log" | grep -E "losses|median|device used"
+        grep -o 'engine: {.*}' "$out/nf-$variant.log" | head -1 | cut -c1-400
+        "$actpage" dump "$out/nf-$variant.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used"
       done
       ;;
     profile)
