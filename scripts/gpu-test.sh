@@ -256,20 +256,28 @@ PY
       done
       ;;
     nearfree)
-      say "nearfree: Llama 16 layers, near-free policy, four engine settings, traced"
-      job=("$python" examples/train_llama.py "${llama[@]}" --steps 8 --warmup 3 --deterministic)
+      say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
+      job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}"
-      declare -A nf_env=([tensor]="" [nocache]="ACTPAGE_VMM_CACHE_BYTES=0" [windows]="ACTPAGE_VMM_GROUP_WINDOWS=true"
-                         [windows-batch]="ACTPAGE_VMM_GROUP_WINDOWS=true ACTPAGE_VMM_UNMAP_BATCH_BYTES=8GiB")
-      for variant in tensor nocache windows windows-batch; do
-        ACTPAGE_LOG_LEVEL=info check "nf-$variant" env ${nf_env[$variant]} "$actpage" run --policy config/llama-near-free.json \
-          --trace "$out/nf-$variant.trace" -- "${job[@]}"
+      # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV: policies written here, so that one run compares them.
+      nf_variants=(${NF_VARIANTS:-"consecutive|[\"model.layers.[0-6].mlp\"]|0|" "even|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|"
+        "even-windows|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|ACTPAGE_VMM_GROUP_WINDOWS=true"
+        "all|[\"model.layers.*.mlp\"]|2|"})
+      names=()
+      for spec in "${nf_variants[@]}"; do
+        IFS='|' read -r name globs keep env_vars <<<"$spec"
+        names+=("$name")
+        printf '{"version": 1, "mode": "offload", "modules": [{"match": %s, "offload": true}], "keep_last": %s, "prefetch": {"ahead_bytes": "1GiB"}}\n' \
+          "$globs" "$keep" >"$out/nf-$name.policy.json"
+        "$actpage" check "$out/nf-$name.policy.json" >/dev/null || { echo "FAILED: policy $name"; cat "$out/nf-$name.policy.json"; failed=1; continue; }
+        ACTPAGE_LOG_LEVEL=info check "nf-$name" env $env_vars "$actpage" run --policy "$out/nf-$name.policy.json" \
+          --trace "$out/nf-$name.trace" -- "${job[@]}"
       done
-      for variant in tensor nocache windows windows-batch; do
-        echo "--- $variant (${nf_env[$variant]:-defaults})"
-        "$python" scripts/gpu_report.py pair "$out/nf-plain.log" "$out/nf-$variant.log" | grep -E "losses|median|device used"
-        grep -o 'engine: {.*}' "$out/nf-$variant.log" | head -1 | cut -c1-400
-        "$actpage" dump "$out/nf-$variant.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used"
+      for name in "${names[@]}"; do
+        echo "--- $name ($(tr -d '\n' <"$out/nf-$name.policy.json" | cut -c1-160))"
+        "$python" scripts/gpu_report.py pair "$out/nf-plain.log" "$out/nf-$name.log" | grep -E "losses|median|device used"
+        grep -o 'engine: {.*}' "$out/nf-$name.log" | head -1 | grep -oE '"(stalls|stall_ns|offloads_completed|offloads_cancelled|offload_unmaps|job_thread_vmm_calls|worker_vmm_calls)":[0-9]+' | tr '\n' ' '; echo
+        "$actpage" dump "$out/nf-$name.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used"
       done
       ;;
     profile)
