@@ -259,7 +259,8 @@ PY
       say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
       job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}"
-      # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV: policies written here, so that one run compares them.
+      # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV (comma-separated VAR=VALUE): policies written here, so
+      # that one run compares them. NF_VARIANTS replaces the list (variants separated by spaces).
       nf_variants=(${NF_VARIANTS:-"consecutive|[\"model.layers.[0-6].mlp\"]|0|" "even|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|"
         "even-windows|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|ACTPAGE_VMM_GROUP_WINDOWS=true"
         "all|[\"model.layers.*.mlp\"]|2|"})
@@ -270,7 +271,7 @@ PY
         printf '{"version": 1, "mode": "offload", "modules": [{"match": %s, "offload": true}], "keep_last": %s, "prefetch": {"ahead_bytes": "1GiB"}}\n' \
           "$globs" "$keep" >"$out/nf-$name.policy.json"
         "$actpage" check "$out/nf-$name.policy.json" >/dev/null || { echo "FAILED: policy $name"; cat "$out/nf-$name.policy.json"; failed=1; continue; }
-        ACTPAGE_LOG_LEVEL=info check "nf-$name" env $env_vars "$actpage" run --policy "$out/nf-$name.policy.json" \
+        ACTPAGE_LOG_LEVEL=info check "nf-$name" env ${env_vars//,/ } "$actpage" run --policy "$out/nf-$name.policy.json" \
           --trace "$out/nf-$name.trace" -- "${job[@]}"
       done
       for name in "${names[@]}"; do
