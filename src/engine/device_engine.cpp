@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -440,7 +439,6 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) return;
   if (!in_backward_) backward_begins();
-  prefetch_next(forward_pass);
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
   // With a forward pass id, only that forward call's: in a pipeline stage the same module has
@@ -668,14 +666,10 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
-  // What the cache holds for the rest of forward is no longer wanted, except the pages of the first
-  // reloads: remapping a cached range takes ~0.1 ms in backward, creating pages there waits behind
-  // the job's queued work (6-28 ms measured on the H100, docs/performance.md) and stalls the job.
-  // The rest is taken out now, so that the frees of backward, which refill the cache for the next
-  // forward, are not given back with it; the worker gives it back.
-  for (CachedRange& range : cache_.surplus(reload_demand(), std::numeric_limits<std::uint64_t>::max())) {
-    deferred_releases_.push_back(std::move(range));
-  }
+  // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
+  // Taken out now, so that the frees of backward, which refill the cache for the next forward,
+  // are not given back with it.
+  for (CachedRange& range : cache_.take_all()) deferred_releases_.push_back(std::move(range));
   stats_.cached_bytes = cache_.bytes();
   if (!deferred_releases_.empty()) offload_cv_.notify_one();
   cache_dirty_ = true;
@@ -779,35 +773,6 @@ void DeviceEngine::prefetch_before(std::uint64_t position, std::uint64_t forward
   }
 }
 
-void DeviceEngine::prefetch_next(std::uint64_t forward_pass) {
-  if (options_.mode != Mode::offload) return;
-  // A marker with a forward id prefetches only that forward call's groups (the next backward of a
-  // pipeline is another micro-batch's only when its own markers say so); without one, only when a
-  // single forward pass is alive.
-  auto other_pass = [&](const Group& group) {
-    return forward_pass != 0 && group.forward_pass != 0 && group.forward_pass != forward_pass;
-  };
-  if (forward_pass == 0) {
-    std::uint64_t pass = 0;
-    for (std::uint32_t id : forward_order_) {
-      auto found = groups_.find(id);
-      if (found == groups_.end() || found->second->forward_pass == 0) continue;
-      if (pass != 0 && found->second->forward_pass != pass) return;  // pipelined: the markers decide
-      pass = found->second->forward_pass;
-    }
-  }
-  std::uint64_t alive = 0;
-  for (std::size_t at = forward_order_.size(); at-- > 0;) {
-    auto found = groups_.find(forward_order_[at]);
-    if (found == groups_.end() || other_pass(*found->second)) continue;
-    std::uint64_t group_bytes = 0;
-    for (const Allocation* allocation : found->second->allocations) group_bytes += allocation->bytes;
-    if (alive > 0 && alive + group_bytes > options_.prefetch_ahead_bytes) return;
-    alive += group_bytes;
-    for (Allocation* allocation : found->second->allocations) request_reload(*allocation, /*urgent=*/false);
-  }
-}
-
 void DeviceEngine::dispose(Allocation& allocation) {
   if (allocation.host) {
     host_pool_->free(*allocation.host);
@@ -875,32 +840,6 @@ RangeCache::Demand DeviceEngine::demand() const {
     if (bytes + sequence[at] > options_.vmm_cache_bytes) break;
     bytes += sequence[at];
     ++wanted[sequence[at]];
-  }
-  return wanted;
-}
-
-RangeCache::Demand DeviceEngine::reload_demand() const {
-  RangeCache::Demand wanted;
-  std::vector<const Window*> seen;
-  std::uint64_t bytes = 0;
-  for (std::size_t position = forward_order_.size(); position-- > 0;) {
-    auto found = groups_.find(forward_order_[position]);
-    if (found == groups_.end()) continue;
-    for (const Allocation* allocation : found->second->allocations) {
-      switch (allocation->state) {
-        case PageState::pending:
-        case PageState::offloading:
-        case PageState::unmapping:
-        case PageState::offloaded: break;
-        default: continue;  // resident, released or on its way back: no pages needed
-      }
-      const Window* window = allocation->window;
-      if (window == nullptr || std::find(seen.begin(), seen.end(), window) != seen.end()) continue;
-      if (bytes >= options_.prefetch_ahead_bytes && !wanted.empty()) return wanted;
-      seen.push_back(window);
-      bytes += window->bytes;
-      ++wanted[window->bytes];
-    }
   }
   return wanted;
 }

@@ -149,13 +149,6 @@ class DeviceEngine {
   // Requests the groups before `position` in forward order; with a forward pass id, only that
   // forward call's (and unknown ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
-  // Requests the groups backward reaches next, from the latest forward on, while the bytes of those
-  // groups still alive, resident ones included, stay within prefetch.ahead_bytes (at least one
-  // group). Called at every backward marker, also of modules that offloaded nothing: the first
-  // reloads start while backward runs through the layers that were never offloaded, and the pages
-  // mapped for backward stay bounded. Only the marker's forward call's groups (with an id), or
-  // nothing while several forward passes are alive (without one): pipelines follow their markers.
-  void prefetch_next(std::uint64_t forward_pass);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
@@ -180,9 +173,6 @@ class DeviceEngine {
   // The sizes the next allocations are expected to ask for: the rest of the last iteration's
   // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
   RangeCache::Demand demand() const;
-  // The sizes of the windows backward will map again first (latest forward first), up to the
-  // prefetch distance plus one window: what the cache keeps for reloads when backward begins.
-  RangeCache::Demand reload_demand() const;
   EventHandle acquire_event();
   void recycle_event(EventHandle event);
   void note_failure(const char* what, const Status& status);

@@ -471,54 +471,6 @@ TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
   }
 }
 
-TEST(Engine, BackwardBringsTheFirstOffloadedLayersBackWhileLaterLayersRunWithinThePrefetchBudget) {
-  // Only layers 0-2 of 8 are offloaded (as a near-free policy does). Backward runs through layers
-  // 7..3 first, none of which offloaded anything: their markers already start the reloads of the
-  // groups backward reaches next, as many as prefetch.ahead_bytes holds (layers 2 and 1 here, not 0),
-  // instead of waiting for layer 2's own marker and stalling the job there.
-  constexpr std::size_t kBytes = 3 * kMiB;
-  Options options = offload_options();
-  options.modules = {ModuleRule{{"model.layers.[0-2].mlp"}, true, std::nullopt}};
-  options.keep_last = 0;
-  options.prefetch_ahead_bytes = 2 * 2 * kBytes;  // two layers' MLP activations
-  Rig rig(options);
-  for (int iteration = 0; iteration < 3; ++iteration) {
-    Forward forward = run_forward(*rig.job, 8, 2, kBytes);
-    rig.engine.quiesce();
-    ASSERT_GE(rig.engine.stats().offloaded_bytes_now, 3u * 2 * kBytes) << "iteration " << iteration;
-    const std::uint64_t reloads_before = rig.engine.stats().reloads_completed;
-    std::uint64_t reloaded_early = 0;
-    std::thread autograd([&] {
-      auto backward_of = [&](int layer) {
-        const std::string layer_name = "model.layers." + std::to_string(layer);
-        rig.job->marker(layer_name + ".backward");
-        for (const char* module : {"mlp", "attn"}) {
-          const std::string name = layer_name + "." + module;
-          rig.job->marker(name + ".backward");
-          for (const Tensor& tensor : forward.saved[name]) {
-            rig.job->check(tensor);
-            rig.job->free(tensor);
-          }
-        }
-      };
-      for (int layer = 7; layer >= 3; --layer) backward_of(layer);
-      for (int wait = 0; wait < 2000 && rig.engine.stats().reloads_completed - reloads_before < 4; ++wait) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // nothing more may follow
-      reloaded_early = rig.engine.stats().reloads_completed - reloads_before;
-      for (int layer = 2; layer >= 0; --layer) backward_of(layer);
-    });
-    autograd.join();
-    rig.engine.quiesce();
-    EXPECT_EQ(reloaded_early, 4u) << "iteration " << iteration;
-    EXPECT_EQ(rig.engine.stats().reloads_completed - reloads_before, 6u) << "iteration " << iteration;
-  }
-  rig.device.synchronize();
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.engine.stats().stalls, 0u);
-}
-
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
   Options options = offload_options();
   options.host_pool_bytes = 4 * kMiB;
