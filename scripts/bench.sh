@@ -89,7 +89,7 @@ for job in "${jobs[@]}"; do
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
-    --variant "actpage-near-free-tensor;actpage;async;policy=$near;env=ACTPAGE_VMM_GROUP_WINDOWS=false" \
+    --variant "actpage-near-free-windows;actpage;async;policy=$near;env=ACTPAGE_VMM_GROUP_WINDOWS=true" \
     --variant "actpage-all-windows;actpage;async;policy=$all;env=ACTPAGE_VMM_GROUP_WINDOWS=true" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \

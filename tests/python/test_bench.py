@@ -403,7 +403,7 @@ class BenchScriptTest(unittest.TestCase):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
         self.assertEqual(done.returncode, 0, done.stdout[-3000:])
         calls = bench.calls()
-        self.assertEqual(len(calls), 2 * (6 * 2 + 3))  # 6 variants twice (near-free per tensor, all with windows), the peers once
+        self.assertEqual(len(calls), 2 * (6 * 2 + 3))  # 6 variants twice (2 with group windows), the peers once
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
         slow = [c for c in calls if c["key"] == "save_on_cpu"]
         self.assertEqual([c["steps"] for c in slow], [6, 6])
