@@ -9,6 +9,7 @@
 #include "engine/replay.hpp"
 #include "trace/builder.hpp"
 #include "trace/reader.hpp"
+#include "trace/timeline.hpp"
 
 namespace actpage::engine {
 namespace {
@@ -141,6 +142,55 @@ TEST(ReplayTiming, UnmapsAndJobThreadVmmCallsArePricedPerCall) {
   EXPECT_EQ(r.timing.job_vmm_calls % 2, 0u) << "create and map come in pairs";
   EXPECT_EQ(r.timing.job_vmm_ns, r.timing.job_vmm_calls / 2 * 110 * us);
   EXPECT_EQ(r.timing.added_ns, r.timing.unmap_penalty_ns + r.timing.job_vmm_ns + r.timing.stall_ns);
+}
+
+// The shape of the Qwen3-MoE observe trace (H100, 2026-11-23): besides the model's forward range
+// (pushed once per step on the main thread), the MoE routing's backward pushes a library's NVTX
+// range ("cub::DeviceRadixSort", CCCL's domain) many times per step on the autograd thread, where no
+// other range is open: it is top-level too, and more frequent than the forward. The iteration is
+// still forward to forward.
+trace::TraceFile moe_shaped_trace(int steps, std::uint64_t step_ns, int sorts_per_step) {
+  trace::TraceBuilder b;
+  b.at(0, 1);
+  const std::uint32_t model = b.path("Qwen3MoeForCausalLM");
+  const std::uint32_t layer = b.path("Qwen3MoeForCausalLM/model.layers.0");
+  const std::uint32_t sort = b.path("cub::DeviceRadixSort");
+  constexpr std::uint32_t cccl = 9000;  // the domain's name id
+  b.name(cccl, "CCCL");
+  const std::uint32_t marker = b.path("model.layers.0.backward", trace::kPathBackward);
+  std::uint64_t ptr = 0x100000000ull;
+  for (int step = 0; step < steps; ++step) {
+    const std::uint64_t t = 1 * ms + static_cast<std::uint64_t>(step) * step_ns;
+    b.at(t, 1).range_push(model);
+    b.at(t + 1 * ms, 1).range_push(layer);
+    b.at(t + 2 * ms, 1).alloc(ptr, 8 * MiB, layer);
+    b.at(t + 3 * ms, 1).range_pop(layer);
+    b.at(t + 4 * ms, 1).range_pop(model);
+    b.at(t + 10 * ms, 2).range_push(marker);
+    b.at(t + 10 * ms + 1 * us, 2).range_pop(marker);
+    for (int i = 0; i < sorts_per_step; ++i) {
+      const std::uint64_t at = t + 11 * ms + static_cast<std::uint64_t>(i) * 2 * ms;
+      b.at(at, 2).range_push(sort, cccl);
+      b.at(at + 20 * us, 2).range_pop(sort, cccl);
+    }
+    b.at(t + 40 * ms, 2).free(ptr);
+    ptr += 8 * MiB;
+  }
+  auto file = trace::read_trace_bytes(b.bytes(), "moe.trace");
+  EXPECT_TRUE(file.ok());
+  return std::move(file).value();
+}
+
+TEST(ReplayTiming, TheIterationIsTheModelsForwardNotAFrequentLibraryRange) {
+  const trace::TraceFile file = moe_shaped_trace(4, 80 * ms, 10);
+  const auto iterations = trace::build_timeline(file).iterations;
+  ASSERT_EQ(iterations.size(), 4u);
+  for (std::size_t i = 0; i + 1 < iterations.size(); ++i) {
+    EXPECT_EQ(iterations[i].end_ns - iterations[i].begin_ns, 80 * ms) << i;
+  }
+  const ReplayResult r = timed(file, mlp_policy(0), copies_only());
+  EXPECT_EQ(r.timing.iterations, 4u);
+  EXPECT_EQ(r.timing.traced_iteration_ns, 80 * ms);
 }
 
 TEST(ReplayTiming, WithoutCostsNothingIsTimed) {
