@@ -78,6 +78,15 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
         {"simulated", true},
         {"trace", args.trace_path},
         {"policy", args.policy_path},
+        {"modules", [&] {
+           std::vector<std::string> globs;
+           for (const auto& rule : options.modules) {
+             for (const auto& glob : rule.match) globs.push_back((rule.offload ? "" : "not ") + glob);
+           }
+           return globs;
+         }()},
+        {"keep_last", options.keep_last},
+        {"prefetch_bytes", options.prefetch_ahead_bytes},
         {"events", r.events},
         {"allocations", r.allocations},
         {"baseline_peak_bytes", r.baseline_peak_bytes},
