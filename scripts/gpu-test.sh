@@ -22,7 +22,8 @@
 #   plan     actpage calibrate; per job (Llama 16 layers, Qwen3-MoE 8 layers): an observe-only trace,
 #            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
 #            the job run with the planned policy, predicted vs measured peak and step time
-#            (scripts/plan_compare.py, 10%), plots of both traces and a predicted trace
+#            (scripts/plan_compare.py, 10%), plots of both traces and a predicted trace; the jobs run
+#            on CPU cores PLAN_CPUS (default 2-9, empty: unpinned)
 #   reliability  (docs/reliability.md) a paging job SIGKILLed during offload leaves a trace that
 #            `actpage dump` reads; the safety stage's poison check; Llama (config/llama-mlp.json) and
 #            Qwen3-MoE (config/qwen3-moe-experts.json) 200 steps, plain vs actpage, losses compared
@@ -314,11 +315,15 @@ PY
       check plan-calibrate "$actpage" calibrate --out "$out/calibration.json"
       cat "$out/plan-calibrate.log"
       fraction=${PLAN_TARGET_FRACTION:-0.9}
+      # Both runs of a job on the same CPU cores (PLAN_CPUS, empty: unpinned): the Qwen3-MoE job is
+      # CPU-bound and ran its steps at two speeds on 2026-11-23 (docs/tools.md, "Planned vs measured").
+      pin=()
+      if [[ -n ${PLAN_CPUS-2-9} ]] && command -v taskset >/dev/null; then pin=(taskset -c "${PLAN_CPUS-2-9}"); fi
       for job in llama qwen; do
         if [[ $job == llama ]]; then
-          cmd=("$python" examples/train_llama.py "${llama[@]}" --steps 10 --warmup 4 --deterministic)
+          cmd=("${pin[@]}" "$python" examples/train_llama.py "${llama[@]}" --steps 10 --warmup 4 --deterministic)
         else
-          cmd=("$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 10 --warmup 4 --deterministic)
+          cmd=("${pin[@]}" "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 10 --warmup 4 --deterministic)
         fi
         check "plan-$job-observe" "$actpage" run --policy config/observe.json --trace "$out/plan-$job-observe.trace" -- "${cmd[@]}"
         "$actpage" dump "$out/plan-$job-observe.trace" --json >"$out/plan-$job-observe.dump.json" 2>/dev/null

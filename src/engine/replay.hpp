@@ -11,20 +11,34 @@
 // engine passed through, as traced) + device memory the engine holds (its live and cached ranges).
 // Without a CostModel copies are instant: predicted_peak_bytes is the memory bound of the policy.
 //
-// Time (with a CostModel), on the recorded decisions:
-// - The job's compute timeline is the trace's timestamps; every delay below shifts all later events.
-// - Copies queue on one D2H and one H2D copy engine in the order the engine issued them, each taking
-//   bytes / bandwidth(size). An offload's pages stay on the device until its copy ends and the unmap
-//   is done (timed_peak_bytes counts them). A reload starts after the worker's map, and not before
-//   the offload copy of the same address ended.
-// - A reload is needed at the first backward marker (backward_ranges) of the module that made the
-//   allocation or its parent range (as the engine's groups are named); if its copy has not ended
-//   then, the job waits: a stall.
-// - cuMemUnmap is synchronous and drains the device: every unmap costs the job
-//   CostModel::unmap_job_penalty_ns when it happens; create/map calls on the job's thread (range
-//   cache misses) cost their calibrated time on the job's thread.
-// This is a model: the real engine may cancel an offload that backward overtakes; here it completes
-// (counted in late_offloads) and delays the reload.
+// Time (with a CostModel), on the recorded decisions. The trace has the job's threads' timestamps,
+// not its GPU's; a training step ends with a synchronisation, so the GPU runs behind the threads by
+// a backlog that the last wait of each step shows (GpuBacklog). Two delays are kept: how late the
+// job's threads are (cpu) and how late its GPU work is (gpu).
+// - A thread delay delays the GPU only beyond the backlog at that moment (the GPU had queued work
+//   to run meanwhile): gpu >= cpu - backlog. At a step's synchronisation the threads resume when
+//   the GPU is done; both delays are then equal, and that is what the step gained.
+// - An offload copy runs on one D2H copy engine in issue order, at the calibrated bandwidth for its
+//   size, once the GPU has run the module that made the data; at most max_inflight_copies are
+//   issued at a time. The offload worker then unmaps its pages, one unmap after another.
+// - cuMemUnmap while the job's kernels run holds the job's thread (docs/performance.md): each unmap
+//   holds it for CostModel::unmap_job_penalty_ns from when the unmap begins, unless the thread was
+//   waiting anyway (a stall, a synchronisation). An unmap of pages the job freed (the range cache,
+//   reload pages) first waits until the GPU has passed that free. Create/map calls on the job's
+//   thread (range-cache misses) cost their calibrated time there.
+// - A reload: the reload worker takes its queue's front (a marker's own reloads go before
+//   prefetches) when fewer than max_inflight_copies reload copies are in flight, maps pages
+//   (calibrated create/map, or a cached range's unmap and map), then issues the copy on one H2D copy
+//   engine, not before its own offload's pages were given back. At the first backward marker (backward_ranges) of the module that made the
+//   allocation or its parent range (as the engine's groups are named) the job's thread waits until
+//   the copy is issued (a stall) and the job's stream waits until it ends (the GPU waits).
+// - A reload asked for (by prefetch or backward) before its offload was issued, while it copied, or
+//   before its unmap began is what the engine cancels: the pages stay on the device, no unmap, no
+//   reload (offloads_cancelled).
+// An offload's pages stay on the device until its unmap is done (timed_peak_bytes counts them).
+// This is a model: the backlog is estimated (a job that also synchronises inside a step, e.g. on
+// MoE routing, has less than the estimate there); the hold is one figure per unmap (measured: up
+// to ~1 ms while kernels run, ~0.1 ms on an idle GPU); copies and kernels do not slow each other.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +50,7 @@
 #include "actpage/status.hpp"
 #include "engine/engine_stats.hpp"
 #include "trace/reader.hpp"
+#include "trace/timeline.hpp"
 
 namespace actpage::engine {
 
@@ -61,25 +76,57 @@ struct CostModel {
   std::uint64_t h2d_ns(std::uint64_t bytes) const;
 };
 
+// The traced job's GPU backlog, estimated from the trace (see above). Per whole iteration (the last
+// one ends with the trace, not necessarily with a wait), the longest gap
+// between the job's records after its last backward marker is the threads waiting for the GPU at
+// the step's end; its length is the backlog when the wait began. The backlog grows linearly from 0
+// at the iteration's start (the previous wait drained it) to that length (the GPU working at a
+// constant rate relative to the threads' progress), then falls to 0 through the wait. 0 elsewhere.
+class GpuBacklog {
+ public:
+  struct Window {
+    std::uint64_t begin_ns = 0;       // the iteration begins
+    std::uint64_t sync_begin_ns = 0;  // its threads begin to wait for the GPU
+    std::uint64_t sync_end_ns = 0;    // the wait ends: the GPU is done
+  };
+  GpuBacklog() = default;
+  explicit GpuBacklog(std::vector<Window> windows);  // sorted by begin_ns
+  static GpuBacklog from_trace(const trace::TraceFile& trace, const std::vector<trace::Timeline::Iteration>& iterations);
+
+  std::uint64_t at(std::uint64_t time_ns) const;
+  std::uint64_t median_sync_wait_ns() const;
+  const std::vector<Window>& windows() const { return windows_; }
+
+ private:
+  std::vector<Window> windows_;
+};
+
 struct ReplayTiming {
   std::uint64_t traced_ns = 0;     // first to last replayed event, as traced
   std::uint64_t predicted_ns = 0;  // the same span with the policy's costs
-  std::uint64_t added_ns = 0;      // predicted - traced: stalls + job-thread VMM + unmap drains
-  std::uint64_t stalls = 0;
+  std::uint64_t added_ns = 0;      // predicted - traced
+  std::uint64_t stalls = 0;        // the job's thread waited for a reload to be issued
   std::uint64_t stall_ns = 0;
+  std::uint64_t gpu_waits = 0;     // the job's stream waited for a reload copy
+  std::uint64_t gpu_wait_ns = 0;
   std::uint64_t job_vmm_calls = 0;
   std::uint64_t job_vmm_ns = 0;
   std::uint64_t unmaps = 0;
-  std::uint64_t unmap_penalty_ns = 0;
+  std::uint64_t unmap_penalty_ns = 0;  // the job's thread held by unmaps (not counting while it waited)
+  std::uint64_t offloads_cancelled = 0;  // overtaken by their reload: the pages never left
   std::uint64_t d2h_copies = 0;
   std::uint64_t d2h_busy_ns = 0;  // time the D2H copy engine was busy
   std::uint64_t h2d_copies = 0;
   std::uint64_t h2d_busy_ns = 0;
   std::uint64_t late_offloads = 0;  // reloads that had to wait for their own offload copy
   // Iterations (as trace/timeline.hpp finds them): the median of whole ones, traced and predicted.
+  // predicted_iteration_ns = traced_iteration_ns + added_iteration_ns (the median of each whole
+  // iteration's gain).
   std::uint64_t iterations = 0;
   std::uint64_t traced_iteration_ns = 0;
   std::uint64_t predicted_iteration_ns = 0;
+  std::uint64_t added_iteration_ns = 0;
+  std::uint64_t sync_wait_ns = 0;  // the traced GPU backlog at the steps' end (median)
   // The device-memory peak with copies taking time (>= predicted_peak_bytes).
   std::uint64_t timed_peak_bytes = 0;
   std::uint64_t timed_peak_time_ns = 0;  // on the predicted timeline

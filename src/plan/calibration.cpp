@@ -84,13 +84,14 @@ Calibration Calibration::defaults() {
   c.costs.map_ns = curve({{2 * MiB, 29e3}, {64 * MiB, 38e3}, {GiB, 67e3}});
   c.costs.unmap_ns = curve({{2 * MiB, 17e3}, {64 * MiB, 23e3}, {GiB, 34e3}});
   c.costs.release_ns = curve({{2 * MiB, 12e3}, {64 * MiB, 33e3}, {GiB, 353e3}});
-  // docs/gpu-results.md: about 0.8 ms of step time per offloaded tensor on the H100 Llama job; the
-  // engine made about 1.6 unmaps per offloaded tensor replaying examples/llama-observe.trace with
-  // config/llama-mlp.json (114 unmaps, 72 offloads): 0.5 ms per unmap.
+  // How long one cuMemUnmap holds the job's thread while its kernels run. In the H100 plan run of
+  // 2026-11-23 (docs/tools.md, "Planned vs measured") an unmap took 1.05 ms with kernels running and
+  // 0.07-0.1 ms on an idle GPU, and the job's thread paused 0.6 ms per unmap (Llama, 35-39 ms for
+  // 61 unmaps a step) and 0.4 ms (Qwen3-MoE): 0.5 ms per unmap.
   c.costs.unmap_job_penalty_ns = 500'000;
   c.pinned_ns_per_gib = 446'000'000;
   c.notes = {"figures of an H100 (FACTS.md, 2026-11-22), not measured on this machine: run `actpage calibrate`",
-             "unmap_job_penalty_ns: derived from the step time per offloaded tensor on the H100 Llama job (docs/gpu-results.md), not measured"};
+             "unmap_job_penalty_ns: how long an unmap holds the job's thread, from the H100 plan run's traces (docs/tools.md), not measured here"};
   return c;
 }
 
@@ -98,7 +99,7 @@ Result<Calibration> measure(Device& device, const MeasureOptions& options) {
   Calibration c = Calibration::defaults();  // keeps the unmeasured penalty's default
   c.measured = true;
   c.device = options.device_name.empty() ? "device " + std::to_string(device.ordinal()) : options.device_name;
-  c.notes = {"unmap_job_penalty_ns is not measured: the default from the H100 Llama job (docs/gpu-results.md)"};
+  c.notes = {"unmap_job_penalty_ns is not measured: the default from the H100 plan run's traces (docs/tools.md)"};
   std::vector<std::uint64_t> copy_sizes = options.copy_sizes;
   if (copy_sizes.empty()) copy_sizes = {256 * KiB, 2 * MiB, 8 * MiB, 64 * MiB, 256 * MiB};
   std::vector<std::uint64_t> vmm_sizes = options.vmm_sizes;

@@ -11,10 +11,10 @@
 //   rate], ...], "h2d_bytes_per_s": ..., "create_ns": ..., "map_ns": ..., "unmap_ns": ...,
 //   "release_ns": ..., "unmap_job_penalty_ns": n, "pinned_ns_per_gib": n, "notes": [...]}.
 //   load() names the file and the key on any error.
-// - unmap_job_penalty_ns is not measured (it depends on the job: cuMemUnmap drains the device and a
-//   CPU-bound job then refills an idle GPU): its default is derived from the step time per offloaded
-//   tensor on the H100 Llama job (docs/gpu-results.md, "Where the time goes"; docs/tools.md shows
-//   the arithmetic); a file may set it.
+// - unmap_job_penalty_ns is not measured: it is how long one cuMemUnmap holds the job's thread
+//   while the job's kernels run (the unmap waits for the device; the job's next CUDA call waits for
+//   the unmap), which needs a job's kernels in flight. Its default comes from the H100 plan run's
+//   traces (docs/tools.md, "Planned vs measured"); a file may set it.
 #pragma once
 
 #include <cstdint>

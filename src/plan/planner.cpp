@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "common/units.hpp"
@@ -63,6 +64,8 @@ struct Search {
     c.peak_bytes = r.timed ? r.timing.timed_peak_bytes : r.predicted_peak_bytes;
     c.added_ns = r.timing.added_ns;
     c.stall_ns = r.timing.stall_ns;
+    c.gpu_wait_ns = r.timing.gpu_wait_ns;
+    c.added_iteration_ns = r.timing.added_iteration_ns;
     c.offloaded_bytes = r.stats.bytes_offloaded;
     c.traced_iteration_ns = r.timing.traced_iteration_ns;
     c.predicted_iteration_ns = r.timing.predicted_iteration_ns;
@@ -92,8 +95,9 @@ struct Search {
     const bool mb = meets(b);
     if (ma != mb) return ma;
     if (!ma) {
-      // Neither meets it: closer to the target peak, or less slowdown for a budget.
-      if (goal.target_peak_bytes) return a.peak_bytes < b.peak_bytes;
+      // Neither meets it: closer to the target peak (then less slowdown), or less slowdown for a
+      // budget.
+      if (goal.target_peak_bytes) return a.peak_bytes != b.peak_bytes ? a.peak_bytes < b.peak_bytes : a.slowdown < b.slowdown;
       return a.slowdown < b.slowdown;
     }
     if (goal.target_peak_bytes) return a.slowdown != b.slowdown ? a.slowdown < b.slowdown : a.peak_bytes < b.peak_bytes;
@@ -174,12 +178,8 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
     return std::max<std::uint64_t>(round_up(bytes / all, MiB), MiB);
   };
 
-  // 1. Each kind alone.
-  struct Scored {
-    KindShape kind;
-    double value;
-  };
-  std::vector<Scored> scored;
+  // 1. Each kind alone. 2. Kinds added one at a time: of the sets with one more kind, the best for
+  // the goal, as long as it is better than the set it grew from.
   Candidate best;
   bool have_best = false;
   auto consider = [&](const Candidate& c) {
@@ -188,22 +188,27 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
       have_best = true;
     }
   };
-  for (const auto& k : kinds) {
-    auto c = search.evaluate(make({k}, all, all, 2, 2 * per_layer({k})));
-    if (!c.ok()) return c.status();
-    consider(*c);
-    const double saved = static_cast<double>(search.result.baseline_peak_bytes) - static_cast<double>(c->peak_bytes);
-    scored.push_back({k, saved / (static_cast<double>(c->added_ns) / 1e6 + 1.0)});
-  }
-  // 2. Kinds added in order of saving per added millisecond.
-  std::stable_sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) { return a.value > b.value; });
-  std::vector<KindShape> chosen_kinds = {scored.front().kind};
-  std::vector<KindShape> growing = chosen_kinds;
-  for (std::size_t i = 1; i < scored.size(); ++i) {
-    growing.push_back(scored[i].kind);
-    auto c = search.evaluate(make(growing, all, all, 2, 2 * per_layer(growing)));
-    if (!c.ok()) return c.status();
-    consider(*c);
+  std::vector<KindShape> chosen_kinds;
+  std::vector<KindShape> remaining = kinds;
+  std::optional<Candidate> current;
+  while (!remaining.empty()) {
+    std::optional<Candidate> round_best;
+    std::size_t round_kind = 0;
+    for (std::size_t i = 0; i < remaining.size(); ++i) {
+      std::vector<KindShape> set = chosen_kinds;
+      set.push_back(remaining[i]);
+      auto c = search.evaluate(make(set, all, all, 2, 2 * per_layer(set)));
+      if (!c.ok()) return c.status();
+      consider(*c);
+      if (!round_best || search.better(*c, *round_best)) {
+        round_best = *c;
+        round_kind = i;
+      }
+    }
+    if (current && !search.better(*round_best, *current)) break;
+    current = round_best;
+    chosen_kinds.push_back(remaining[round_kind]);
+    remaining.erase(remaining.begin() + static_cast<std::ptrdiff_t>(round_kind));
   }
   // The set of the best so far.
   chosen_kinds.clear();

@@ -10,8 +10,9 @@
 // - keep_last (0, 1, 2) and prefetch.ahead_bytes (1, 2 and 4 layers' worth of the chosen kinds,
 //   and 1 GiB; the first stages use 2 layers' worth).
 // The search is greedy, to keep the number of replays small (about 20 for a Llama trace): every
-// kind alone; then kinds added in order of saving per added millisecond; then, for the best set,
-// the layer prefix, keep_last and prefetch one at a time.
+// kind alone; then, from the best, the set with one more kind that is best for the goal, while that
+// is better than the set it grew from; then, for the best set, the layer prefix, keep_last and
+// prefetch one at a time.
 //
 // Goals: target_peak_bytes: the least predicted slowdown among candidates whose timed peak is at
 // most the target (none: the one with the lowest peak, reported as missing the target);
@@ -47,11 +48,13 @@ struct Candidate {
   // Predictions.
   std::uint64_t peak_bytes = 0;       // timed replay peak
   std::uint64_t instant_peak_bytes = 0;
-  double slowdown = 0;                // predicted / traced time - 1
+  double slowdown = 0;                // predicted / traced iteration - 1
   std::uint64_t added_ns = 0;
-  std::uint64_t stall_ns = 0;
+  std::uint64_t stall_ns = 0;         // the job's thread waited for reloads to be issued
+  std::uint64_t gpu_wait_ns = 0;      // the job's stream waited for reload copies
   std::uint64_t traced_iteration_ns = 0;
   std::uint64_t predicted_iteration_ns = 0;
+  std::uint64_t added_iteration_ns = 0;  // predicted - traced iteration (a median of gains)
   std::uint64_t offloaded_bytes = 0;
 };
 

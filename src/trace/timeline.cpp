@@ -60,19 +60,44 @@ std::vector<Timeline::Iteration> find_iterations(const TraceFile& trace) {
   if (!trace.iterations.empty()) {
     for (const auto& record : trace.iterations) starts.push_back(record.time_ns);
   } else {
-    std::map<std::string, std::vector<std::uint64_t>> top_level;  // forward range name -> push times
+    // The model's forward is the top-level forward range that stays open longest in all. Not the
+    // most frequent one: a thread with no range open makes every NVTX range a library pushes
+    // top-level too, e.g. CCCL's "cub::DeviceRadixSort", pushed 33 times per step by the MoE
+    // routing's backward on the autograd thread, each open for microseconds.
+    struct Candidate {
+      std::vector<std::uint64_t> pushes;
+      std::uint64_t open_ns = 0;
+    };
+    std::map<std::string, Candidate> top_level;  // forward range name -> its pushes, time open
+    // A top-level range is pushed with nothing open on its thread: at most one is open per thread.
+    std::unordered_map<std::uint32_t, std::pair<std::uint32_t, std::uint64_t>> open;  // tid -> (path, since)
     for (const auto& range : trace.ranges) {
-      if (range.type != RecordType::range_push) continue;
       const ResolvedPath* path = trace.path(range.data.path_id);
       if (path == nullptr || path->depth != 1 || path->backward) continue;
       if (path->leaf.size() >= 9 && path->leaf.ends_with(".backward")) continue;
-      top_level[path->leaf].push_back(range.time_ns);
+      if (range.type == RecordType::range_push) {
+        top_level[path->leaf].pushes.push_back(range.time_ns);
+        open[range.tid] = {range.data.path_id, range.time_ns};
+      } else if (auto it = open.find(range.tid); it != open.end() && it->second.first == range.data.path_id) {
+        top_level[path->leaf].open_ns += range.time_ns - std::min(range.time_ns, it->second.second);
+        open.erase(it);
+      }
     }
-    const std::vector<std::uint64_t>* best = nullptr;
-    for (const auto& [name, times] : top_level) {
-      if (best == nullptr || times.size() > best->size()) best = &times;
+    for (const auto& [tid, pushed] : open) {  // still open at the end
+      top_level[trace.path(pushed.first)->leaf].open_ns += trace.last_time_ns - std::min(trace.last_time_ns, pushed.second);
     }
-    if (best != nullptr) starts = *best;
+    // A range pushed once (a whole run's) only counts when nothing repeats.
+    const Candidate* best = nullptr;
+    auto better = [](const Candidate& a, const Candidate& b) {
+      const bool ra = a.pushes.size() >= 2;
+      const bool rb = b.pushes.size() >= 2;
+      if (ra != rb) return ra;
+      return a.open_ns != b.open_ns ? a.open_ns > b.open_ns : a.pushes.size() > b.pushes.size();
+    };
+    for (const auto& [name, candidate] : top_level) {
+      if (best == nullptr || better(candidate, *best)) best = &candidate;
+    }
+    if (best != nullptr) starts = best->pushes;
   }
   std::sort(starts.begin(), starts.end());
   std::vector<Timeline::Iteration> iterations;

@@ -10,9 +10,11 @@
 //   ("model.layers.3.mlp" -> "model.layers.*.mlp"), so that a 32-layer model gives a handful of
 //   series. The `max_series - 1` kinds with the most resident bytes at the resident peak keep their
 //   own series (largest first); the rest are summed in "other".
-// - Iterations: ITERATION records when the trace has them; otherwise each push of the most frequent
-//   top-level forward range (the model's forward) begins one. The window is one of them (by default
-//   the one holding the resident peak), or the whole trace when none can be found.
+// - Iterations: ITERATION records when the trace has them; otherwise each push of the model's
+//   forward begins one: the top-level forward range pushed more than once that was open longest in
+//   all (a library's short top-level ranges, e.g. CCCL's on the autograd thread, may be pushed more
+//   often). The window is one of them (by default the one holding the resident peak), or the whole
+//   trace when none can be found.
 // - Copies are paired BEGIN -> END by pointer; a stall is the interval [time - wait, time] of its
 //   record. Only what overlaps the window is kept; points before it are folded into the first one.
 #pragma once

@@ -45,6 +45,40 @@ class PlanCompareTest(unittest.TestCase):
         self.assertFalse(c["losses_identical"])
         self.assertIn("OUTSIDE 10%", plan_compare.describe(c))
 
+    def test_the_predicted_gain_per_iteration_is_added_to_the_observed_step(self):
+        plan = json.loads(json.dumps(PLAN))
+        plan["chosen"]["predicted_added_iteration_ns"] = 12_000_000  # 12 ms; the 10% slowdown is not used
+        planned = {"device_used_peak_mib": 19000.0, "median_step_ms": 113.0}
+        c = plan_compare.compare("qwen", OBSERVE, plan, planned)
+        self.assertAlmostEqual(c["predicted_step_ms"], 112.0)
+        self.assertAlmostEqual(c["predicted_added_ms"], 12.0)
+        self.assertAlmostEqual(c["measured_added_ms"], 13.0)
+        self.assertTrue(c["within"])
+
+    def test_a_run_whose_steps_spread_more_than_the_tolerance_is_an_unstable_baseline(self):
+        # Warm-up 1, then the middle half of 80 80 80 100 120 120 (sorted: 80 80 80 100 120 120) runs
+        # from 80 to 120 ms: 50%. One slow last step alone would not count.
+        observe = dict(OBSERVE, warmup=1, step_ms=[700.0, 80.0, 120.0, 80.0, 100.0, 120.0, 80.0])
+        steady = {"device_used_peak_mib": 19000.0, "median_step_ms": 110.0, "warmup": 1,
+                  "step_ms": [700.0, 110.0, 111.0, 109.0, 110.0, 110.5, 300.0]}
+        c = plan_compare.compare("qwen", observe, PLAN, steady)
+        self.assertAlmostEqual(c["step_spread"]["observe"], 0.5)
+        self.assertLess(c["step_spread"]["planned"], 0.02)
+        self.assertEqual(c["unstable_baseline"], ["observe"])
+        self.assertIn("UNSTABLE BASELINE: the middle half of the observe run's steps", plan_compare.describe(c))
+        self.assertEqual(plan_compare.compare("llama", OBSERVE, PLAN, steady)["unstable_baseline"], [])
+
+    def test_a_replay_report_stands_for_the_plan(self):
+        replay = {"policy": "p.json", "modules": ["model.layers.*.mlp"], "keep_last": 2, "prefetch_bytes": 1 << 30,
+                  "baseline_peak_bytes": 20000 * MIB, "timed_peak_bytes": 17000 * MIB,
+                  "calibration": {"measured": True},
+                  "time": {"slowdown": 0.5, "added_iteration_ns": 10_000_000}}
+        planned = {"device_used_peak_mib": 19000.0, "median_step_ms": 110.0}
+        c = plan_compare.compare("llama", OBSERVE, plan_compare.plan_from_replay(replay), planned)
+        self.assertEqual(c["predicted_device_used_mib"], 19000.0)
+        self.assertAlmostEqual(c["predicted_step_ms"], 110.0)
+        self.assertEqual(c["policy"], ["model.layers.*.mlp"])
+
     def test_command_reads_logs_and_writes_json(self):
         with tempfile.TemporaryDirectory() as d:
             def write(name, text):

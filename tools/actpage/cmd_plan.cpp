@@ -99,7 +99,8 @@ int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();
     for (const auto& e : p.evaluated) {
       tried.push_back({{"modules", e.globs}, {"keep_last", e.keep_last}, {"prefetch_bytes", e.prefetch_bytes},
-                       {"peak_bytes", e.peak_bytes}, {"slowdown", e.slowdown}, {"stall_ns", e.stall_ns}});
+                       {"peak_bytes", e.peak_bytes}, {"slowdown", e.slowdown}, {"stall_ns", e.stall_ns},
+                       {"gpu_wait_ns", e.gpu_wait_ns}});
     }
     nlohmann::ordered_json report = {
         {"simulated", true},
@@ -119,7 +120,9 @@ int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
           {"predicted_peak_instant_copies_bytes", c.instant_peak_bytes},
           {"predicted_slowdown", c.slowdown},
           {"predicted_iteration_ns", c.predicted_iteration_ns},
+          {"predicted_added_iteration_ns", c.added_iteration_ns},
           {"predicted_stall_ns", c.stall_ns},
+          {"predicted_gpu_wait_ns", c.gpu_wait_ns},
           {"offloaded_bytes", c.offloaded_bytes}}},
         {"evaluated", tried}};
     out << report.dump(2) << "\n";
@@ -143,7 +146,8 @@ int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   } else {
     out << "time added:   " << trace::format_duration(c.added_ns) << " (" << pct(c.slowdown) << " of the traced span)\n";
   }
-  out << "stalls:       " << trace::format_duration(c.stall_ns) << "; offloaded " << format_bytes(c.offloaded_bytes)
+  out << "waits:        job's thread " << trace::format_duration(c.stall_ns) << ", its GPU "
+      << trace::format_duration(c.gpu_wait_ns) << " for reloads; offloaded " << format_bytes(c.offloaded_bytes)
       << " over the trace\n";
   return p.goal_met ? 0 : 3;
 }

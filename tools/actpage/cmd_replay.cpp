@@ -78,6 +78,15 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
         {"simulated", true},
         {"trace", args.trace_path},
         {"policy", args.policy_path},
+        {"modules", [&] {
+           std::vector<std::string> globs;
+           for (const auto& rule : options.modules) {
+             for (const auto& glob : rule.match) globs.push_back((rule.offload ? "" : "not ") + glob);
+           }
+           return globs;
+         }()},
+        {"keep_last", options.keep_last},
+        {"prefetch_bytes", options.prefetch_ahead_bytes},
         {"events", r.events},
         {"allocations", r.allocations},
         {"baseline_peak_bytes", r.baseline_peak_bytes},
@@ -101,8 +110,13 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
           {"iterations", t.iterations},
           {"traced_iteration_ns", t.traced_iteration_ns},
           {"predicted_iteration_ns", t.predicted_iteration_ns},
+          {"added_iteration_ns", t.added_iteration_ns},
+          {"sync_wait_ns", t.sync_wait_ns},
           {"stalls", t.stalls},
           {"stall_ns", t.stall_ns},
+          {"gpu_waits", t.gpu_waits},
+          {"gpu_wait_ns", t.gpu_wait_ns},
+          {"offloads_cancelled", t.offloads_cancelled},
           {"job_vmm_calls", t.job_vmm_calls},
           {"job_vmm_ns", t.job_vmm_ns},
           {"unmaps", t.unmaps},
@@ -142,13 +156,18 @@ int replay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
   if (t.traced_iteration_ns > 0) {
     out << "  iteration (median of " << (t.iterations - 1) << "): " << trace::format_duration(t.traced_iteration_ns)
         << " traced, " << trace::format_duration(t.predicted_iteration_ns) << " predicted (" << std::showpos
-        << std::fixed << std::setprecision(1) << 100.0 * slowdown << std::noshowpos << "%)\n";
+        << std::fixed << std::setprecision(1) << 100.0 * slowdown << std::noshowpos << "%)\n"
+        << "  GPU behind the job's threads at the end of a step (traced, median): "
+        << trace::format_duration(t.sync_wait_ns) << "\n";
   }
-  out << "  stalls: " << t.stalls << " (" << trace::format_duration(t.stall_ns) << "); unmaps: " << t.unmaps << " ("
-      << trace::format_duration(t.unmap_penalty_ns) << " of device drains); job-thread VMM calls: " << t.job_vmm_calls
-      << " (" << trace::format_duration(t.job_vmm_ns) << ")\n"
+  out << "  job's thread: stalls " << t.stalls << " (" << trace::format_duration(t.stall_ns) << "), held by " << t.unmaps
+      << " unmaps for " << trace::format_duration(t.unmap_penalty_ns) << ", " << t.job_vmm_calls << " VMM calls ("
+      << trace::format_duration(t.job_vmm_ns) << ")\n"
+      << "  job's GPU: waited for reload copies " << t.gpu_waits << " times (" << trace::format_duration(t.gpu_wait_ns)
+      << ")\n"
       << "  copy engines busy: D2H " << trace::format_duration(t.d2h_busy_ns) << " (" << t.d2h_copies << " copies), H2D "
       << trace::format_duration(t.h2d_busy_ns) << " (" << t.h2d_copies << " copies)";
+  if (t.offloads_cancelled > 0) out << "; " << t.offloads_cancelled << " offloads overtaken by their reload (pages kept)";
   if (t.late_offloads > 0) out << "; " << t.late_offloads << " reloads waited for their own offload";
   out << "\n";
   if (!args.predicted_trace_path.empty()) {

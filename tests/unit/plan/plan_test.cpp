@@ -243,7 +243,10 @@ TEST(PlanCommand, ShippedH100TraceForATargetPeak) {
   ASSERT_TRUE(save(Calibration::defaults(), calibration).ok());
   cli::PlanArgs args;
   args.trace_path = trace_path;
-  args.target_peak = "10GiB";
+  // 10.5 GiB: the lowest timed peak the search finds is 10.09 GiB. The job's GPU runs up to ~40 ms
+  // behind its threads in this trace (the wait at each step's end), so offload copies start that
+  // much later and pages leave later than a model with copies starting at the CPU's seal says.
+  args.target_peak = "10.5GiB";
   args.out_path = temp_file("llama-plan.json");
   args.calibration_path = calibration;
   args.json = true;
@@ -252,7 +255,7 @@ TEST(PlanCommand, ShippedH100TraceForATargetPeak) {
   const auto report = nlohmann::json::parse(out.str());
   EXPECT_TRUE(report["goal_met"].get<bool>());
   EXPECT_EQ(report["baseline_peak_bytes"].get<std::uint64_t>(), 12779827592u);  // as `actpage dump` reports it
-  EXPECT_LE(report["chosen"]["predicted_peak_bytes"].get<std::uint64_t>(), 10 * GiB);
+  EXPECT_LE(report["chosen"]["predicted_peak_bytes"].get<std::uint64_t>(), 10 * GiB + 512 * MiB);
   EXPECT_GT(report["chosen"]["predicted_slowdown"].get<double>(), 0.0);
   std::ostringstream check_out, check_err;
   EXPECT_EQ(cli::check({args.out_path, false}, check_out, check_err), 0) << check_err.str();
@@ -260,7 +263,7 @@ TEST(PlanCommand, ShippedH100TraceForATargetPeak) {
   args.json = false;
   args.target_peak = "";
   EXPECT_EQ(cli::plan(args, out, err), 2);
-  args.target_peak = "10GiB";
+  args.target_peak = "10.5GiB";
   args.max_slowdown = "3%";
   EXPECT_EQ(cli::plan(args, out, err), 2);
   args.max_slowdown = "";
