@@ -42,7 +42,11 @@ std::vector<Timeline::Interval> copies(const TraceFile& trace, RecordType begin,
   std::vector<Timeline::Interval> intervals;
   for (const auto* page : ordered) {
     if (page->type == begin) {
-      started[page->data.ptr].push_back(page);
+      // A begin still unpaired is a copy that never ended (an offload the engine cancelled when
+      // backward came for it): the pointer's next copy is this one.
+      auto& pending = started[page->data.ptr];
+      pending.clear();
+      pending.push_back(page);
       continue;
     }
     auto found = started.find(page->data.ptr);

@@ -351,6 +351,28 @@ TEST(ReplayTiming, TheIterationIsTheModelsForwardNotAFrequentLibraryRange) {
   EXPECT_EQ(r.timing.traced_iteration_ns, 80 * ms);
 }
 
+// An offload the engine cancels (backward came for it while it copied) has an OFFLOAD_BEGIN and no
+// OFFLOAD_END, in real traces and predicted ones: the pointer's next copy must not pair with it.
+TEST(ReplayTiming, ACopyThatNeverEndedIsNotPairedWithTheNextOneOfItsPointer) {
+  trace::TraceBuilder b;
+  const std::uint32_t mlp = b.at(0, 1).path("model/model.layers.0/model.layers.0.mlp");
+  b.at(1 * ms, 1).alloc(0x100000000ull, 64 * MiB, mlp);
+  b.at(2 * ms, 9).page(trace::RecordType::offload_begin, 0x100000000ull, 64 * MiB, mlp);
+  b.at(5 * ms, 1).free(0x100000000ull);
+  b.at(10 * ms, 1).alloc(0x100000000ull, 64 * MiB, mlp);
+  b.at(11 * ms, 9).page(trace::RecordType::offload_begin, 0x100000000ull, 64 * MiB, mlp);
+  b.at(12 * ms, 9).page(trace::RecordType::offload_end, 0x100000000ull, 64 * MiB, mlp);
+  b.at(20 * ms, 1).free(0x100000000ull);
+  auto file = trace::read_trace_bytes(b.bytes(), "cancelled.trace");
+  ASSERT_TRUE(file.ok());
+  trace::TimelineOptions whole;
+  whole.whole_trace = true;
+  const auto d2h = trace::build_timeline(*file, whole).d2h;
+  ASSERT_EQ(d2h.size(), 1u);
+  EXPECT_EQ(d2h[0].begin_ns, 11 * ms);
+  EXPECT_EQ(d2h[0].end_ns, 12 * ms);
+}
+
 TEST(ReplayTiming, WithoutCostsNothingIsTimed) {
   auto result = replay_trace(layers_trace(1, 200 * ms, 0), mlp_policy(0));
   ASSERT_TRUE(result.ok());
