@@ -11,7 +11,8 @@
 #
 # Seeds: config/*.json and tests/unit/policy/data/*.json (policy files), a few environment values
 # for each ACTPAGE_* variable, tests/golden/*.trace.bin and the head of examples/llama-observe.trace
-# (whole and cut short, as a killed job leaves it). Prints one line per target:
+# (whole and cut short, as a killed job leaves it), and the inputs of tests/fuzz/regressions that
+# once failed. Prints one line per target:
 #   fuzz: fuzz_policy: 123456 executions in 10 s, corpus 321 inputs, no failure
 # and exits non-zero on a crash, a leak, an assertion of the target, or an input that runs past
 # --timeout seconds (a hang); the reproducer is kept under --work.
@@ -30,7 +31,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --timeout) per_input_timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -72,6 +73,14 @@ if [[ -f $root/examples/llama-observe.trace ]]; then
   head -c 16384 "$root/examples/llama-observe.trace" >"$seeds/fuzz_trace_reader/llama-head"
   head -c 5000 "$root/examples/llama-observe.trace" >"$seeds/fuzz_trace_reader/llama-cut"
 fi
+
+# Inputs that once failed (tests/fuzz/regressions/<target>/), kept so that every run, the suite's
+# short one included, tries them again first.
+for target in fuzz_policy fuzz_trace_reader; do
+  if [[ -d $root/tests/fuzz/regressions/$target ]]; then
+    cp "$root/tests/fuzz/regressions/$target"/* "$seeds/$target/"
+  fi
+done
 
 status=0
 for target in "${targets[@]}"; do

@@ -5,7 +5,8 @@
 #
 # asan: AddressSanitizer + UndefinedBehaviorSanitizer build of everything (build-asan/, or
 #       $ACTPAGE_ASAN_BUILD_DIR), then the whole CPU suite (labels gpu and fuzz excluded: the fuzzers
-#       carry their own sanitizers). The preload tests put the sanitizer runtime first in LD_PRELOAD.
+#       carry their own sanitizers). The preload tests put the sanitizer runtime first in LD_PRELOAD;
+#       the fork test runs apart, its hang (a known limit of the runtime) retried (see below).
 # tsan: ThreadSanitizer build (build-tsan/, or $ACTPAGE_TSAN_BUILD_DIR) of the engine and trace
 #       writer tests only (the threads live there), then those tests.
 # Each phase prints its wall time; any sanitizer report fails the run (-fno-sanitize-recover=all,
@@ -17,22 +18,43 @@ jobs=${ACTPAGE_JOBS:-$(nproc)}
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTPAGE_BUILD_BENCH=OFF -DACTPAGE_BUILD_GPU_TESTS=OFF
         -DACTPAGE_FUZZ=OFF -DACTPAGE_CUDA_ROOT="${ACTPAGE_CUDA_ROOT:-/usr/local/cuda}")
 
+# Runs a phase and prints its wall time, also when it fails (then with its exit status).
 timed() {
   local label=$1
   shift
-  local start=$SECONDS
-  "$@"
-  echo "sanitize: $label took $((SECONDS - start)) s"
+  local start=$SECONDS status=0
+  "$@" || status=$?
+  if ((status == 0)); then
+    echo "sanitize: $label took $((SECONDS - start)) s"
+  else
+    echo "sanitize: $label took $((SECONDS - start)) s and FAILED (exit status $status)"
+  fi
+  return $status
 }
 
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1}
+# verify_asan_link_order=0: `actpage run` (tests/integration/run) preloads the library into the job
+# it starts, by design first in LD_PRELOAD. In this build the library is instrumented and the job
+# (/bin/sh, python3, a test program) is not, so the ASan runtime arrives as the library's dependency
+# rather than first, and ASan would refuse to start the job ("ASan runtime does not come first").
+# The option only matters in such processes; instrumented test programs link the runtime themselves
+# and the preload tests put it first in LD_PRELOAD.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:verify_asan_link_order=0}
+# Leaks inside torch, in the python3 jobs of the Python tests, are torch's (scripts/lsan.supp).
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/scripts/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
 if [[ $what == asan || $what == all ]]; then
   build=${ACTPAGE_ASAN_BUILD_DIR:-$root/build-asan}
   timed "asan configure+build" bash -c "cmake -S '$root' -B '$build' ${common[*]} -DACTPAGE_SANITIZE=address,undefined >/dev/null && cmake --build '$build' -j $jobs >/dev/null"
-  timed "asan suite" bash -c "cd '$build' && ctest --output-on-failure -j $jobs -LE 'gpu|fuzz'"
+  # The fork test on its own: its parent has other threads, and GCC 12's ASan runtime (unlike glibc's
+  # malloc) does not hold its allocator's locks across fork(), so once in a while the child's first
+  # allocation waits for a lock that a thread of the parent held at the fork and that nobody is left
+  # to release (seen once in three full runs, on a loaded machine: docs/reliability.md). A timeout is
+  # retried; a failure (a sanitizer report) is not.
+  fork_test='^PreloadTest\.AForkedChildTracesIntoAFileOfItsOwn$'
+  timed "asan suite" bash -c "cd '$build' && ctest --output-on-failure -j $jobs -LE 'gpu|fuzz' -E '$fork_test'"
+  timed "asan fork test" bash -c "cd '$build' && ctest --output-on-failure -R '$fork_test' --timeout 60 --repeat after-timeout:3"
 fi
 
 if [[ $what == tsan || $what == all ]]; then

@@ -9,6 +9,7 @@
 #include "policy/nearest_name.hpp"
 #include "policy/option_enums.hpp"
 #include "policy/sizes.hpp"
+#include "trace/utf8.hpp"
 
 namespace actpage::policy {
 
@@ -83,6 +84,16 @@ bool check_glob(const Field& field, const std::string& key_path, std::string_vie
                 std::string_view item_label, ErrorCollector& errors) {
   if (pattern.empty()) {
     errors.add(key_path, offset, std::string(item_label) + "empty glob");
+    return false;
+  }
+  // Module names are UTF-8 (Python identifiers, NVTX text converted to UTF-8) and a policy file is
+  // JSON, which holds only UTF-8: a glob with other bytes (possible only from an environment
+  // variable) matches nothing, and `actpage check --json` could not print it back as the same glob
+  // (the bytes become U+FFFD, which can even turn a valid bracket range into a reversed one).
+  bool not_utf8 = false;
+  trace::valid_utf8(pattern, &not_utf8);
+  if (not_utf8) {
+    errors.add(key_path, offset, std::string(item_label) + "glob is not UTF-8 text: " + quoted(pattern));
     return false;
   }
   std::string why;

@@ -31,8 +31,24 @@ const std::vector<std::string>& env_names() {
   return names;
 }
 
+// Inputs hold any bytes, NUL included: print them escaped, or the report stops at the first NUL.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if ((byte >= 0x20 && byte < 0x7f && byte != '\\') || byte == '\n') {
+      out += c;
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
+      out += escaped;
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail(const char* what, const std::string& detail) {
-  std::fprintf(stderr, "fuzz_policy: %s\n%s\n", what, detail.c_str());
+  std::fprintf(stderr, "fuzz_policy: %s\n%s\n", what, printable(detail).c_str());
   std::abort();
 }
 

@@ -286,6 +286,21 @@ TEST(Load, EnvironmentListsSplitOnCommasOutsideBrackets) {
   EXPECT_TRUE(result.options.backward_ranges.empty());  // set but empty: no backward markers
 }
 
+TEST(Load, EnvironmentGlobsMustBeUtf8) {
+  // Found by fuzz_policy: "[\x8a-\x8a-q]" compiled as bytes, but printed (bad bytes as U+FFFD) it
+  // became a reversed range, so `actpage check --json` printed a policy that did not load.
+  for (const char* variable : {"ACTPAGE_MODULES", "ACTPAGE_BACKWARD_RANGES"}) {
+    const LoadResult result = load("", fake_env({{variable, "*.mlp,x[\x8a-\x8a-q]*"}}));
+    ASSERT_EQ(result.errors.size(), 1u) << variable;
+    EXPECT_EQ(result.errors[0].source, variable);
+    EXPECT_THAT(result.errors[0].reason, HasSubstr("item 2 of the comma-separated list: glob is not UTF-8"));
+  }
+  // UTF-8 beyond ASCII is fine.
+  const LoadResult result = load("", fake_env({{"ACTPAGE_MODULES", "caf\xc3\xa9.*"}}));
+  ASSERT_TRUE(result.ok()) << all_errors(result);
+  EXPECT_EQ(result.options.modules[0].match, std::vector<std::string>{"caf\xc3\xa9.*"});
+}
+
 TEST(Load, EnvironmentBooleansAndSizes) {
   for (const char* yes : {"true", "1", "yes", "on", "TRUE", " On "}) {
     const LoadResult result = load("", fake_env({{"ACTPAGE_ENABLED", "false"}, {"ACTPAGE_SET_ALLOC_BACKEND", yes}}));
