@@ -34,15 +34,9 @@ using testing::Tensor;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 Options fault_options() {
-  Options options = Options::defaults();
-  options.mode = Mode::offload;
-  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
-  options.min_bytes = 64 * 1024;
-  options.keep_last = 0;
+  Options options = testing::small_offload_options();
   options.host_pool_bytes = 256 * kMiB;
   options.host_pool_slab_bytes = 32 * kMiB;
-  options.host_pool_prealloc_bytes = 64 * kMiB;
-  options.vmm_arena_bytes = 64ull << 30;
   options.vmm_cache_bytes = 0;  // every allocation creates and maps: each is a chance to fail
   options.prefetch_ahead_bytes = 16 * kMiB;
   return options;

@@ -154,21 +154,6 @@ class CheckedDevice final : public Device {
   std::atomic<std::uint64_t> max_in_flight_{0};
 };
 
-Options multi_options() {
-  Options options = Options::defaults();
-  options.mode = Mode::offload;
-  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
-  options.min_bytes = 64 * 1024;
-  options.keep_last = 0;
-  options.host_pool_bytes = 1ull << 30;
-  options.host_pool_slab_bytes = 64 * kMiB;
-  options.host_pool_prealloc_bytes = 64 * kMiB;
-  options.vmm_arena_bytes = 64ull << 30;
-  options.vmm_cache_bytes = 256 * kMiB;
-  options.prefetch_ahead_bytes = 64 * kMiB;
-  return options;
-}
-
 SimDeviceConfig device_config(int ordinal, std::uint32_t min_delay_us = 0, std::uint32_t max_delay_us = 20) {
   SimDeviceConfig config;
   config.ordinal = ordinal;
@@ -281,7 +266,7 @@ bool on_device(const SimDevice& sim, DevPtr va) {
 TEST(EngineMultiDevice, ModelParallelOnOneThreadPagesEachDeviceOnItsOwn) {
   // Naive model parallelism: layers 0-2 on device 0, 3-5 on device 1, one thread switching the
   // current device as it goes; backward in reverse on autograd's thread.
-  TwoDevices rig(multi_options());
+  TwoDevices rig(testing::small_offload_options());
   Saved saved[2];
   const std::uint64_t before[2] = {rig.sims[0]->stats().device_resident_bytes,
                                    rig.sims[1]->stats().device_resident_bytes};
@@ -326,7 +311,7 @@ TEST(EngineMultiDevice, ModelParallelOnOneThreadPagesEachDeviceOnItsOwn) {
 TEST(EngineMultiDevice, TwoThreadsOnTwoDevicesAtOnce) {
   // One thread per device (as a single-process data-parallel job would), both paging at once, with
   // the same module names on both devices.
-  TwoDevices rig(multi_options());
+  TwoDevices rig(testing::small_offload_options());
   auto worker = [&](int d) {
     for (int step = 0; step < 4; ++step) {
       Saved saved;
@@ -354,7 +339,7 @@ TEST(EngineMultiDevice, TwoThreadsOnTwoDevicesAtOnce) {
 }
 
 TEST(EngineMultiDevice, FreesReachTheEngineOfTheDeviceThatServedThem) {
-  TwoDevices rig(multi_options());
+  TwoDevices rig(testing::small_offload_options());
   Saved saved[2];
   layer_forward(*rig.jobs[0], "model.layers.0", 3, 2 * kMiB, saved[0]);
   layer_forward(*rig.jobs[1], "model.layers.1", 3, 2 * kMiB, saved[1]);
@@ -391,7 +376,7 @@ TEST(EngineMultiDevice, FreesReachTheEngineOfTheDeviceThatServedThem) {
 TEST(EngineMultiDevice, InFlightCapAppliesPerDevice) {
   // Slow copies so that they pile up: each device's offload worker keeps at most
   // max_inflight_copies D2H copies in flight, independently of the other device's.
-  Options options = multi_options();
+  Options options = testing::small_offload_options();
   options.max_inflight_copies = 2;
   TwoDevices rig(options, /*min_delay_us=*/300, /*max_delay_us=*/600);
   Saved saved[2];
@@ -413,11 +398,10 @@ TEST(EngineMultiDevice, InFlightCapAppliesPerDevice) {
   expect_clean(rig);
 }
 
-
 // --- Communication buffers and other allocations outside a selected forward range are never paged.
 
 TEST(EngineNeverPaged, CommunicationBuffersOutsideSelectedRangesPassThrough) {
-  TwoDevices rig(multi_options());
+  TwoDevices rig(testing::small_offload_options());
   SimJob& job = *rig.jobs[0];
   std::vector<Tensor> kept;
   // NCCL's and DDP's buffers: made at start-up, under no range at all.
@@ -460,7 +444,7 @@ TEST(EngineNeverPaged, ScratchFreedInsideTheModuleIsNeverCopied) {
   // Inside a selected range every per-tensor allocation is a candidate whatever its stream; what
   // keeps such a buffer safe is the free: freed before the release point (a collective's scratch),
   // it is never copied anywhere.
-  TwoDevices rig(multi_options());
+  TwoDevices rig(testing::small_offload_options());
   SimJob& job = *rig.jobs[0];
   job.push("model.layers.0");
   job.push("model.layers.0.mlp");

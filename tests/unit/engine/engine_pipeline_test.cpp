@@ -33,21 +33,6 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr int kPerModule = 2;              // saved activations per selected module call
 constexpr std::size_t kBytes = 2 * kMiB;   // each; mapped as one 2 MiB page
 
-Options pipeline_options() {
-  Options options = Options::defaults();
-  options.mode = Mode::offload;
-  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
-  options.min_bytes = 64 * 1024;
-  options.keep_last = 0;
-  options.host_pool_bytes = 1ull << 30;
-  options.host_pool_slab_bytes = 64 * kMiB;
-  options.host_pool_prealloc_bytes = 64 * kMiB;
-  options.vmm_arena_bytes = 64ull << 30;
-  options.vmm_cache_bytes = 256 * kMiB;
-  options.prefetch_ahead_bytes = 64 * kMiB;
-  return options;
-}
-
 struct Rig {
   explicit Rig(const Options& options, std::uint64_t seed = 3)
       : device(config(seed)),
@@ -186,7 +171,7 @@ void one_f_one_b(Rig& rig, const Chunk& chunk, int micro_batches, int in_flight,
 const Chunk kStage{"LlamaStage", {"model.layers.4", "model.layers.5", "model.layers.6"}};
 
 TEST(EnginePipeline, OneFOneBBringsBackEachMicroBatchsOwnActivations) {
-  Rig rig(pipeline_options());
+  Rig rig(testing::small_offload_options());
   std::vector<std::uint64_t> reloads;
   one_f_one_b(rig, kStage, /*micro_batches=*/8, /*in_flight=*/4, /*hints=*/true, &reloads);
   expect_every_byte_back(rig);
@@ -201,7 +186,7 @@ TEST(EnginePipeline, OneFOneBBringsBackEachMicroBatchsOwnActivations) {
 }
 
 TEST(EnginePipeline, OneFOneBKeepsTheOtherMicroBatchesOnTheHost) {
-  Rig rig(pipeline_options());
+  Rig rig(testing::small_offload_options());
   std::deque<MicroBatch> pending;
   for (int i = 0; i < 4; ++i) pending.push_back(forward(*rig.job, kStage, true));
   rig.engine.quiesce();
@@ -225,7 +210,7 @@ TEST(EnginePipeline, OneFOneBKeepsTheOtherMicroBatchesOnTheHost) {
 TEST(EnginePipeline, OneFOneBWithoutHintsStillBringsEveryByteBack) {
   // A job whose markers carry no forward id (its own NVTX ranges): each marker brings back every
   // group of its module still offloaded, including older forward passes' after a new one began.
-  Rig rig(pipeline_options());
+  Rig rig(testing::small_offload_options());
   one_f_one_b(rig, kStage, 8, 4, /*hints=*/false, nullptr);
   expect_every_byte_back(rig);
   // Each activation was offloaded, or asked for back before its copy finished (a marker of an older
@@ -236,7 +221,7 @@ TEST(EnginePipeline, OneFOneBWithoutHintsStillBringsEveryByteBack) {
 }
 
 TEST(EnginePipeline, GPipeAllForwardsThenAllBackwards) {
-  Rig rig(pipeline_options());
+  Rig rig(testing::small_offload_options());
   std::vector<MicroBatch> batches;
   for (int i = 0; i < 4; ++i) batches.push_back(forward(*rig.job, kStage, true));
   for (std::size_t k = 0; k < batches.size(); ++k) {
@@ -269,7 +254,7 @@ void interleaved(Rig& rig, const Chunk& first, const Chunk& second, bool hints,
 TEST(EnginePipeline, InterleavedTwoChunksBringsBackEachMicroBatchsOwnActivations) {
   const Chunk first{"LlamaStage", {"model.layers.0", "model.layers.1"}};
   const Chunk second{"LlamaStage", {"model.layers.4", "model.layers.5"}};
-  Rig rig(pipeline_options(), 5);
+  Rig rig(testing::small_offload_options(), 5);
   std::vector<std::uint64_t> reloads;
   interleaved(rig, first, second, true, &reloads);
   expect_every_byte_back(rig);
@@ -283,7 +268,7 @@ TEST(EnginePipeline, InterleavedChunksWithTheSameModuleNames) {
   // forward id tells their groups apart.
   const Chunk first{"LlamaStage", {"layers.0", "layers.1"}};
   const Chunk second{"LlamaStage", {"layers.0", "layers.1"}};
-  Rig rig(pipeline_options(), 9);
+  Rig rig(testing::small_offload_options(), 9);
   std::vector<std::uint64_t> reloads;
   interleaved(rig, first, second, true, &reloads);
   expect_every_byte_back(rig);
@@ -294,7 +279,7 @@ TEST(EnginePipeline, InterleavedChunksWithTheSameModuleNames) {
 TEST(EnginePipeline, InterleavedWithoutHintsStillBringsEveryByteBack) {
   const Chunk first{"LlamaStage", {"layers.0", "layers.1"}};
   const Chunk second{"LlamaStage", {"layers.0", "layers.1"}};
-  Rig rig(pipeline_options(), 11);
+  Rig rig(testing::small_offload_options(), 11);
   interleaved(rig, first, second, false, nullptr);
   expect_every_byte_back(rig);
 }
@@ -302,7 +287,7 @@ TEST(EnginePipeline, InterleavedWithoutHintsStillBringsEveryByteBack) {
 TEST(EnginePipeline, AModuleCalledTwiceInOneForwardGetsBothCallsBack) {
   // Weight sharing: the same module (one name) runs twice in one micro-batch's forward; its two
   // markers fire in backward in reverse order, both with the same forward id.
-  Rig rig(pipeline_options());
+  Rig rig(testing::small_offload_options());
   const Chunk chunk{"Shared", {"model.layers.0", "model.layers.0"}};
   std::deque<MicroBatch> pending;
   for (int i = 0; i < 3; ++i) pending.push_back(forward(*rig.job, chunk, true));

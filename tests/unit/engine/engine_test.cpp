@@ -19,21 +19,6 @@ using testing::Tensor;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-Options offload_options() {
-  Options options = Options::defaults();
-  options.mode = Mode::offload;
-  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
-  options.min_bytes = 64 * 1024;
-  options.keep_last = 0;
-  options.host_pool_bytes = 1ull << 30;
-  options.host_pool_slab_bytes = 64 * kMiB;
-  options.host_pool_prealloc_bytes = 64 * kMiB;
-  options.vmm_arena_bytes = 64ull << 30;
-  options.vmm_cache_bytes = 256 * kMiB;
-  options.prefetch_ahead_bytes = 64 * kMiB;
-  return options;
-}
-
 SimDeviceConfig sim_config(std::uint64_t seed, std::uint32_t max_delay_us) {
   SimDeviceConfig config;
   config.seed = seed;
@@ -126,7 +111,7 @@ void run_backward(SimJob& job, Forward& forward, int layers) {
 }
 
 TEST(Engine, OffloadsSelectedActivationsAndBringsEveryByteBack) {
-  Rig rig(offload_options());
+  Rig rig(testing::small_offload_options());
   Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
   rig.engine.quiesce();
   const EngineStats after_forward = rig.engine.stats();
@@ -146,7 +131,7 @@ TEST(Engine, OffloadsSelectedActivationsAndBringsEveryByteBack) {
 }
 
 TEST(Engine, OffloadGivesDeviceMemoryBackAsMemInfoShows) {
-  Rig rig(offload_options());
+  Rig rig(testing::small_offload_options());
   const std::uint64_t before = rig.device_bytes_in_use();
   Forward forward = run_forward(*rig.job, 6, 2, 4 * kMiB);
   rig.engine.quiesce();
@@ -170,7 +155,7 @@ TEST(Engine, OffloadGivesDeviceMemoryBackAsMemInfoShows) {
 }
 
 TEST(Engine, KeepLastKeepsTheLastLayersResident) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.keep_last = 2;
   Rig rig(options);
   Forward forward = run_forward(*rig.job, 5, 1, 2 * kMiB);
@@ -186,7 +171,7 @@ TEST(Engine, KeepLastKeepsTheLastLayersResident) {
 }
 
 TEST(Engine, FreedWhileOffloadedIsDroppedNeverReloaded) {
-  Rig rig(offload_options());
+  Rig rig(testing::small_offload_options());
   Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);
   rig.engine.quiesce();
   // An evaluation step: no backward, the activations are simply dropped.
@@ -202,7 +187,7 @@ TEST(Engine, FreedWhileOffloadedIsDroppedNeverReloaded) {
 }
 
 TEST(Engine, SmallAllocationsAndUnselectedModulesPassThrough) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.min_bytes = 4 * kMiB;
   Rig rig(options);
   rig.job->push("model.layers.0");
@@ -225,7 +210,7 @@ TEST(Engine, SmallAllocationsAndUnselectedModulesPassThrough) {
 }
 
 TEST(Engine, ObserveModeServesNothing) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.mode = Mode::observe;
   Rig rig(options);
   rig.job->push("model.layers.0.mlp");
@@ -236,7 +221,7 @@ TEST(Engine, ObserveModeServesNothing) {
 }
 
 TEST(Engine, ExclusionRuleWinsForInnerRanges) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.modules = {ModuleRule{{"*.mlp.down_proj"}, false, std::nullopt}, ModuleRule{{"*.mlp"}, true, std::nullopt}};
   Rig rig(options);
   rig.job->push("model.layers.0");
@@ -256,7 +241,7 @@ TEST(Engine, ExclusionRuleWinsForInnerRanges) {
 }
 
 TEST(Engine, RecomputationDuringBackwardOnAnotherThreadIsLeftAlone) {
-  Rig rig(offload_options());
+  Rig rig(testing::small_offload_options());
   Forward forward = run_forward(*rig.job, 2, 1, 2 * kMiB);
   std::thread autograd([&] {
     rig.job->marker("model.layers.1.backward");
@@ -276,7 +261,7 @@ TEST(Engine, RecomputationDuringBackwardOnAnotherThreadIsLeftAlone) {
 }
 
 TEST(Engine, PoisonModeExposesAReadAfterTheReleasePoint) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.stray_access = StrayAccess::poison;
   options.release_after = ReleaseAfter::range_end;  // unsafe: the residual reads the output later
   Rig rig(options);
@@ -295,7 +280,7 @@ TEST(Engine, PoisonModeExposesAReadAfterTheReleasePoint) {
 }
 
 TEST(Engine, PoisonModePassesASafePolicy) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.stray_access = StrayAccess::poison;
   Rig rig(options);
   Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);
@@ -307,7 +292,7 @@ TEST(Engine, PoisonModePassesASafePolicy) {
 }
 
 TEST(Engine, HostMappedServesAReadAfterTheReleasePointCorrectly) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.stray_access = StrayAccess::host_mapped;
   options.release_after = ReleaseAfter::range_end;  // unsafe: the residual reads the output later
   Rig rig(options);
@@ -331,7 +316,7 @@ TEST(Engine, HostMappedServesAReadAfterTheReleasePointCorrectly) {
 }
 
 TEST(Engine, HostMappedOffloadsAndReloadsWithEveryByteIntact) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.stray_access = StrayAccess::host_mapped;
   Rig rig(options);
   const std::uint64_t before = rig.device_bytes_in_use();
@@ -354,7 +339,7 @@ TEST(Engine, HostMappedOffloadsAndReloadsWithEveryByteIntact) {
 }
 
 TEST(Engine, SteadyStateMapsAtMostOneWindowPerModuleCallOnTheJobThread) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.vmm_group_windows = true;
   options.vmm_cache_bytes = 1ull << 30;
   Rig rig(options);
@@ -383,7 +368,7 @@ TEST(Engine, GroupWindowsGiveALayersPagesBackInOneUnmap) {
   // forward fall from one per saved tensor to at most one per module call (fewer when adjacent
   // windows are given back in one span).
   for (bool windows : {false, true}) {
-    Options options = offload_options();
+    Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.vmm_group_windows = windows;
     options.vmm_unmap_batch_bytes = 0;
@@ -417,7 +402,7 @@ TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
   // With no batch they are given back at once; with a batch larger than the forward, only when
   // backward begins. Either way every byte comes back.
   for (std::uint64_t batch : {std::uint64_t{0}, std::uint64_t{1} << 40}) {
-    Options options = offload_options();
+    Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.vmm_unmap_batch_bytes = batch;
     options.vmm_group_windows = true;
@@ -472,7 +457,7 @@ TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
 }
 
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
-  Options options = offload_options();
+  Options options = testing::small_offload_options();
   options.host_pool_bytes = 4 * kMiB;
   options.host_pool_slab_bytes = 4 * kMiB;
   options.host_pool_prealloc_bytes = 4 * kMiB;
@@ -492,7 +477,7 @@ TEST(Engine, ShutdownLeavesNothingBehind) {
   SimDeviceConfig config = sim_config(7, 10);
   auto device = std::make_unique<SimDevice>(config);
   {
-    Engine engine(offload_options(), [&](int) -> Result<Device*> { return static_cast<Device*>(device.get()); });
+    Engine engine(testing::small_offload_options(), [&](int) -> Result<Device*> { return static_cast<Device*>(device.get()); });
     ranges::set_listener(&engine);
     StreamHandle stream = *device->create_stream(0);
     SimJob job(*device, engine, stream);

@@ -21,6 +21,25 @@
 
 namespace actpage::engine::testing {
 
+// The engine options the engine tests start from: offload every "*.mlp" call, nothing kept
+// resident, a host pool and a range cache sized for a few MiB of activations. Tests change what
+// they are about on the copy they get.
+inline Options small_offload_options() {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  Options options = Options::defaults();
+  options.mode = Mode::offload;
+  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  options.min_bytes = 64 * 1024;
+  options.keep_last = 0;
+  options.host_pool_bytes = 1ull << 30;
+  options.host_pool_slab_bytes = 64 * kMiB;
+  options.host_pool_prealloc_bytes = 64 * kMiB;
+  options.vmm_arena_bytes = 64ull << 30;
+  options.vmm_cache_bytes = 256 * kMiB;
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  return options;
+}
+
 // Fills `out` with the bytes activation `id` holds.
 inline void activation_bytes(std::uint64_t id, std::size_t bytes, std::vector<std::uint8_t>& out) {
   out.resize(bytes);
