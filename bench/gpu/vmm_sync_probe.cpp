@@ -156,6 +156,82 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
 
+  // Copy-engine wait: in the training job, a map issued while the offload stream's device-to-host
+  // copy runs ended exactly when that copy ended (docs/performance.md). Queue `total` bytes of D2H
+  // copies to pinned host memory in chunks of one size, let them start, then time each VMM call; the
+  // copies' own throughput per chunk size is printed too.
+  {
+    const std::size_t total = std::size_t{512} << 20;
+    void* pinned = nullptr;
+    check(api->cuMemHostAlloc(&pinned, total, 0), "cuMemHostAlloc");
+    CUstream d2h = nullptr;
+    check(api->cuStreamCreateWithPriority(&d2h, CU_STREAM_NON_BLOCKING, 0), "cuStreamCreateWithPriority");
+    CUevent copies_done = nullptr;
+    check(api->cuEventCreate(&copies_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    const std::size_t bytes = std::size_t{64} << 20;
+    CUdeviceptr va = reserve(bytes);
+    bool to_host = true;
+    auto queue_d2h = [&](std::size_t chunk) {
+      for (std::size_t at = 0; at < total; at += chunk) {
+        if (to_host) {
+          check(api->cuMemcpyDtoHAsync_v2(static_cast<char*>(pinned) + at, a.va + at, chunk, d2h), "cuMemcpyDtoHAsync");
+        } else {
+          check(api->cuMemcpyHtoDAsync_v2(a.va + at, static_cast<char*>(pinned) + at, chunk, d2h), "cuMemcpyHtoDAsync");
+        }
+      }
+      check(api->cuEventRecord(copies_done, d2h), "cuEventRecord");
+    };
+    for (int direction = 0; direction < 2; ++direction)
+    for (std::size_t chunk : {std::size_t{64} << 20, std::size_t{16} << 20, std::size_t{4} << 20,
+                              std::size_t{2} << 20, std::size_t{1} << 20}) {
+      to_host = direction == 0;
+      // Throughput alone.
+      queue_d2h(chunk);
+      check(api->cuEventSynchronize(copies_done), "sync");
+      double t0 = now_us();
+      queue_d2h(chunk);
+      check(api->cuEventSynchronize(copies_done), "sync");
+      const double gbps = total / ((now_us() - t0) * 1e3);
+      std::vector<double> create_us, map_us, access_us, unmap_us, release_us;
+      const int reps = 25;
+      auto timed = [](std::vector<double>& into, const std::function<void()>& call) {
+        const double s = now_us();
+        call();
+        into.push_back(now_us() - s);
+      };
+      for (int rep = 0; rep < reps; ++rep) {
+        queue_d2h(chunk);
+        // Let the copies get under way; vary the moment so it falls anywhere inside a copy.
+        std::this_thread::sleep_for(std::chrono::microseconds(1000 + 97 * rep));
+        CUmemGenericAllocationHandle handle = 0;
+        timed(create_us, [&] { handle = create(bytes); });
+        timed(map_us, [&] { check(api->cuMemMap(va, bytes, 0, handle, 0), "cuMemMap"); });
+        CUmemAccessDesc access{};
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = dev;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        timed(access_us, [&] { check(api->cuMemSetAccess(va, bytes, &access, 1), "cuMemSetAccess"); });
+        timed(unmap_us, [&] { check(api->cuMemUnmap(va, bytes), "cuMemUnmap"); });
+        timed(release_us, [&] { check(api->cuMemRelease(handle), "cuMemRelease"); });
+        check(api->cuEventSynchronize(copies_done), "sync");
+      }
+      auto summary = [](std::vector<double> values) {
+        std::sort(values.begin(), values.end());
+        char text[64];
+        std::snprintf(text, sizeof text, "%.0f/%.0f/%.0f", values[values.size() / 2], values[values.size() * 9 / 10],
+                      values.back());
+        return std::string(text);
+      };
+      std::printf("probe copy_wait %s chunk_MiB=%zu GBps=%.1f p50/p90/max_us create=%s map=%s set_access=%s "
+                  "unmap=%s release=%s\n",
+                  to_host ? "d2h" : "h2d", chunk >> 20, gbps, summary(create_us).c_str(), summary(map_us).c_str(),
+                  summary(access_us).c_str(), summary(unmap_us).c_str(), summary(release_us).c_str());
+      std::fflush(stdout);
+    }
+    check(api->cuMemFreeHost(pinned), "cuMemFreeHost");
+  }
+  if (argc > 2 && std::string(argv[2]) == "copy-wait-only") return 0;
+
   for (std::size_t bytes : {granularity, std::size_t{64} << 20}) {
     const std::string suffix = "_" + std::to_string(bytes >> 20) + "MiB";
     CUdeviceptr va = reserve(bytes);
