@@ -225,22 +225,29 @@ Status CudaDevice::release_physical(PhysicalHandle handle) {
   return driver_.check(result, "cuMemRelease", "releasing physical handle " + hex(handle.value));
 }
 
-Status CudaDevice::map(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
-  const auto address = static_cast<CUdeviceptr>(va);
-  CUresult result = driver_.cuMemMap(address, bytes, 0, handle.value, 0);
-  if (result != CUDA_SUCCESS) {
-    return driver_.check(result, "cuMemMap", "mapping " + format_bytes(bytes) + " at " + hex(va));
-  }
+Status CudaDevice::map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
+  const CUresult result = driver_.cuMemMap(static_cast<CUdeviceptr>(va), bytes, 0, handle.value, 0);
+  if (result == CUDA_SUCCESS) return {};
+  return driver_.check(result, "cuMemMap", "mapping " + format_bytes(bytes) + " at " + hex(va));
+}
+
+Status CudaDevice::grant_access(DevPtr va, std::size_t bytes) {
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device_;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  result = driver_.cuMemSetAccess(address, bytes, &access, 1);
+  const CUresult result = driver_.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
   if (result == CUDA_SUCCESS) return {};
+  return driver_.check(result, "cuMemSetAccess",
+                       "granting " + device_text(ordinal_) + " access to " + format_bytes(bytes) + " at " + hex(va));
+}
+
+Status CudaDevice::map(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
+  if (Status mapped = map_without_access(va, bytes, handle); !mapped.ok()) return mapped;
+  Status failure = grant_access(va, bytes);
+  if (failure.ok()) return {};
   // Without access the mapping is useless: undo it so that a failed map() leaves nothing behind.
-  Status failure = driver_.check(result, "cuMemSetAccess",
-                                 "granting " + device_text(ordinal_) + " access to " + format_bytes(bytes) + " at " + hex(va));
-  const CUresult undone = driver_.cuMemUnmap(address, bytes);
+  const CUresult undone = driver_.cuMemUnmap(static_cast<CUdeviceptr>(va), bytes);
   if (undone != CUDA_SUCCESS) {
     failure = Status(failure.code(), failure.message() + "; undoing the mapping failed too: cuMemUnmap: " +
                                          driver_.error_text(undone));

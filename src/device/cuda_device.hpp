@@ -14,7 +14,8 @@
 //   device's host NUMA node (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0 when unknown) and falls back to
 //   CU_MEM_LOCATION_TYPE_HOST when the NUMA variant is refused for any reason but out-of-memory.
 // - map() = cuMemMap + cuMemSetAccess (read/write for this device); when the access cannot be set the
-//   mapping is undone, so a failed map() leaves nothing mapped.
+//   mapping is undone, so a failed map() leaves nothing mapped. map_without_access() is the cuMemMap
+//   alone, grant_access() the cuMemSetAccess (over one or more whole mappings).
 // - Streams are non-blocking (CU_STREAM_NON_BLOCKING) with the given priority; events have timing
 //   disabled. StreamHandle/EventHandle/PhysicalHandle hold the driver's CUstream/CUevent/
 //   CUmemGenericAllocationHandle values; StreamHandle{0} is the legacy default stream.
@@ -58,6 +59,8 @@ class CudaDevice final : public Device {
   Result<PhysicalHandle> create_physical(std::size_t bytes, MemoryLocation where) override;
   Status release_physical(PhysicalHandle handle) override;
   Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) override;
+  Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) override;
+  Status grant_access(DevPtr va, std::size_t bytes) override;
   Status unmap(DevPtr va, std::size_t bytes) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;

@@ -22,6 +22,7 @@ const char* sim_op_call_name(SimOp op) noexcept {
     case SimOp::create_physical: return "cuMemCreate";
     case SimOp::release_physical: return "cuMemRelease";
     case SimOp::map: return "cuMemMap";
+    case SimOp::grant_access: return "cuMemSetAccess";
     case SimOp::unmap: return "cuMemUnmap";
     case SimOp::alloc_pinned: return "cuMemHostAlloc";
     case SimOp::free_pinned: return "cuMemFreeHost";
@@ -345,6 +346,34 @@ Status SimDevice::release_physical(PhysicalHandle handle) {
 }
 
 Status SimDevice::map(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
+  return map_impl(va, bytes, handle, true);
+}
+
+Status SimDevice::map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
+  return map_impl(va, bytes, handle, false);
+}
+
+Status SimDevice::grant_access(DevPtr va, std::size_t bytes) {
+  auto what = [&] { return "granting access to " + format_bytes(bytes) + " at " + hex(va); };
+  if (auto error = enter(SimOp::grant_access, what)) return *error;
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  // As cuMemSetAccess: the range must be fully mapped (one or more whole mappings).
+  auto first = mappings_.find(va);
+  auto it = first;
+  DevPtr cursor = va;
+  while (cursor < va + bytes && it != mappings_.end() && it->first == cursor) {
+    cursor += it->second.bytes;
+    ++it;
+  }
+  if (bytes == 0 || first == mappings_.end() || cursor != va + bytes) {
+    return fail(SimOp::grant_access, ErrorCode::invalid_argument,
+                "CUDA_ERROR_INVALID_VALUE (the range is not exactly one or more whole mappings)", what());
+  }
+  for (auto grant = first; grant != it; ++grant) grant->second.accessible = true;
+  return {};
+}
+
+Status SimDevice::map_impl(DevPtr va, std::size_t bytes, PhysicalHandle handle, bool accessible) {
   auto what = [&] { return "mapping " + format_bytes(bytes) + " at " + hex(va); };
   if (auto error = enter(SimOp::map, what)) return *error;
   auto invalid = [&](const std::string& why) {
@@ -371,7 +400,7 @@ Status SimDevice::map(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
     if (prev->first + prev->second.bytes > va) return invalid("range overlaps a mapping at " + hex(prev->first));
   }
   ++handle_it->second->mappings;
-  mappings_.emplace(va, Mapping{bytes, handle_it->second});
+  mappings_.emplace(va, Mapping{bytes, handle_it->second, accessible});
   return {};
 }
 
@@ -434,9 +463,9 @@ Status SimDevice::access(DevPtr va, std::size_t bytes, const AccessFn& piece, co
   // Check the whole range first, so that a faulting access moves no data.
   while (cursor < end) {
     const Mapping* mapping = end < va ? nullptr : find_mapping(cursor, &start);
-    if (mapping == nullptr) {
+    if (mapping == nullptr || !mapping->accessible) {
       std::string description = std::string(kind) + " of " + std::to_string(bytes) + " bytes at " + hex(va) + ": " +
-                                hex(cursor) + " is not mapped";
+                                hex(cursor) + (mapping == nullptr ? " is not mapped" : " is mapped without access");
       if (!context.empty()) description += " (" + context + ")";
       Status status(ErrorCode::device_error, "CUDA_ERROR_ILLEGAL_ADDRESS (simulated): " + description);
       record_fault(std::move(description));

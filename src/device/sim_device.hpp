@@ -4,7 +4,8 @@
 // Model (see include/actpage/device.hpp for the contract both devices share):
 // - Address space: reserve() hands out fake device addresses from SimDeviceConfig::va_base upward,
 //   granularity-aligned, never overlapping, first fit (so a freed range is reused). Nothing can be
-//   read at an address until map() puts a physical handle there.
+//   read at an address until map() puts a physical handle there. map_without_access() maps without
+//   access, and until grant_access() covers the mapping any access to it faults as if unmapped.
 // - Physical memory: each handle owns a host buffer of its size. Releasing a handle that is still
 //   mapped is allowed, as in CUDA: the handle value becomes invalid at once, but the memory stays
 //   (readable through its mappings, and counted as in use by mem_info()) until its last mapping goes.
@@ -129,6 +130,8 @@ class SimDevice final : public Device {
   Result<PhysicalHandle> create_physical(std::size_t bytes, MemoryLocation where) override;
   Status release_physical(PhysicalHandle handle) override;
   Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) override;
+  Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) override;
+  Status grant_access(DevPtr va, std::size_t bytes) override;
   Status unmap(DevPtr va, std::size_t bytes) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
@@ -183,6 +186,7 @@ class SimDevice final : public Device {
   struct Mapping {
     std::size_t bytes = 0;
     std::shared_ptr<PhysicalMemory> memory;
+    bool accessible = true;  // false from map_without_access() until grant_access()
   };
   struct Stream;
   struct EventRecord {
@@ -200,6 +204,7 @@ class SimDevice final : public Device {
 
   // With memory_mutex_ held.
   const Mapping* find_mapping(DevPtr va, DevPtr* start) const;
+  Status map_impl(DevPtr va, std::size_t bytes, PhysicalHandle handle, bool accessible);
   // Resolves [va, va + bytes) through the mappings and calls `piece` for each mapped part, or
   // records a fault and moves nothing when any byte is unmapped.
   Status access(DevPtr va, std::size_t bytes, const AccessFn& piece, const char* kind, const std::string& context);

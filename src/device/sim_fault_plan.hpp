@@ -25,6 +25,7 @@ enum class SimOp : std::uint8_t {
   create_physical,
   release_physical,
   map,
+  grant_access,
   unmap,
   alloc_pinned,
   free_pinned,

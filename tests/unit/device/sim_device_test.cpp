@@ -498,6 +498,42 @@ TEST(SimDevice, UnmapTakesOnlyWholeMappings) {
   ACTPAGE_EXPECT_OK(device.unreserve(*va, 4 * kGranularity));
 }
 
+TEST(SimDevice, MappedWithoutAccessFaultsUntilOneGrantCoversWholeMappings) {
+  SimDevice device(small_config());
+  auto va = device.reserve(4 * kGranularity);
+  auto first = device.create_physical(kGranularity, MemoryLocation::device);
+  auto second = device.create_physical(2 * kGranularity, MemoryLocation::device);
+  ACTPAGE_ASSERT_OK(va);
+  ACTPAGE_ASSERT_OK(first);
+  ACTPAGE_ASSERT_OK(second);
+  ACTPAGE_ASSERT_OK(device.map_without_access(*va, kGranularity, *first));
+  ACTPAGE_ASSERT_OK(device.map_without_access(*va + kGranularity, 2 * kGranularity, *second));
+  std::vector<std::uint8_t> ones(kGranularity, 1);
+  Status status = device.write(*va + kGranularity, ones.data(), ones.size());
+  EXPECT_EQ(status.code(), ErrorCode::device_error);
+  EXPECT_NE(status.message().find("mapped without access"), std::string::npos) << status.message();
+  // A grant takes whole mappings, like cuMemSetAccess: not half of one, not past the last.
+  EXPECT_FALSE(device.grant_access(*va, 2 * kGranularity).ok());
+  EXPECT_FALSE(device.grant_access(*va, 4 * kGranularity).ok());
+  std::uint64_t word = 0;
+  EXPECT_FALSE(device.read(*va, &word, sizeof word).ok()) << "a refused grant granted access";
+  // One call over both mappings.
+  ACTPAGE_ASSERT_OK(device.grant_access(*va, 3 * kGranularity));
+  ACTPAGE_ASSERT_OK(device.write(*va + kGranularity, ones.data(), ones.size()));
+  ACTPAGE_ASSERT_OK(device.read(*va, &word, sizeof word));
+  EXPECT_EQ(device.fault_count(), 2u);
+  EXPECT_EQ(device.call_count(SimOp::grant_access), 3u);
+  EXPECT_EQ(device.call_count(SimOp::map), 2u);
+  // A later mapping at an unmapped address starts without access again.
+  ACTPAGE_ASSERT_OK(device.unmap(*va, kGranularity));
+  ACTPAGE_ASSERT_OK(device.map_without_access(*va, kGranularity, *first));
+  EXPECT_FALSE(device.read(*va, &word, sizeof word).ok());
+  ACTPAGE_ASSERT_OK(device.unmap(*va, 3 * kGranularity));
+  ACTPAGE_EXPECT_OK(device.release_physical(*first));
+  ACTPAGE_EXPECT_OK(device.release_physical(*second));
+  ACTPAGE_EXPECT_OK(device.unreserve(*va, 4 * kGranularity));
+}
+
 TEST(SimDevice, FaultPlanFailsTheChosenCallsAndLeavesNoState) {
   SimDevice device(small_config());
   device.set_fault_plan(SimFaultPlan()
