@@ -146,6 +146,8 @@ void DeviceEngine::shutdown() {
     arena_.release(range.va, range.mapped_bytes);
     for (const FreePoint& point : range.free_points) recycle_event(point.event);
   }
+  for (const PendingPages& pages : recycle_pending_) (void)device_.release_physical(pages.physical);
+  recycle_pending_.clear();
   stats_.cached_bytes = 0;
   for (EventHandle event : free_events_) (void)device_.destroy_event(event);
   free_events_.clear();
@@ -534,7 +536,8 @@ void DeviceEngine::quiesce() {
   issued_cv_.wait(lock, [&] {
     return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
-                         offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty());
+                         offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
+                         recycle_pending_.empty());
   });
   --flush_requests_;
 }
@@ -1095,7 +1098,7 @@ void DeviceEngine::offload_worker() {
   while (true) {
     offload_cv_.wait(lock, [&] {
       return stopping_ || (!offload_queue_.empty() && offload_inflight_.size() < cap) || !offload_inflight_.empty() ||
-             cache_dirty_ || !deferred_releases_.empty() || unmap_due();
+             cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due();
     });
     if (stopping_ && offload_inflight_.empty()) break;
     while (!offload_queue_.empty() && offload_inflight_.size() < cap) {
@@ -1136,6 +1139,7 @@ void DeviceEngine::offload_worker() {
       issued_cv_.notify_all();
     }
     if (unmap_due()) unmap_ready_windows(lock);
+    if (recycle_due()) recycle_pending_pages(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
       trim_cache(lock);
@@ -1260,24 +1264,22 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   std::sort(batch.begin(), batch.end(), [](const Window* a, const Window* b) { return a->va < b->va; });
   struct Plan {
     Window* window;
-    std::optional<DevPtr> recycle_at;  // pages move to a fresh address in the cache instead of the driver
+    bool recycle = false;  // pages kept for a fresh address in the cache instead of going to the driver
     bool unmapped = false;
-    bool recycled = false;
     Status unmap_status;
     std::uint64_t unmap_ns = 0;  // the unmap call that covered it (the span's on its first window)
-    std::uint64_t after_ns = 0;  // the recycling map or the release that followed
+    std::uint64_t after_ns = 0;  // the release that followed
   };
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
   for (Window* window : batch) {
     window->unmap_queued = false;
     window->unmapping = true;
-    Plan plan{window, std::nullopt, false, false, Status{}, 0, 0};
-    // When forward will soon ask for this size again, keep the pages mapped elsewhere for it. Not in
-    // backward: there, the ranges the job frees refill the cache with what the next forward asks for.
-    if (!in_backward_ && cache_.wants(window->bytes, demand(), options_.vmm_cache_bytes)) {
-      plan.recycle_at = arena_.acquire(window->bytes);
-    }
+    Plan plan{window, false, false, Status{}, 0, 0};
+    // When forward will soon ask for this size again, keep the pages, to be mapped elsewhere for it.
+    // Not in backward: there, the ranges the job frees refill the cache with what the next forward
+    // asks for.
+    plan.recycle = !in_backward_ && cache_.wants(window->bytes, demand(), options_.vmm_cache_bytes);
     plans.push_back(plan);
     // Frees of allocations in the window: their last reads may still be queued (rule 5).
     points.insert(points.end(), window->free_points.begin(), window->free_points.end());
@@ -1320,17 +1322,10 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   }
   std::vector<Status> failures;
   for (Plan& plan : plans) {
-    if (!plan.unmapped) continue;
-    Window& window = *plan.window;
+    if (!plan.unmapped || plan.recycle) continue;
     const std::uint64_t started = monotonic_ns();
-    if (plan.recycle_at) {
-      ++calls;
-      plan.recycled = device_.map(*plan.recycle_at, window.bytes, window.physical).ok();
-    }
-    if (!plan.recycled) {
-      ++calls;
-      if (Status status = device_.release_physical(window.physical); !status.ok()) failures.push_back(status);
-    }
+    ++calls;
+    if (Status status = device_.release_physical(plan.window->physical); !status.ok()) failures.push_back(status);
     plan.after_ns = monotonic_ns() - started;
   }
   lock.lock();
@@ -1345,19 +1340,11 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
       note_failure("giving back an offloaded window's pages", plan.unmap_status);
     } else {
       trace_vmm(trace::RecordType::unmap, window.va, window.bytes, device_.ordinal(), true,
-                plan.unmap_ns + (plan.recycled ? 0 : plan.after_ns));
-      // The pages moved to an address of the cache: that map is the worker's too.
-      if (plan.recycled) {
-        trace_vmm(trace::RecordType::map, *plan.recycle_at, window.bytes, device_.ordinal(), true, plan.after_ns);
-      }
+                plan.unmap_ns + plan.after_ns);
       window.mapped = false;
       stats_.offloaded_bytes_now += window.bytes;
       stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
-    }
-    if (plan.recycled) {
-      put_cached(CachedRange{*plan.recycle_at, window.bytes, window.physical, {}});
-    } else if (plan.recycle_at) {
-      arena_.release(*plan.recycle_at, window.bytes);
+      if (plan.recycle) recycle_pending_.push_back(PendingPages{window.physical, window.bytes});
     }
     window.copied = 0;
     // Copy the list: disposing of an allocation changes it (and may retire the window, after which
@@ -1365,6 +1352,118 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     const std::vector<Allocation*> allocations = window.allocations;
     // If the unmap failed the pages are still mapped: a reload then just copies back.
     for (Allocation* allocation : allocations) offload_done(*allocation);
+  }
+  if (recycle_due()) recycle_pending_pages(lock);
+  issued_cv_.notify_all();
+}
+
+bool DeviceEngine::recycle_due() const {
+  if (recycle_pending_.empty()) return false;
+  if (!options_.vmm_recycle_when_idle || offload_inflight_.empty() || in_backward_ || stopping_ ||
+      flush_requests_ > 0) {
+    return true;
+  }
+  // The job's next allocation would find nothing in the cache and map on its own thread.
+  return cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_]);
+}
+
+void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
+  std::vector<PendingPages> pages = std::move(recycle_pending_);
+  recycle_pending_.clear();
+  struct Item {
+    PendingPages pages;
+    DevPtr va = 0;  // 0: no address (arena full, or backward began): the pages go back
+    bool mapped = false;
+    bool granted = false;
+    std::uint64_t ns = 0;  // its map, plus the grant of its run on a run's first item
+  };
+  std::vector<Item> items;
+  std::size_t total = 0;
+  for (const PendingPages& p : pages) {
+    items.push_back(Item{p});
+    total += p.bytes;
+  }
+  if (!in_backward_ && !stopping_) {
+    // One span for all of them, so that one grant covers it; else an address each.
+    if (auto span = arena_.acquire(total)) {
+      DevPtr at = *span;
+      for (Item& item : items) {
+        item.va = at;
+        at += item.pages.bytes;
+      }
+    } else {
+      for (Item& item : items) item.va = arena_.acquire(item.pages.bytes).value_or(0);
+    }
+  }
+  ++unmapping_;
+  lock.unlock();
+  std::uint64_t calls = 0;
+  std::uint64_t grants = 0;
+  std::vector<Status> failures;
+  for (Item& item : items) {
+    if (item.va == 0) continue;
+    const std::uint64_t started = monotonic_ns();
+    ++calls;
+    item.mapped = device_.map_without_access(item.va, item.pages.bytes, item.pages.physical).ok();
+    item.ns = monotonic_ns() - started;
+  }
+  // Grant access over each run of adjacent mapped items at once; if the driver refuses a run, each
+  // item on its own.
+  for (std::size_t first = 0; first < items.size();) {
+    if (!items[first].mapped) {
+      ++first;
+      continue;
+    }
+    std::size_t last = first;
+    while (last + 1 < items.size() && items[last + 1].mapped &&
+           items[last].va + items[last].pages.bytes == items[last + 1].va) {
+      ++last;
+    }
+    const std::uint64_t started = monotonic_ns();
+    ++calls;
+    ++grants;
+    const bool run_granted =
+        device_.grant_access(items[first].va, items[last].va + items[last].pages.bytes - items[first].va).ok();
+    items[first].ns += monotonic_ns() - started;
+    for (std::size_t i = first; i <= last; ++i) {
+      Item& item = items[i];
+      if (!run_granted && last > first) {
+        const std::uint64_t one = monotonic_ns();
+        ++calls;
+        ++grants;
+        item.granted = device_.grant_access(item.va, item.pages.bytes).ok();
+        item.ns += monotonic_ns() - one;
+      } else {
+        item.granted = run_granted;
+      }
+      if (!item.granted) {
+        ++calls;
+        Status status = device_.unmap(item.va, item.pages.bytes);
+        item.mapped = !status.ok();  // still mapped: its address stays taken (leaked, never reused)
+        if (!status.ok()) failures.push_back(status);
+      }
+    }
+    first = last + 1;
+  }
+  for (Item& item : items) {
+    if (item.granted) continue;
+    ++calls;
+    if (Status status = device_.release_physical(item.pages.physical); !status.ok()) failures.push_back(status);
+  }
+  lock.lock();
+  --unmapping_;
+  stats_.worker_vmm_calls += calls;
+  stats_.recycle_grants += grants;
+  for (const Status& status : failures) note_failure("giving back pages that could not be recycled", status);
+  for (Item& item : items) {
+    if (item.granted) {
+      ++stats_.ranges_recycled;
+      // The pages moved to an address of the cache: that map is the worker's.
+      trace_vmm(trace::RecordType::map, item.va, item.pages.bytes, device_.ordinal(), true, item.ns);
+      put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
+    } else if (item.va != 0 && !item.mapped) {
+      arena_.release(item.va, item.pages.bytes);
+    }
   }
   issued_cv_.notify_all();
 }

@@ -162,6 +162,12 @@ class DeviceEngine {
   // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
   void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
   bool unmap_due() const;
+  // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
+  // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
+  void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
+  // Whether the pending pages should be recycled now: no offload copy runs (granting access then
+  // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
+  bool recycle_due() const;
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
@@ -243,6 +249,12 @@ class DeviceEngine {
   std::uint32_t offload_preparing_ = 0;
   // Ranges the offload worker unmaps and releases: host_mapped frees, the cache when backward begins.
   std::vector<CachedRange> deferred_releases_;
+  // Pages of offloaded windows, unmapped and kept for the cache, waiting to be mapped at new addresses.
+  struct PendingPages {
+    PhysicalHandle physical;
+    std::size_t bytes = 0;
+  };
+  std::vector<PendingPages> recycle_pending_;
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;

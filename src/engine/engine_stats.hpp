@@ -16,6 +16,8 @@ namespace actpage::engine {
 //   stalls: backward had to wait for a reload to be issued
 //   job_thread_vmm_calls: create+map on the job's thread (cache misses)
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
+//   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
+//   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -42,6 +44,8 @@ namespace actpage::engine {
   X(job_thread_vmm_calls) \
   X(worker_vmm_calls) \
   X(offload_unmaps) \
+  X(ranges_recycled) \
+  X(recycle_grants) \
   X(host_pool_misses) \
   X(iterations) \
   X(live_owned_bytes) \

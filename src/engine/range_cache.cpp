@@ -2,15 +2,27 @@
 
 namespace actpage::engine {
 
-std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
-  // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
-  // expert batches vary a little.
-  auto best = ranges_.end();
-  for (auto it = ranges_.begin(); it != ranges_.end(); ++it) {
+namespace {
+
+// Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
+// expert batches vary a little.
+template <class Ranges>
+auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
+  auto best = ranges.end();
+  for (auto it = ranges.begin(); it != ranges.end(); ++it) {
     if (it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) continue;
-    if (best == ranges_.end() || it->mapped_bytes < best->mapped_bytes) best = it;
+    if (best == ranges.end() || it->mapped_bytes < best->mapped_bytes) best = it;
     if (best->mapped_bytes == mapped_bytes) break;
   }
+  return best;
+}
+
+}  // namespace
+
+bool RangeCache::has(std::size_t mapped_bytes) const { return best_fit(ranges_, mapped_bytes) != ranges_.end(); }
+
+std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
+  auto best = best_fit(ranges_, mapped_bytes);
   if (best == ranges_.end()) return std::nullopt;
   Range range = *best;
   ranges_.erase(best);

@@ -40,6 +40,7 @@ class RangeCache {
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
   std::optional<Range> take(std::size_t mapped_bytes);
+  bool has(std::size_t mapped_bytes) const;  // whether take(mapped_bytes) would find a range
   void put(const Range& range);
   std::vector<Range> surplus(const Demand& demand, std::uint64_t limit);
   bool wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const;

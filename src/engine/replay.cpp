@@ -76,7 +76,10 @@ class ReplayThread {
 // thread that asked (job threads are the replayed trace's; every other thread is a worker of the
 // engine, which the model runs one call after another).
 struct DeviceOp {
-  enum Kind { d2h, h2d, create, map, unmap } kind;
+  // map: a mapping, with access (map()) or without (map_without_access()); grant: access granted to
+  // mappings made without it. The calibrated map cost includes the access grant, so grant costs nothing
+  // more here.
+  enum Kind { d2h, h2d, create, map, grant, unmap } kind;
   std::uint64_t event;
   bool job_thread;
   std::size_t thread;  // small index, one per thread that made a call
@@ -115,6 +118,14 @@ class RecordingDevice final : public Device {
   Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) override {
     record(DeviceOp::map, va, bytes);
     return sim_.map(va, bytes, handle);
+  }
+  Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) override {
+    record(DeviceOp::map, va, bytes);
+    return sim_.map_without_access(va, bytes, handle);
+  }
+  Status grant_access(DevPtr va, std::size_t bytes) override {
+    record(DeviceOp::grant, va, bytes);
+    return sim_.grant_access(va, bytes);
   }
   Status unmap(DevPtr va, std::size_t bytes) override {
     record(DeviceOp::unmap, va, bytes);
@@ -238,6 +249,7 @@ class TimeModel {
             break;
           case DeviceOp::create:
           case DeviceOp::map:
+          case DeviceOp::grant:
             worker.prep.push_back(op);
             break;
           case DeviceOp::h2d:
