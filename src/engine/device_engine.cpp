@@ -275,9 +275,11 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
       return nullptr;
     }
     // Cache miss: create and map on the job's thread. The steady state of a training loop finds
-    // its sizes in the cache; this is the first iteration, or a new size.
-    lock.unlock();
+    // its sizes in the cache; this is the first iteration, or a new size. Granting access waits for
+    // a running device-to-host copy (up to ~1 ms): let the copy queue drain first.
     const std::uint64_t started = monotonic_ns();
+    const bool gated = begin_grant(lock);
+    lock.unlock();
     auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
     if (physical.ok()) {
@@ -286,6 +288,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     }
     const std::uint64_t took = monotonic_ns() - started;
     lock.lock();
+    end_grant(gated);
     stats_.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
       arena_.release(*va, mapped_bytes);
@@ -534,7 +537,8 @@ void DeviceEngine::quiesce() {
   ++flush_requests_;
   offload_cv_.notify_one();
   issued_cv_.wait(lock, [&] {
-    return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && reload_queue_.empty() &&
+    return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
+                         reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
                          offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
                          recycle_pending_.empty());
@@ -878,15 +882,17 @@ void DeviceEngine::issue_offloads_now(Group& group) {
   for (Allocation* allocation : group.allocations) {
     if (allocation->state != PageState::pending) continue;
     std::erase(offload_queue_, allocation);
-    if (!issue_offload(*allocation)) continue;
-    if (Status status = device_.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
+    if (!start_offload(*allocation)) continue;
+    if (!issue_chunk(*allocation, /*whole=*/true)) continue;
+    // Its event is the newest: the worker, which recycles it, needs the lock this thread holds.
+    if (Status status = device_.stream_wait_event(allocation->stream, d2h_chunks_.back().done); !status.ok()) {
       note_failure("ordering the job's stream after a poison fill", status);
     }
   }
   offload_cv_.notify_one();
 }
 
-bool DeviceEngine::issue_offload(Allocation& allocation) {
+bool DeviceEngine::start_offload(Allocation& allocation) {
   auto block = host_pool_->try_allocate(allocation.bytes);
   if (!block && (options_.stray_access == StrayAccess::poison || wait_for_host_memory_) && !host_pool_->exhausted()) {
     // Validation mode: skipping a module for want of pinned memory would report a policy as safe
@@ -904,38 +910,17 @@ bool DeviceEngine::issue_offload(Allocation& allocation) {
   for (const auto& [stream, event] : allocation.group->release_events) {
     if (stream == allocation.stream) release = event;
   }
-  Status status = device_.stream_wait_event(copy_stream_, release);
-  bool copy_enqueued = false;
-  if (status.ok()) {
-    status = device_.copy_to_host(block->pointer, allocation.va, allocation.bytes, copy_stream_);
-    copy_enqueued = status.ok();
-  }
-  if (status.ok() && options_.stray_access == StrayAccess::poison) {
-    status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
-  }
-  EventHandle done = acquire_event();
-  if (status.ok()) status = device_.record_event(done, copy_stream_);
-  // Once the copy is enqueued its end must be known: until then it reads the pages (which must not
-  // be reused or unmapped, rule 5) and writes the block. Retry the completion event.
-  for (int attempt = 0; copy_enqueued && !status.ok() && attempt < 8; ++attempt) {
-    recycle_event(done);
-    done = acquire_event();
-    status = device_.record_event(done, copy_stream_);
-  }
-  if (!status.ok()) {
-    // Nothing was given back; the data is where it was. Stay resident.
-    recycle_event(done);
-    // A copy already enqueued may still be writing into the block, with no event to tell when it
-    // ends: the block is not handed out again (the pool frees it when it goes) rather than let
-    // that copy overwrite another activation's host copy.
-    if (!copy_enqueued) host_pool_->free(*block);
-    note_failure("issuing an offload copy", status);
+  if (Status status = device_.stream_wait_event(copy_stream_, release); !status.ok()) {
+    // Nothing was enqueued; the data is where it was. Stay resident.
+    host_pool_->free(*block);
+    note_failure("ordering an offload copy after its release point", status);
     keep_resident(allocation);
     return false;
   }
   allocation.host = *block;
-  allocation.copy_event = done;
-  allocation.has_copy_event = true;
+  allocation.copy_issued = 0;
+  allocation.copy_failed = false;
+  allocation.copy_end_unknown = false;
   allocation.copy_started_ns = monotonic_ns();
   allocation.state = PageState::offloading;
   offload_inflight_.push_back(&allocation);
@@ -943,6 +928,109 @@ bool DeviceEngine::issue_offload(Allocation& allocation) {
   trace_page(trace::RecordType::offload_begin, allocation.va, allocation.bytes,
              allocation.group->selected, allocation.group->id);
   return true;
+}
+
+bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
+  const std::size_t offset = allocation.copy_issued;
+  const std::size_t chunk = whole || options_.copy_chunk_bytes == 0 ? allocation.bytes : options_.copy_chunk_bytes;
+  const std::size_t bytes = std::min(chunk, allocation.bytes - offset);
+  const bool last = offset + bytes == allocation.bytes;
+  Status status = device_.copy_to_host(static_cast<std::byte*>(allocation.host->pointer) + offset,
+                                       allocation.va + offset, bytes, copy_stream_);
+  const bool copy_enqueued = status.ok();
+  if (status.ok() && last && options_.stray_access == StrayAccess::poison) {
+    status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
+  }
+  if (!status.ok()) note_failure("issuing an offload copy", status);
+  // Once a copy is enqueued its end must be known: until then it reads the pages (which must not
+  // be reused or unmapped, rule 5) and writes the block. The event also marks the end of the
+  // allocation's earlier chunks when this one failed. Retry it.
+  EventHandle done = acquire_event();
+  Status recorded = device_.record_event(done, copy_stream_);
+  for (int attempt = 0; !recorded.ok() && attempt < 8; ++attempt) {
+    recycle_event(done);
+    done = acquire_event();
+    recorded = device_.record_event(done, copy_stream_);
+  }
+  if (!recorded.ok()) {
+    recycle_event(done);
+    note_failure("recording the end of an offload copy", recorded);
+    // No event tells when this copy (or the chunks before it) ends. The data never left the
+    // pages: the allocation stays resident. Its block is never handed out again (the pool frees it
+    // when it goes) rather than let a copy overwrite another activation's host copy.
+    allocation.copy_failed = true;
+    allocation.copy_end_unknown = copy_enqueued || offset > 0;
+    allocation.copy_issued = allocation.bytes;
+    std::erase(offload_inflight_, &allocation);
+    // Its earlier chunks' entries outlive it (it may be freed now): they must not follow it.
+    for (D2hChunk& queued : d2h_chunks_) {
+      if (queued.allocation == &allocation) queued.allocation = nullptr;
+    }
+    if (!allocation.copy_end_unknown) host_pool_->free(*allocation.host);
+    allocation.host.reset();
+    keep_resident(allocation);
+    if (allocation.freed) dispose(allocation);
+    return false;
+  }
+  if (!status.ok()) {
+    // Nothing more goes out; when the chunks already enqueued have ended, the data stays.
+    allocation.copy_failed = true;
+    allocation.copy_issued = allocation.bytes;
+    d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
+    return false;
+  }
+  allocation.copy_issued = offset + bytes;
+  d2h_chunks_.push_back(D2hChunk{&allocation, done, last});
+  return true;
+}
+
+void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& status,
+                                      std::unique_lock<std::mutex>& lock) {
+  std::erase(offload_inflight_, &allocation);
+  if (!status.ok() || allocation.copy_failed) {
+    // The copy failed: the device pages were never touched. Keep them, drop the host copy.
+    if (!status.ok()) note_failure("an offload copy", status);
+    if (allocation.host) host_pool_->free(*allocation.host);
+    allocation.host.reset();
+    drop_staged_host_copy(allocation, lock);
+    keep_resident(allocation);
+    if (allocation.freed) dispose(allocation);
+    return;
+  }
+  finish_offload(allocation, lock);
+}
+
+bool DeviceEngine::d2h_paused() const {
+  if (!options_.vmm_grant_when_idle) return false;
+  return grant_waiters_ > 0 || (!recycle_pending_.empty() && !in_backward_ && cursor_ < sizes_last_iteration_.size() &&
+                                !cache_.has(sizes_last_iteration_[cursor_]));
+}
+
+bool DeviceEngine::can_issue_d2h() const {
+  // Two chunks queued keep the copy engine busy (the worker issues the next while one runs) and
+  // let the queue drain within two chunks' time when access must be granted.
+  constexpr std::size_t kChunksQueued = 2;
+  if (d2h_paused() || d2h_chunks_.size() >= kChunksQueued) return false;
+  for (const Allocation* allocation : offload_inflight_) {
+    if (allocation->copy_issued < allocation->bytes) return true;
+  }
+  return !offload_queue_.empty() && offload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
+}
+
+bool DeviceEngine::begin_grant(std::unique_lock<std::mutex>& lock) {
+  if (!options_.vmm_grant_when_idle) return false;
+  ++grant_waiters_;
+  if (!d2h_chunks_.empty()) {
+    offload_cv_.notify_one();
+    issued_cv_.wait(lock, [&] { return stopping_ || d2h_chunks_.empty(); });
+  }
+  return true;
+}
+
+void DeviceEngine::end_grant(bool began) {
+  if (!began) return;
+  --grant_waiters_;
+  offload_cv_.notify_one();
 }
 
 bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
@@ -991,10 +1079,11 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   allocation.host_physical = *host;
   allocation.has_host_physical = true;
   allocation.staging = *staging;
-  allocation.copy_event = done;
-  allocation.has_copy_event = true;
+  allocation.copy_issued = allocation.bytes;  // one copy, not chunked
+  allocation.copy_failed = false;
   allocation.copy_started_ns = monotonic_ns();
   offload_inflight_.push_back(&allocation);
+  d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
   ++stats_.offloads_started;
   trace_page(trace::RecordType::offload_begin, allocation.va, allocation.bytes, allocation.group->selected,
              allocation.group->id);
@@ -1097,18 +1186,31 @@ void DeviceEngine::offload_worker() {
   const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
     offload_cv_.wait(lock, [&] {
-      return stopping_ || (!offload_queue_.empty() && offload_inflight_.size() < cap) || !offload_inflight_.empty() ||
-             cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due();
+      return stopping_ || can_issue_d2h() || !d2h_chunks_.empty() || cache_dirty_ || !deferred_releases_.empty() ||
+             unmap_due() || recycle_due();
     });
-    if (stopping_ && offload_inflight_.empty()) break;
-    while (!offload_queue_.empty() && offload_inflight_.size() < cap) {
+    if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
+    // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order).
+    while (can_issue_d2h()) {
+      Allocation* copying = nullptr;
+      for (Allocation* allocation : offload_inflight_) {
+        if (allocation->copy_issued < allocation->bytes) {
+          copying = allocation;
+          break;
+        }
+      }
+      if (copying != nullptr) {
+        issue_chunk(*copying, /*whole=*/false);
+        continue;
+      }
+      if (offload_queue_.empty() || offload_inflight_.size() >= cap) break;
       Allocation* allocation = offload_queue_.front();
       offload_queue_.pop_front();
       if (allocation->state != PageState::pending) continue;
       if (options_.stray_access == StrayAccess::host_mapped) {
         issue_offload_host_mapped(*allocation, lock);
       } else {
-        issue_offload(*allocation);
+        start_offload(*allocation);
       }
     }
     while (!deferred_releases_.empty()) {
@@ -1116,25 +1218,18 @@ void DeviceEngine::offload_worker() {
       deferred_releases_.pop_back();
       release_range(lock, range);
     }
-    if (!offload_inflight_.empty()) {
-      Allocation* allocation = offload_inflight_.front();
-      const EventHandle done = allocation->copy_event;
+    if (!d2h_chunks_.empty()) {
+      const D2hChunk chunk = d2h_chunks_.front();
       lock.unlock();
-      Status status = device_.synchronize_event(done);
+      Status status = device_.synchronize_event(chunk.done);
       lock.lock();
-      offload_inflight_.pop_front();
-      allocation->has_copy_event = false;
-      recycle_event(done);
-      if (!status.ok()) {
-        // The copy failed: the device pages were never touched. Keep them, drop the host copy.
+      d2h_chunks_.pop_front();
+      recycle_event(chunk.done);
+      if (chunk.last) {
+        offload_copy_ended(*chunk.allocation, status, lock);
+      } else if (!status.ok() && chunk.allocation != nullptr) {
+        chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
         note_failure("an offload copy", status);
-        if (allocation->host) host_pool_->free(*allocation->host);
-        allocation->host.reset();
-        drop_staged_host_copy(*allocation, lock);
-        keep_resident(*allocation);
-        if (allocation->freed) dispose(*allocation);
-      } else {
-        finish_offload(*allocation, lock);
       }
       issued_cv_.notify_all();
     }
@@ -1359,12 +1454,9 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
 
 bool DeviceEngine::recycle_due() const {
   if (recycle_pending_.empty()) return false;
-  if (!options_.vmm_recycle_when_idle || offload_inflight_.empty() || in_backward_ || stopping_ ||
-      flush_requests_ > 0) {
-    return true;
-  }
-  // The job's next allocation would find nothing in the cache and map on its own thread.
-  return cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_]);
+  // No copy runs: granting access is quick. Otherwise d2h_paused() holds new chunks back when the
+  // cache runs short, and the queue drains within two chunks.
+  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_ || flush_requests_ > 0;
 }
 
 void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {

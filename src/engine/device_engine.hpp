@@ -111,8 +111,11 @@ class DeviceEngine {
     PhysicalHandle host_physical;  // host_mapped: the host-located copy
     bool has_host_physical = false;
     DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
-    EventHandle copy_event;        // D2H or H2D completion, valid while a copy is in flight
+    EventHandle copy_event;        // H2D completion, valid while a reload copy is in flight
     bool has_copy_event = false;
+    std::size_t copy_issued = 0;   // offload: bytes whose D2H copy is on the stream
+    bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
+    bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
     std::uint64_t copy_started_ns = 0;
   };
   struct Group {
@@ -184,7 +187,22 @@ class DeviceEngine {
   void note_failure(const char* what, const Status& status);
 
   void start_iteration();
-  bool issue_offload(Allocation& allocation);
+  // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
+  // out in chunks (issue_chunk). false: the allocation stays resident.
+  bool start_offload(Allocation& allocation);
+  // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
+  // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
+  bool issue_chunk(Allocation& allocation, bool whole);
+  // The copy of `allocation` ended (its last chunk's event): the pages go back, or on failure stay.
+  void offload_copy_ended(Allocation& allocation, const Status& status, std::unique_lock<std::mutex>& lock);
+  // New chunks stay off the copy stream while a thread waits to grant access (see grant_when_idle).
+  bool d2h_paused() const;
+  bool can_issue_d2h() const;
+  // Around a map with access outside the offload worker: begin_grant() holds new chunks back and
+  // waits for the copy queue to drain (unlocking meanwhile); end_grant(what begin_grant returned)
+  // lets them go again. Without grant_when_idle both do nothing.
+  bool begin_grant(std::unique_lock<std::mutex>& lock);
+  void end_grant(bool began);
   // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
   bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is
@@ -240,7 +258,17 @@ class DeviceEngine {
   std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
   ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
   std::deque<Allocation*> offload_queue_;
-  std::deque<Allocation*> offload_inflight_;
+  std::deque<Allocation*> offload_inflight_;  // being copied, in stream order
+  // D2H copies on the copy stream, oldest first (they end in this order). Until its last chunk
+  // ends, an allocation stays alive (a free only marks it); one given up with its copy's end
+  // unknown leaves its earlier chunks here with `allocation` null.
+  struct D2hChunk {
+    Allocation* allocation;
+    EventHandle done;
+    bool last;
+  };
+  std::deque<D2hChunk> d2h_chunks_;
+  std::uint32_t grant_waiters_ = 0;  // threads waiting for the copy queue to drain to map
   std::deque<Allocation*> reload_queue_;
   std::deque<Allocation*> reload_inflight_;
   std::uint32_t unmapping_ = 0;          // workers between unlock and relock around VMM calls

@@ -196,6 +196,8 @@ class TimeModel {
   };
   // Names a copy's allocation as the trace knows it (for the predicted trace).
   std::function<std::pair<std::uint64_t, std::uint32_t>(DevPtr)> tag_of;
+  // Whether an address is where an allocation served by the engine starts.
+  std::function<bool(DevPtr)> starts_allocation;
 
   // The event at traced time `time_ns` happens: the job's thread resumes from a synchronisation or
   // is held by unmaps that began before it, makes its own device calls, the workers make theirs;
@@ -391,6 +393,23 @@ class TimeModel {
   // The engine issues an offload copy: it runs on the D2H engine once the GPU has run the module
   // that made the data, in issue order.
   void offload(const DeviceOp& op, std::uint64_t now, std::uint64_t gpu_at) {
+    // The engine copies an allocation in chunks, one after another on the D2H engine: a copy that
+    // does not start at a served allocation continues the offload whose last chunk ended there.
+    if (auto next = chunk_next_.find(op.va);
+        next != chunk_next_.end() && (!starts_allocation || !starts_allocation(op.va))) {
+      const std::size_t index = next->second;
+      chunk_next_.erase(next);
+      Offload& o = offloads_[index];
+      Copy& copy = d2h[o.copy];
+      if (!copy.cancelled) {
+        copy.end_ns = std::max(copy.end_ns, d2h_free_) + costs_.d2h_ns(op.bytes);
+        d2h_free_ = copy.end_ns;
+      }
+      copy.bytes += op.bytes;
+      o.bytes = round_up(copy.bytes, granularity_);
+      chunk_next_[op.va + op.bytes] = index;
+      return;
+    }
     std::uint64_t issue = now;
     if (live_d2h_.size() >= max_inflight_) issue = std::max(issue, d2h[live_d2h_[live_d2h_.size() - max_inflight_]].end_ns);
     const std::uint64_t start = std::max({issue, gpu_at, d2h_free_});
@@ -404,6 +423,7 @@ class TimeModel {
     o.issue_ns = issue;
     o.bytes = round_up(op.bytes, granularity_);
     offload_at_[op.va] = offloads_.size();
+    chunk_next_[op.va + op.bytes] = offloads_.size();
     pending_.insert(offloads_.size());
     offloads_.push_back(o);
   }
@@ -581,6 +601,7 @@ class TimeModel {
   std::deque<Reload> reload_queue_;      // asked for, not issued yet
   std::vector<Offload> offloads_;
   std::unordered_map<DevPtr, std::size_t> offload_at_;  // va -> its offload not yet reloaded
+  std::unordered_map<DevPtr, std::size_t> chunk_next_;  // where an offload's next chunk would start
   std::set<std::size_t> pending_;                        // offloads whose pages may still be there
   std::unordered_map<DevPtr, std::uint64_t> gpu_free_at_;  // range -> when the GPU passes its last free
   std::map<std::size_t, Worker> workers_;
@@ -759,6 +780,7 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
       auto path = path_of_va.find(va);
       return {ptr == traced_ptr_of_va.end() ? va : ptr->second, path == path_of_va.end() ? 0 : path->second};
     };
+    model->starts_allocation = [&](DevPtr va) { return traced_ptr_of_va.count(va) != 0; };
   }
   std::vector<std::uint64_t> shifted(events.size(), 0);  // each event's time on the predicted timeline
 

@@ -458,7 +458,7 @@ TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
 
 TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
   // Copied pages move to cache addresses for the next layers. Granting access to a new mapping
-  // waits while a device-to-host copy runs (up to ~1 ms on the H100), so with recycle_when_idle
+  // waits while a device-to-host copy runs (up to ~1 ms on the H100), so with grant_when_idle
   // the engine maps them when no offload copy runs, all pending ones in one span with one grant.
   // Slow simulated streams keep several copies in flight; every byte must still come back.
   for (bool when_idle : {false, true}) {
@@ -466,7 +466,7 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
     options.keep_last = 0;
     options.vmm_unmap_batch_bytes = 0;
     options.vmm_cache_bytes = 1ull << 30;
-    options.vmm_recycle_when_idle = when_idle;
+    options.vmm_grant_when_idle = when_idle;
     SimDeviceConfig config = sim_config(7, 0);
     config.min_delay_us = 300;
     config.max_delay_us = 600;
@@ -488,6 +488,29 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
       EXPECT_LT(stats.recycle_grants, stats.ranges_recycled);
     }
     EXPECT_EQ(rig.device.call_count(device::SimOp::grant_access), stats.recycle_grants);
+  }
+}
+
+TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
+  // 3 MiB activations in 1 MiB chunks: three device-to-host copies each, the allocation given back
+  // only after the last; with chunking off, one copy each.
+  for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{kMiB}}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.copy_chunk_bytes = chunk;
+    Rig rig(options);
+    const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
+    Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+    rig.engine.quiesce();
+    const std::uint64_t offloads = rig.engine.stats().offloads_completed;
+    const std::uint64_t copies = rig.device.call_count(device::SimOp::copy_to_host) - copies_before;
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "chunk " << chunk;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "chunk " << chunk;
+    ASSERT_EQ(offloads, 8u) << "chunk " << chunk;  // 4 MLP calls x 2 saved tensors
+    EXPECT_EQ(copies, chunk == 0 ? offloads : 3 * offloads) << "chunk " << chunk;
   }
 }
 

@@ -68,7 +68,8 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
     case 1: options.stray_access = StrayAccess::host_mapped; break;
     default: options.stray_access = StrayAccess::fault;
   }
-  options.vmm_recycle_when_idle = pick(0, 1) == 1;
+  options.vmm_grant_when_idle = pick(0, 1) == 1;
+  options.copy_chunk_bytes = pick(0, 2) == 0 ? 0 : pick(1, 8) * (small ? 64 * kKiB : kMiB);
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
