@@ -89,8 +89,8 @@ for job in "${jobs[@]}"; do
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
-    --variant "actpage-near-free-windows;actpage;async;policy=$near;env=ACTPAGE_VMM_GROUP_WINDOWS=true" \
-    --variant "actpage-all-windows;actpage;async;policy=$all;env=ACTPAGE_VMM_GROUP_WINDOWS=true" \
+    --variant "actpage-near-free-unchunked;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_COPY_CHUNK_BYTES=0;env=ACTPAGE_VMM_GRANT_WHEN_IDLE=false" \
+    --variant "actpage-all-unchunked;actpage;async;reps=$peer_reps;policy=$all;env=ACTPAGE_COPY_CHUNK_BYTES=0;env=ACTPAGE_VMM_GRANT_WHEN_IDLE=false" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
     --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \
