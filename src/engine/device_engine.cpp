@@ -87,6 +87,7 @@ Status DeviceEngine::start() {
   host_pool_ = std::make_unique<hostpool::HostPool>(device_, pool_config);
   started_ = true;
   offload_thread_ = std::thread([this] { offload_worker(); });
+  vmm_thread_ = std::thread([this] { vmm_worker(); });
   reload_thread_ = std::thread([this] { reload_worker(); });
   reload_completion_thread_ = std::thread([this] { reload_completion_worker(); });
   if (trace::active() != nullptr && options_.trace_sample_ms > 0) {
@@ -110,6 +111,7 @@ void DeviceEngine::shutdown() {
   reload_done_cv_.notify_all();
   issued_cv_.notify_all();
   if (offload_thread_.joinable()) offload_thread_.join();
+  if (vmm_thread_.joinable()) vmm_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
   if (reload_completion_thread_.joinable()) reload_completion_thread_.join();
   sampler_cv_.notify_all();
@@ -357,7 +359,7 @@ void DeviceEngine::maybe_queue_unmap(Window& window) {
   window.unmap_queued = true;
   unmap_ready_.push_back(&window);
   unmap_ready_bytes_ += window.bytes;
-  offload_cv_.notify_one();
+  offload_cv_.notify_all();
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
@@ -535,7 +537,7 @@ void DeviceEngine::quiesce() {
   std::unique_lock<std::mutex> lock(mutex_);
   // Pages ready to be given back go now, without waiting for a batch to fill.
   ++flush_requests_;
-  offload_cv_.notify_one();
+  offload_cv_.notify_all();
   issued_cv_.wait(lock, [&] {
     return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
                          reload_queue_.empty() &&
@@ -615,7 +617,7 @@ void DeviceEngine::seal(Group& group) {
     close_window(*window);
   }
   cache_dirty_ = true;  // forward moved on: the demand for cached ranges changed
-  offload_cv_.notify_one();
+  offload_cv_.notify_all();
   if (group.allocations.empty()) {
     maybe_destroy_group(&group);
     return;
@@ -664,7 +666,7 @@ void DeviceEngine::queue_offload(Group& group) {
     offload_queue_.push_back(allocation);
     queued = true;
   }
-  if (queued) offload_cv_.notify_one();
+  if (queued) offload_cv_.notify_all();
 }
 
 void DeviceEngine::keep_resident(Allocation& allocation) {
@@ -678,7 +680,7 @@ void DeviceEngine::backward_begins() {
   // are not given back with it.
   for (CachedRange& range : cache_.take_all()) deferred_releases_.push_back(std::move(range));
   stats_.cached_bytes = cache_.bytes();
-  if (!deferred_releases_.empty()) offload_cv_.notify_one();
+  if (!deferred_releases_.empty()) offload_cv_.notify_all();
   cache_dirty_ = true;
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
@@ -702,7 +704,7 @@ void DeviceEngine::backward_begins() {
     }
   }
   // The memory saved counts now: give back what is copied without waiting for a batch to fill.
-  if (!unmap_ready_.empty()) offload_cv_.notify_one();
+  if (!unmap_ready_.empty()) offload_cv_.notify_all();
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -796,7 +798,7 @@ void DeviceEngine::dispose(Allocation& allocation) {
     deferred_releases_.push_back(
         CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
     allocation.has_host_physical = false;
-    offload_cv_.notify_one();
+    offload_cv_.notify_all();
     windows_.erase(window.va);
   } else if (window.allocations.empty() && !window.open) {
     retire_window(window);
@@ -836,7 +838,7 @@ void DeviceEngine::put_cached(const CachedRange& range) {
   cache_.put(range);
   stats_.cached_bytes = cache_.bytes();
   cache_dirty_ = true;
-  offload_cv_.notify_one();  // the worker gives back what the demand does not need
+  offload_cv_.notify_all();  // the worker gives back what the demand does not need
 }
 
 RangeCache::Demand DeviceEngine::demand() const {
@@ -889,7 +891,7 @@ void DeviceEngine::issue_offloads_now(Group& group) {
       note_failure("ordering the job's stream after a poison fill", status);
     }
   }
-  offload_cv_.notify_one();
+  offload_cv_.notify_all();
 }
 
 bool DeviceEngine::start_offload(Allocation& allocation) {
@@ -1021,7 +1023,7 @@ bool DeviceEngine::begin_grant(std::unique_lock<std::mutex>& lock) {
   if (!options_.vmm_grant_when_idle) return false;
   ++grant_waiters_;
   if (!d2h_chunks_.empty()) {
-    offload_cv_.notify_one();
+    offload_cv_.notify_all();
     issued_cv_.wait(lock, [&] { return stopping_ || d2h_chunks_.empty(); });
   }
   return true;
@@ -1030,7 +1032,7 @@ bool DeviceEngine::begin_grant(std::unique_lock<std::mutex>& lock) {
 void DeviceEngine::end_grant(bool began) {
   if (!began) return;
   --grant_waiters_;
-  offload_cv_.notify_one();
+  offload_cv_.notify_all();
 }
 
 bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
@@ -1181,14 +1183,13 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
 }
 
 void DeviceEngine::offload_worker() {
+  // Feeds the copy stream and sees copies end; nothing here waits on anything but a copy, so the
+  // copy engine never idles behind a VMM call or a job's free (vmm_worker() does those).
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the offload worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
   const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
-    offload_cv_.wait(lock, [&] {
-      return stopping_ || can_issue_d2h() || !d2h_chunks_.empty() || cache_dirty_ || !deferred_releases_.empty() ||
-             unmap_due() || recycle_due();
-    });
+    offload_cv_.wait(lock, [&] { return stopping_ || can_issue_d2h() || !d2h_chunks_.empty(); });
     if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
     // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order).
     while (can_issue_d2h()) {
@@ -1213,11 +1214,6 @@ void DeviceEngine::offload_worker() {
         start_offload(*allocation);
       }
     }
-    while (!deferred_releases_.empty()) {
-      CachedRange range = deferred_releases_.back();
-      deferred_releases_.pop_back();
-      release_range(lock, range);
-    }
     if (!d2h_chunks_.empty()) {
       const D2hChunk chunk = d2h_chunks_.front();
       lock.unlock();
@@ -1231,7 +1227,28 @@ void DeviceEngine::offload_worker() {
         chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
         note_failure("an offload copy", status);
       }
+      // The VMM worker may be waiting for the queue to drain (recycle, unmap batch).
+      offload_cv_.notify_all();
       issued_cv_.notify_all();
+    }
+    if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
+  }
+}
+
+void DeviceEngine::vmm_worker() {
+  // Gives copied pages back, recycles them for the cache, trims the cache, releases ranges: calls
+  // that may wait (for a job's free, for the device) and must not hold up the copy stream.
+  if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the VMM worker", status);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    offload_cv_.wait(lock, [&] {
+      return stopping_ || cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due();
+    });
+    if (stopping_) break;
+    while (!deferred_releases_.empty()) {
+      CachedRange range = deferred_releases_.back();
+      deferred_releases_.pop_back();
+      release_range(lock, range);
     }
     if (unmap_due()) unmap_ready_windows(lock);
     if (recycle_due()) recycle_pending_pages(lock);
@@ -1239,7 +1256,8 @@ void DeviceEngine::offload_worker() {
       cache_dirty_ = false;
       trim_cache(lock);
     }
-    if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
+    offload_cv_.notify_all();  // a pause for a recycle may have ended
+    issued_cv_.notify_all();
   }
   // Stopping: what is ready stays mapped; shutdown() gives every window back.
 }

@@ -214,6 +214,7 @@ class DeviceEngine {
   void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void issue_offloads_now(Group& group);
   void offload_worker();
+  void vmm_worker();
   void reload_worker();
   void reload_completion_worker();
   void sampler_worker();
@@ -296,6 +297,7 @@ class DeviceEngine {
 
   EngineStats stats_;
   std::thread offload_thread_;
+  std::thread vmm_thread_;
   std::thread reload_thread_;
   std::thread reload_completion_thread_;
   std::thread sampler_thread_;           // MEM_SAMPLE records, when tracing
