@@ -278,19 +278,25 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     }
     // Cache miss: create and map on the job's thread. The steady state of a training loop finds
     // its sizes in the cache; this is the first iteration, or a new size. Granting access waits for
-    // a running device-to-host copy (up to ~1 ms): let the copy queue drain first.
+    // a running device-to-host copy (up to ~1 ms): the copy queue drains first (begin_grant).
     const std::uint64_t started = monotonic_ns();
-    const bool gated = begin_grant(lock);
     lock.unlock();
     auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
-    if (physical.ok()) {
-      mapped_status = device_.map(*va, mapped_bytes, *physical);
-      if (!mapped_status.ok()) (void)device_.release_physical(*physical);
+    if (physical.ok()) mapped_status = device_.map_without_access(*va, mapped_bytes, *physical);
+    if (physical.ok() && mapped_status.ok()) {
+      lock.lock();
+      const bool gated = begin_grant(lock);
+      lock.unlock();
+      mapped_status = device_.grant_access(*va, mapped_bytes);
+      lock.lock();
+      end_grant(gated);
+      lock.unlock();
+      if (!mapped_status.ok()) (void)device_.unmap(*va, mapped_bytes);
     }
+    if (physical.ok() && !mapped_status.ok()) (void)device_.release_physical(*physical);
     const std::uint64_t took = monotonic_ns() - started;
     lock.lock();
-    end_grant(gated);
     stats_.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
       arena_.release(*va, mapped_bytes);
@@ -307,6 +313,10 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
   window->mapped = true;
   sizes_this_iteration_.push_back(window->bytes);
   ++cursor_;
+  // The cache cannot serve what comes next: the VMM worker maps it ahead (vmm.map_ahead).
+  if (options_.vmm_map_ahead && cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_])) {
+    offload_cv_.notify_all();
+  }
   stats_.live_owned_bytes += window->bytes;
   Window* raw = window.get();
   windows_.emplace(raw->va, std::move(window));
@@ -1242,7 +1252,8 @@ void DeviceEngine::vmm_worker() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     offload_cv_.wait(lock, [&] {
-      return stopping_ || cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due();
+      return stopping_ || cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() ||
+             !map_ahead_sizes().empty();
     });
     if (stopping_) break;
     while (!deferred_releases_.empty()) {
@@ -1252,6 +1263,7 @@ void DeviceEngine::vmm_worker() {
     }
     if (unmap_due()) unmap_ready_windows(lock);
     if (recycle_due()) recycle_pending_pages(lock);
+    if (!map_ahead_sizes().empty()) map_ahead(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
       trim_cache(lock);
@@ -1578,6 +1590,113 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   issued_cv_.notify_all();
 }
 
+std::vector<std::size_t> DeviceEngine::map_ahead_sizes() const {
+  // A few allocations ahead: a module call's worth, the time the worker needs to drain the copy
+  // queue and map (~0.5 ms) against the job reaching them.
+  constexpr std::size_t kLookahead = 4;
+  std::vector<std::size_t> wanted;
+  if (!options_.vmm_map_ahead || in_backward_ || stopping_ || map_ahead_failed_ || options_.vmm_cache_bytes == 0 ||
+      cursor_ >= sizes_last_iteration_.size()) {
+    return wanted;
+  }
+  // What could serve them: the cache, and pages about to be recycled. Best fit within an eighth,
+  // as RangeCache::take() serves.
+  std::vector<std::size_t> available = cache_.sizes();
+  for (const PendingPages& pages : recycle_pending_) available.push_back(pages.bytes);
+  std::uint64_t budget = options_.vmm_cache_bytes > cache_.bytes() ? options_.vmm_cache_bytes - cache_.bytes() : 0;
+  const std::size_t end = std::min(sizes_last_iteration_.size(), cursor_ + kLookahead);
+  for (std::size_t at = cursor_; at < end; ++at) {
+    const std::size_t size = sizes_last_iteration_[at];
+    auto best = available.end();
+    for (auto it = available.begin(); it != available.end(); ++it) {
+      if (*it < size || *it > size + size / 8) continue;
+      if (best == available.end() || *it < *best) best = it;
+    }
+    if (best != available.end()) {
+      available.erase(best);
+      continue;
+    }
+    if (size > budget) break;
+    budget -= size;
+    wanted.push_back(size);
+  }
+  return wanted;
+}
+
+void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
+  const std::vector<std::size_t> sizes = map_ahead_sizes();
+  std::size_t total = 0;
+  for (std::size_t size : sizes) total += size;
+  auto span = total == 0 ? std::nullopt : arena_.acquire(total);
+  if (!span) {
+    if (total != 0) map_ahead_failed_ = true;  // arena full: the job's own misses report it
+    return;
+  }
+  ++unmapping_;
+  lock.unlock();
+  struct Item {
+    DevPtr va;
+    std::size_t bytes;
+    Result<PhysicalHandle> physical;
+    bool mapped = false;
+  };
+  std::vector<Item> items;
+  DevPtr at = *span;
+  const std::uint64_t started = monotonic_ns();
+  for (std::size_t size : sizes) {
+    Item item{at, size, device_.create_physical(size, MemoryLocation::device)};
+    if (item.physical.ok()) item.mapped = device_.map_without_access(at, size, *item.physical).ok();
+    items.push_back(std::move(item));
+    at += size;
+  }
+  // One grant over the mapped prefix (a failure stops at the first unmapped item), while no offload
+  // copy runs: granting access waits for a running one. Only the grant holds the copies back.
+  std::size_t mapped = 0;
+  while (mapped < items.size() && items[mapped].mapped) ++mapped;
+  Status granted;
+  if (mapped != 0) {
+    lock.lock();
+    const bool gated = begin_grant(lock);
+    lock.unlock();
+    granted = device_.grant_access(*span, items[mapped - 1].va + items[mapped - 1].bytes - *span);
+    lock.lock();
+    end_grant(gated);
+    lock.unlock();
+  }
+  std::vector<Status> failures;
+  if (!granted.ok()) failures.push_back(granted);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Item& item = items[i];
+    const bool keep = i < mapped && granted.ok();
+    if (item.mapped && !keep) {
+      if (Status status = device_.unmap(item.va, item.bytes); !status.ok()) failures.push_back(status);
+      item.mapped = false;
+    }
+    if (item.physical.ok() && !keep) (void)device_.release_physical(*item.physical);
+    if (!item.physical.ok() && item.physical.status().code() != ErrorCode::out_of_memory) {
+      failures.push_back(item.physical.status());
+    }
+  }
+  const std::uint64_t took = monotonic_ns() - started;
+  lock.lock();
+  --unmapping_;
+  stats_.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
+  for (const Status& status : failures) note_failure("mapping a range ahead for the cache", status);
+  bool first = true;
+  for (Item& item : items) {
+    if (item.mapped) {
+      ++stats_.ranges_mapped_ahead;
+      trace_vmm(trace::RecordType::map, item.va, item.bytes, device_.ordinal(), true, first ? took : 0);
+      first = false;
+      put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
+    } else {
+      arena_.release(item.va, item.bytes);
+      map_ahead_failed_ = true;
+    }
+  }
+  issued_cv_.notify_all();
+}
+
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
   std::vector<CachedRange> surplus =
       everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes);
@@ -1613,6 +1732,7 @@ void DeviceEngine::start_iteration() {
   if (!plan_this_iteration_.empty()) plan_last_iteration_ = std::move(plan_this_iteration_);
   plan_this_iteration_.clear();
   cursor_ = 0;
+  map_ahead_failed_ = false;
   ++iteration_;
   ++stats_.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline

@@ -171,6 +171,12 @@ class DeviceEngine {
   // Whether the pending pages should be recycled now: no offload copy runs (granting access then
   // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
   bool recycle_due() const;
+  // vmm.map_ahead: the sizes of the next few allocations (the last iteration's order) that neither
+  // the cache nor the pages waiting to be recycled can serve, within vmm.cache_bytes.
+  std::vector<std::size_t> map_ahead_sizes() const;
+  // Creates and maps ranges of those sizes for the cache, in one span, granting access once while
+  // no offload copy runs. VMM worker; unlocks.
+  void map_ahead(std::unique_lock<std::mutex>& lock);
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
@@ -284,6 +290,7 @@ class DeviceEngine {
     std::size_t bytes = 0;
   };
   std::vector<PendingPages> recycle_pending_;
+  bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;

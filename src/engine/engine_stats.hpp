@@ -18,6 +18,7 @@ namespace actpage::engine {
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
+//   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -46,6 +47,7 @@ namespace actpage::engine {
   X(offload_unmaps) \
   X(ranges_recycled) \
   X(recycle_grants) \
+  X(ranges_mapped_ahead) \
   X(host_pool_misses) \
   X(iterations) \
   X(live_owned_bytes) \

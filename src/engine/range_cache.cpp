@@ -21,6 +21,13 @@ auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
 
 bool RangeCache::has(std::size_t mapped_bytes) const { return best_fit(ranges_, mapped_bytes) != ranges_.end(); }
 
+std::vector<std::size_t> RangeCache::sizes() const {
+  std::vector<std::size_t> out;
+  out.reserve(ranges_.size());
+  for (const Range& range : ranges_) out.push_back(range.mapped_bytes);
+  return out;
+}
+
 std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
   auto best = best_fit(ranges_, mapped_bytes);
   if (best == ranges_.end()) return std::nullopt;

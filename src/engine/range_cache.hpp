@@ -41,6 +41,7 @@ class RangeCache {
 
   std::optional<Range> take(std::size_t mapped_bytes);
   bool has(std::size_t mapped_bytes) const;  // whether take(mapped_bytes) would find a range
+  std::vector<std::size_t> sizes() const;     // of every range held
   void put(const Range& range);
   std::vector<Range> surplus(const Demand& demand, std::uint64_t limit);
   bool wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const;

@@ -392,7 +392,10 @@ TEST(Engine, GroupWindowsGiveALayersPagesBackInOneUnmap) {
       EXPECT_GE(last_unmaps, 1u);
       EXPECT_LE(last_unmaps, 6u);
     } else {
-      EXPECT_EQ(last_unmaps, 12u);
+      // One per saved tensor; now and then two adjacent windows are ready when the VMM worker
+      // comes to them and go in one span.
+      EXPECT_GE(last_unmaps, 9u);
+      EXPECT_LE(last_unmaps, 12u);
     }
   }
 }
@@ -467,6 +470,7 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
     options.vmm_unmap_batch_bytes = 0;
     options.vmm_cache_bytes = 1ull << 30;
     options.vmm_grant_when_idle = when_idle;
+    options.vmm_map_ahead = false;  // recycling alone
     SimDeviceConfig config = sim_config(7, 0);
     config.min_delay_us = 300;
     config.max_delay_us = 600;
@@ -487,8 +491,46 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
       // ranges here; without it, one grant per range).
       EXPECT_LT(stats.recycle_grants, stats.ranges_recycled);
     }
-    EXPECT_EQ(rig.device.call_count(device::SimOp::grant_access), stats.recycle_grants);
+    // The job's own cache misses grant access too.
+    EXPECT_GE(rig.device.call_count(device::SimOp::grant_access), stats.recycle_grants);
   }
+}
+
+TEST(Engine, MapAheadFillsTheCacheWithoutLosingAByte) {
+  // Slow copies: the pages of a layer are still being copied when the next layers allocate, so the
+  // cache cannot serve them from recycled pages. With vmm.map_ahead the VMM worker creates ranges
+  // for the next allocations before the job asks (and grants access while no copy runs); the
+  // ranges serve the job like recycled ones, and every byte comes back.
+  std::uint64_t job_calls[2] = {0, 0};
+  for (bool ahead : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.vmm_cache_bytes = 1ull << 30;
+    options.vmm_map_ahead = ahead;
+    SimDeviceConfig config = sim_config(11, 0);
+    config.min_delay_us = 300;
+    config.max_delay_us = 600;
+    Rig rig(options, config);
+    for (int iteration = 0; iteration < 4; ++iteration) {
+      const std::uint64_t before = rig.engine.stats().job_thread_vmm_calls;
+      Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
+      if (iteration >= 2) job_calls[ahead] += rig.engine.stats().job_thread_vmm_calls - before;
+      run_backward(*rig.job, forward, 6);
+      rig.engine.quiesce();
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "ahead " << ahead;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "ahead " << ahead;
+    if (ahead) {
+      EXPECT_GT(rig.engine.stats().ranges_mapped_ahead, 0u);
+    } else {
+      EXPECT_EQ(rig.engine.stats().ranges_mapped_ahead, 0u);
+    }
+  }
+  // The job's thread never maps more with ranges mapped ahead than without (here, where the
+  // simulated job allocates slower than a GPU job, both settle at one miss per forward; the GPU
+  // figures are in docs/performance.md).
+  EXPECT_LE(job_calls[1], job_calls[0]);
 }
 
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {

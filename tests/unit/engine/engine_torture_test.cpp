@@ -70,6 +70,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   }
   options.vmm_grant_when_idle = pick(0, 1) == 1;
   options.copy_chunk_bytes = pick(0, 2) == 0 ? 0 : pick(1, 8) * (small ? 64 * kKiB : kMiB);
+  options.vmm_map_ahead = pick(0, 1) == 1;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
