@@ -283,6 +283,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     lock.unlock();
     auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
+    bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
     if (physical.ok()) mapped_status = device_.map_without_access(*va, mapped_bytes, *physical);
     if (physical.ok() && mapped_status.ok()) {
       lock.lock();
@@ -292,14 +293,14 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
       lock.lock();
       end_grant(gated);
       lock.unlock();
-      if (!mapped_status.ok()) (void)device_.unmap(*va, mapped_bytes);
+      if (!mapped_status.ok()) left_mapped = !device_.unmap(*va, mapped_bytes).ok();
     }
     if (physical.ok() && !mapped_status.ok()) (void)device_.release_physical(*physical);
     const std::uint64_t took = monotonic_ns() - started;
     lock.lock();
     stats_.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
-      arena_.release(*va, mapped_bytes);
+      if (!left_mapped) arena_.release(*va, mapped_bytes);
       const Status& status = physical.ok() ? mapped_status : physical.status();
       // Out of memory: the job's own allocator gets the request and reports its own error.
       if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);

@@ -190,9 +190,11 @@ TEST(EngineFault, CreatingPhysicalMemoryFailsOnTheJobThreadTheAllocationPassesTh
   rig.step();  // warm: the engine is started and has served
   const EngineStats before = rig.engine.stats();
   const std::uint64_t next = rig.device.call_count(SimOp::create_physical) + 1;
-  // The engine's next create fails; the job's own allocator (the call after) succeeds.
+  // The engine's next create fails; the job's own allocator (the call after) succeeds. A size the
+  // cache holds none of: the step's first allocation is the engine's miss, whatever the workers
+  // have recycled by then.
   rig.device.set_fault_plan(SimFaultPlan().fail_nth(SimOp::create_physical, next, ErrorCode::device_error));
-  rig.step();
+  rig.step(4, 2, 5 * kMiB);
   rig.device.set_fault_plan({});
   rig.step();
   const EngineStats after = rig.engine.stats();
@@ -210,7 +212,7 @@ TEST(EngineFault, MappingFailsOnTheJobThreadNothingLeaksAndTheAllocationPassesTh
   const EngineStats before = rig.engine.stats();
   const std::uint64_t next = rig.device.call_count(SimOp::map) + 1;
   rig.device.set_fault_plan(SimFaultPlan().fail_nth(SimOp::map, next, ErrorCode::invalid_argument));
-  auto saved = rig.forward(4, 2, 3 * kMiB);
+  auto saved = rig.forward(4, 2, 5 * kMiB);  // a new size: the first allocation maps (see above)
   rig.device.set_fault_plan({});
   rig.backward(saved);
   const EngineStats after = rig.engine.stats();
@@ -403,8 +405,8 @@ TEST(EngineFault, EveryCallFailsAtRandomTheJobsDataIsNeverWrong) {
     SimFaultPlan plan;
     // Not here: unmap and synchronize_event, which fail only with a dead context (the job's own next
     // call fails then); the engine ignores some of their failures (docs/reliability.md).
-    for (SimOp op : {SimOp::create_physical, SimOp::map, SimOp::copy_to_host, SimOp::copy_to_device,
-                     SimOp::record_event, SimOp::stream_wait_event, SimOp::create_event}) {
+    for (SimOp op : {SimOp::create_physical, SimOp::map, SimOp::grant_access, SimOp::copy_to_host,
+                     SimOp::copy_to_device, SimOp::record_event, SimOp::stream_wait_event, SimOp::create_event}) {
       const std::uint64_t base = rig.device.call_count(op);
       for (int k = 0; k < 4; ++k) plan.fail_nth(op, base + 1 + rng() % 24, ErrorCode::device_error);
     }
@@ -414,6 +416,26 @@ TEST(EngineFault, EveryCallFailsAtRandomTheJobsDataIsNeverWrong) {
     rig.step();
     rig.expect_intact_and_clean();
   }
+}
+
+TEST(EngineFault, GrantingAccessFailsTheRangeIsNotUsedAndTheDataStaysRight) {
+  // cuMemSetAccess refused: for a job-thread miss the allocation goes to the job's allocator, for
+  // recycled pages they go back to the driver. Nothing without access is ever handed out (the
+  // simulated device faults on any access to such a range).
+  FaultRig rig(fault_options());
+  rig.step();
+  const std::uint64_t next = rig.device.call_count(SimOp::grant_access) + 1;
+  SimFaultPlan plan;
+  for (std::uint64_t k = 0; k < 8; ++k) plan.fail_nth(SimOp::grant_access, next + k, ErrorCode::device_error);
+  rig.device.set_fault_plan(plan);
+  rig.step();
+  rig.step();
+  rig.device.set_fault_plan({});
+  rig.step();
+  const std::uint64_t grants = rig.device.call_count(SimOp::grant_access) - next + 1;
+  rig.expect_intact_and_clean();
+  EXPECT_GE(grants, 1u) << "no access was granted in these steps: the test tested nothing";
+  EXPECT_GE(rig.engine.stats().failures, 1u);
 }
 
 TEST(EngineFault, UnmappingFailsTheDataStaysRightAndThePagesStayMapped) {
