@@ -61,7 +61,19 @@ SimDeviceConfig sim_config() {
   return config;
 }
 
-void push(const std::string& name) { ranges::push(ranges::Registry::instance().intern_name(name)); }
+// The ranges of one module's forward call, open for the benchmark's life: model / layer / module.
+struct InModule {
+  explicit InModule(const std::string& module) {
+    for (const std::string& name : {std::string("model"), std::string("model.layers.3"), "model.layers.3." + module}) {
+      ranges::push(ranges::Registry::instance().intern_name(name));
+    }
+  }
+  ~InModule() {
+    for (int i = 0; i < 3; ++i) ranges::pop();
+  }
+  InModule(const InModule&) = delete;
+  InModule& operator=(const InModule&) = delete;
+};
 
 // A device, an engine listening to the range stack, and a job stream.
 struct Rig {
@@ -89,62 +101,40 @@ struct Rig {
 };
 
 void BM_TagLookup(benchmark::State& state) {
-  push("model");
-  push("model.layers.3");
-  push("model.layers.3.mlp");
+  InModule module("mlp");
   for (auto _ : state) benchmark::DoNotOptimize(ranges::current());
-  ranges::pop();
-  ranges::pop();
-  ranges::pop();
 }
 BENCHMARK(BM_TagLookup);
 
 void BM_ClassifyCachedNode(benchmark::State& state) {
   const Options options = offload_options();
   NodeClassifier classifier(options);
-  push("model");
-  push("model.layers.3");
-  push("model.layers.3.mlp");
+  InModule module("mlp");
   const ranges::PathId node = ranges::current();
   benchmark::DoNotOptimize(classifier.classify(node));  // computed once, cached in the node
   for (auto _ : state) benchmark::DoNotOptimize(classifier.classify(node));
-  ranges::pop();
-  ranges::pop();
-  ranges::pop();
 }
 BENCHMARK(BM_ClassifyCachedNode);
 
 void BM_DeclineUnselected(benchmark::State& state) {
   Rig rig;
-  push("model");
-  push("model.layers.3");
-  push("model.layers.3.self_attn");
+  InModule module("self_attn");
   const AllocRequest request = rig.request(4 * kMiB);
   for (auto _ : state) benchmark::DoNotOptimize(rig.engine.try_allocate(request));
-  ranges::pop();
-  ranges::pop();
-  ranges::pop();
 }
 BENCHMARK(BM_DeclineUnselected);
 
 void BM_DeclineTooSmall(benchmark::State& state) {
   Rig rig;
-  push("model");
-  push("model.layers.3");
-  push("model.layers.3.mlp");
+  InModule module("mlp");
   const AllocRequest request = rig.request(64 * 1024);
   for (auto _ : state) benchmark::DoNotOptimize(rig.engine.try_allocate(request));
-  ranges::pop();
-  ranges::pop();
-  ranges::pop();
 }
 BENCHMARK(BM_DeclineTooSmall);
 
 void BM_ServeFromCacheAndFree(benchmark::State& state) {
   Rig rig;
-  push("model");
-  push("model.layers.3");
-  push("model.layers.3.mlp");
+  InModule module("mlp");
   const AllocRequest request = rig.request(4 * kMiB);
   // The first allocation maps a range; its free puts the range in the cache for the next ones.
   const DevPtr first = rig.engine.try_allocate(request);
@@ -160,9 +150,6 @@ void BM_ServeFromCacheAndFree(benchmark::State& state) {
     rig.engine.free(ptr, rig.stream, false);
   }
   state.counters["served"] = benchmark::Counter(static_cast<double>(served), benchmark::Counter::kAvgIterations);
-  ranges::pop();
-  ranges::pop();
-  ranges::pop();
 }
 BENCHMARK(BM_ServeFromCacheAndFree);
 

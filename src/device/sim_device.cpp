@@ -358,18 +358,12 @@ Status SimDevice::grant_access(DevPtr va, std::size_t bytes) {
   if (auto error = enter(SimOp::grant_access, what)) return *error;
   std::lock_guard<std::mutex> lock(memory_mutex_);
   // As cuMemSetAccess: the range must be fully mapped (one or more whole mappings).
-  auto first = mappings_.find(va);
-  auto it = first;
-  DevPtr cursor = va;
-  while (cursor < va + bytes && it != mappings_.end() && it->first == cursor) {
-    cursor += it->second.bytes;
-    ++it;
-  }
-  if (bytes == 0 || first == mappings_.end() || cursor != va + bytes) {
+  auto covered = whole_mappings(va, bytes);
+  if (!covered) {
     return fail(SimOp::grant_access, ErrorCode::invalid_argument,
                 "CUDA_ERROR_INVALID_VALUE (the range is not exactly one or more whole mappings)", what());
   }
-  for (auto grant = first; grant != it; ++grant) grant->second.accessible = true;
+  for (auto grant = covered->first; grant != covered->second; ++grant) grant->second.accessible = true;
   return {};
 }
 
@@ -409,6 +403,18 @@ Status SimDevice::unmap(DevPtr va, std::size_t bytes) {
   if (auto error = enter(SimOp::unmap, what)) return *error;
   std::lock_guard<std::mutex> lock(memory_mutex_);
   // The range must consist of whole mappings, without holes: a part of a mapping cannot be unmapped.
+  auto covered = whole_mappings(va, bytes);
+  if (!covered) {
+    return fail(SimOp::unmap, ErrorCode::invalid_argument,
+                "CUDA_ERROR_INVALID_VALUE (the range is not exactly one or more whole mappings)", what());
+  }
+  for (auto drop = covered->first; drop != covered->second; ++drop) drop_mapping_reference(*drop->second.memory);
+  mappings_.erase(covered->first, covered->second);
+  return {};
+}
+
+std::optional<std::pair<SimDevice::MappingIt, SimDevice::MappingIt>> SimDevice::whole_mappings(DevPtr va,
+                                                                                              std::size_t bytes) {
   auto first = mappings_.find(va);
   auto it = first;
   DevPtr cursor = va;
@@ -416,13 +422,8 @@ Status SimDevice::unmap(DevPtr va, std::size_t bytes) {
     cursor += it->second.bytes;
     ++it;
   }
-  if (bytes == 0 || first == mappings_.end() || cursor != va + bytes) {
-    return fail(SimOp::unmap, ErrorCode::invalid_argument,
-                "CUDA_ERROR_INVALID_VALUE (the range is not exactly one or more whole mappings)", what());
-  }
-  for (auto drop = first; drop != it; ++drop) drop_mapping_reference(*drop->second.memory);
-  mappings_.erase(first, it);
-  return {};
+  if (bytes == 0 || first == mappings_.end() || cursor != va + bytes) return std::nullopt;
+  return std::make_pair(first, it);
 }
 
 const SimDevice::Mapping* SimDevice::find_mapping(DevPtr va, DevPtr* start) const {

@@ -204,6 +204,10 @@ class SimDevice final : public Device {
 
   // With memory_mutex_ held.
   const Mapping* find_mapping(DevPtr va, DevPtr* start) const;
+  // The mappings that exactly make up [va, va + bytes), without holes (as cuMemUnmap and
+  // cuMemSetAccess require), as [first, last); none when the range is anything else.
+  using MappingIt = std::map<DevPtr, Mapping>::iterator;
+  std::optional<std::pair<MappingIt, MappingIt>> whole_mappings(DevPtr va, std::size_t bytes);
   Status map_impl(DevPtr va, std::size_t bytes, PhysicalHandle handle, bool accessible);
   // Resolves [va, va + bytes) through the mappings and calls `piece` for each mapped part, or
   // records a fault and moves nothing when any byte is unmapped.

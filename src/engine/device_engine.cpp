@@ -278,7 +278,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     }
     // Cache miss: create and map on the job's thread. The steady state of a training loop finds
     // its sizes in the cache; this is the first iteration, or a new size. Granting access waits for
-    // a running device-to-host copy (up to ~1 ms): the copy queue drains first (begin_grant).
+    // a running device-to-host copy (up to ~1 ms): the copy queue drains first.
     const std::uint64_t started = monotonic_ns();
     lock.unlock();
     auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
@@ -286,13 +286,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
     if (physical.ok()) mapped_status = device_.map_without_access(*va, mapped_bytes, *physical);
     if (physical.ok() && mapped_status.ok()) {
-      lock.lock();
-      const bool gated = begin_grant(lock);
-      lock.unlock();
-      mapped_status = device_.grant_access(*va, mapped_bytes);
-      lock.lock();
-      end_grant(gated);
-      lock.unlock();
+      mapped_status = grant_with_copies_held(*va, mapped_bytes, lock);
       if (!mapped_status.ok()) left_mapped = !device_.unmap(*va, mapped_bytes).ok();
     }
     if (physical.ok() && !mapped_status.ok()) (void)device_.release_physical(*physical);
@@ -1030,20 +1024,21 @@ bool DeviceEngine::can_issue_d2h() const {
   return !offload_queue_.empty() && offload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
 }
 
-bool DeviceEngine::begin_grant(std::unique_lock<std::mutex>& lock) {
-  if (!options_.vmm_grant_when_idle) return false;
+Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock) {
+  if (!options_.vmm_grant_when_idle) return device_.grant_access(va, bytes);
+  lock.lock();
   ++grant_waiters_;
   if (!d2h_chunks_.empty()) {
     offload_cv_.notify_all();
     issued_cv_.wait(lock, [&] { return stopping_ || d2h_chunks_.empty(); });
   }
-  return true;
-}
-
-void DeviceEngine::end_grant(bool began) {
-  if (!began) return;
+  lock.unlock();
+  Status granted = device_.grant_access(va, bytes);
+  lock.lock();
   --grant_waiters_;
   offload_cv_.notify_all();
+  lock.unlock();
+  return granted;
 }
 
 bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
@@ -1656,13 +1651,8 @@ void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
   while (mapped < items.size() && items[mapped].mapped) ++mapped;
   Status granted;
   if (mapped != 0) {
-    lock.lock();
-    const bool gated = begin_grant(lock);
-    lock.unlock();
-    granted = device_.grant_access(*span, items[mapped - 1].va + items[mapped - 1].bytes - *span);
-    lock.lock();
-    end_grant(gated);
-    lock.unlock();
+    const DevPtr end = items[mapped - 1].va + items[mapped - 1].bytes;
+    granted = grant_with_copies_held(*span, end - *span, lock);
   }
   std::vector<Status> failures;
   if (!granted.ok()) failures.push_back(granted);

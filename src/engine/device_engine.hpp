@@ -204,11 +204,10 @@ class DeviceEngine {
   // New chunks stay off the copy stream while a thread waits to grant access (see grant_when_idle).
   bool d2h_paused() const;
   bool can_issue_d2h() const;
-  // Around a map with access outside the offload worker: begin_grant() holds new chunks back and
-  // waits for the copy queue to drain (unlocking meanwhile); end_grant(what begin_grant returned)
-  // lets them go again. Without grant_when_idle both do nothing.
-  bool begin_grant(std::unique_lock<std::mutex>& lock);
-  void end_grant(bool began);
+  // grant_access() for a mapping made outside the offload worker's quiet moments: holds new chunks
+  // back, waits for the copy queue to drain, grants, lets the chunks go again (without
+  // grant_when_idle: grants at once). Called and returns with `lock` unlocked.
+  Status grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock);
   // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
   bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is
