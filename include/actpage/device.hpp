@@ -96,6 +96,16 @@ class Device {
   virtual Status grant_access(DevPtr /*va*/, std::size_t /*bytes*/) { return {}; }
   virtual Status unmap(DevPtr va, std::size_t bytes) = 0;
 
+  // --- The job's stream-ordered pool
+  // Gives back to the driver up to about `bytes` that the device's current memory pool (the one
+  // cudaMallocAsync draws from: torch's backend:cudaMallocAsync) holds in reserve but has no
+  // allocation in, and returns how many bytes its reserve fell by (0: nothing unused, or no pool).
+  // The pool keeps its reserve for good once grown, so pages actpage creates while the job has
+  // freed much of its pool (backward) would otherwise add to the peak of device memory in use. The
+  // driver releases whole blocks of the pool: the result may be a little more or less than asked.
+  // Default: a device without such a pool.
+  virtual Result<std::size_t> trim_job_pool(std::size_t /*bytes*/) { return std::size_t{0}; }
+
   // --- Pinned (page-locked) host memory, the destination of offload copies
   virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;
   virtual Status free_pinned(void* ptr) = 0;

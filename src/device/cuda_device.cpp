@@ -262,6 +262,44 @@ Status CudaDevice::unmap(DevPtr va, std::size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The job's stream-ordered pool
+
+Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
+  // The current pool, asked each time: a job may set another one (cudaDeviceSetMemPool).
+  CUmemoryPool pool = nullptr;
+  if (Status s = driver_.check(driver_.cuDeviceGetMemPool(&pool, device_), "cuDeviceGetMemPool",
+                               "finding the memory pool of " + device_text(ordinal_));
+      !s.ok()) {
+    return s;
+  }
+  auto attribute = [&](CUmemPool_attribute which, const char* what) -> Result<std::uint64_t> {
+    cuuint64_t value = 0;
+    if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(pool, which, &value), "cuMemPoolGetAttribute",
+                                 std::string("reading the ") + what + " of the memory pool of " + device_text(ordinal_));
+        !s.ok()) {
+      return s;
+    }
+    return static_cast<std::uint64_t>(value);
+  };
+  auto reserved = attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, "reserve");
+  if (!reserved.ok()) return reserved.status();
+  auto used = attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "bytes in use");
+  if (!used.ok()) return used.status();
+  if (*reserved <= *used || bytes == 0) return std::size_t{0};
+  // cuMemPoolTrimTo releases unused blocks until the reserve is below what it is told to keep.
+  const std::uint64_t unused = *reserved - *used;
+  const std::uint64_t keep = *reserved - std::min<std::uint64_t>(bytes, unused);
+  if (Status s = driver_.check(driver_.cuMemPoolTrimTo(pool, keep), "cuMemPoolTrimTo",
+                               "trimming the memory pool of " + device_text(ordinal_) + " to " + format_bytes(keep));
+      !s.ok()) {
+    return s;
+  }
+  auto after = attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, "reserve");
+  if (!after.ok()) return after.status();
+  return static_cast<std::size_t>(*reserved > *after ? *reserved - *after : 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Pinned host memory
 
 Result<void*> CudaDevice::alloc_pinned(std::size_t bytes) {

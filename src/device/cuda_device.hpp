@@ -62,6 +62,8 @@ class CudaDevice final : public Device {
   Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) override;
   Status grant_access(DevPtr va, std::size_t bytes) override;
   Status unmap(DevPtr va, std::size_t bytes) override;
+  // cuDeviceGetMemPool + cuMemPoolGetAttribute (reserve, used) + cuMemPoolTrimTo.
+  Result<std::size_t> trim_job_pool(std::size_t bytes) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
   Status free_pinned(void* ptr) override;

@@ -62,6 +62,9 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",                        \
     PFN_cuMemGetAllocationGranularity_v10020)                                              \
   X(cuMemGetInfo_v2, "cuMemGetInfo", PFN_cuMemGetInfo_v3020)                               \
+  X(cuDeviceGetMemPool, "cuDeviceGetMemPool", PFN_cuDeviceGetMemPool_v11020)               \
+  X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", PFN_cuMemPoolGetAttribute_v11020)      \
+  X(cuMemPoolTrimTo, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020)                        \
   X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020)                            \
   X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000)                               \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \

@@ -40,6 +40,7 @@ const char* sim_op_call_name(SimOp op) noexcept {
     case SimOp::hold_stream: return "cuStreamWaitValue32";
     case SimOp::fill: return "cuMemsetD8Async";
     case SimOp::mem_info: return "cuMemGetInfo";
+    case SimOp::trim_pool: return "cuMemPoolTrimTo";
     case SimOp::launch: return "cuLaunchKernel";
   }
   return "unknown";
@@ -206,10 +207,32 @@ Status SimDevice::bind_thread() {
   return {};
 }
 
+Result<std::size_t> SimDevice::trim_job_pool(std::size_t bytes) {
+  if (auto error = enter(SimOp::trim_pool, [&] { return "trimming the memory pool by " + format_bytes(bytes); })) {
+    return *error;
+  }
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  const std::uint64_t unused = job_pool_reserved_ - job_pool_used_;
+  const std::uint64_t given = std::min<std::uint64_t>(bytes, unused);
+  job_pool_reserved_ -= given;
+  return static_cast<std::size_t>(given);
+}
+
+void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  job_pool_reserved_ = reserved;
+  job_pool_used_ = std::min(used, reserved);
+}
+
+std::uint64_t SimDevice::job_pool_reserved() const {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  return job_pool_reserved_;
+}
+
 Result<MemInfo> SimDevice::mem_info() {
   if (auto error = enter(SimOp::mem_info, [] { return std::string("querying memory"); })) return *error;
   std::lock_guard<std::mutex> lock(memory_mutex_);
-  const std::uint64_t used = resident_bytes_[location_index(MemoryLocation::device)];
+  const std::uint64_t used = resident_bytes_[location_index(MemoryLocation::device)] + job_pool_reserved_;
   return MemInfo{config_.capacity_bytes > used ? config_.capacity_bytes - used : 0, config_.capacity_bytes};
 }
 
@@ -295,9 +318,10 @@ Result<PhysicalHandle> SimDevice::create_physical(std::size_t bytes, MemoryLocat
       where == MemoryLocation::device ? config_.capacity_bytes : config_.host_physical_capacity_bytes;
   {
     std::lock_guard<std::mutex> lock(memory_mutex_);
-    if (capacity != 0 && resident_bytes_[index] + bytes > capacity) {
+    const std::uint64_t pool = where == MemoryLocation::device ? job_pool_reserved_ : 0;
+    if (capacity != 0 && resident_bytes_[index] + pool + bytes > capacity) {
       return fail(SimOp::create_physical, ErrorCode::out_of_memory,
-                  "CUDA_ERROR_OUT_OF_MEMORY (" + format_bytes(resident_bytes_[index]) + " of " +
+                  "CUDA_ERROR_OUT_OF_MEMORY (" + format_bytes(resident_bytes_[index] + pool) + " of " +
                       format_bytes(capacity) + " in use)",
                   what());
     }

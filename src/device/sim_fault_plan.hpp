@@ -43,6 +43,7 @@ enum class SimOp : std::uint8_t {
   copy_within_device,
   hold_stream,
   mem_info,
+  trim_pool,
   launch,
 };
 inline constexpr std::size_t kSimOpCount = static_cast<std::size_t>(SimOp::launch) + 1;

@@ -1138,7 +1138,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
     status = device_.unmap(recycled->va, recycled->mapped_bytes);
     if (status.ok()) physical = recycled->physical;
   } else {
-    physical = device_.create_physical(bytes, MemoryLocation::device);
+    physical = create_reload_pages(bytes);
     status = physical.status();
   }
   if (status.ok()) status = device_.map(*staging, bytes, *physical);
@@ -1739,6 +1739,29 @@ void DeviceEngine::start_iteration() {
 
 // --- Reload workers ----------------------------------------------------------------------------
 
+Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
+  // The job's cudaMallocAsync pool keeps the reserve it grew to at its peak (torch never lets it
+  // shrink), and backward has freed much of it by now: pages created here would stack on top of
+  // that reserve. Giving the pool's unused bytes back first keeps device memory in use flat; the
+  // pool grows back in the next forward pass, when these pages have been given back or recycled.
+  if (options_.vmm_trim_job_pool && !pool_trim_failed_.load(std::memory_order_relaxed)) {
+    const std::uint64_t started = monotonic_ns();
+    Result<std::size_t> trimmed = device_.trim_job_pool(bytes);
+    const std::uint64_t took = monotonic_ns() - started;
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (trimmed.ok()) {
+      ++stats_.pool_trims;
+      stats_.pool_trimmed_bytes += *trimmed;
+      stats_.pool_trim_ns += took;
+    } else if (!pool_trim_failed_.exchange(true)) {
+      // Not the job's data at stake, only the saving: carry on without trims.
+      ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
+                       device_.ordinal(), trimmed.status().message());
+    }
+  }
+  return device_.create_physical(bytes, MemoryLocation::device);
+}
+
 void DeviceEngine::reload_worker() {
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the reload worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
@@ -1780,7 +1803,7 @@ void DeviceEngine::reload_worker() {
           if (!status.ok()) (void)device_.release_physical(recycled->physical);
         }
       } else {
-        physical = device_.create_physical(bytes, MemoryLocation::device);
+        physical = create_reload_pages(bytes);
         status = physical.ok() ? device_.map(va, bytes, *physical) : physical.status();
         if (physical.ok() && !status.ok()) (void)device_.release_physical(*physical);
       }

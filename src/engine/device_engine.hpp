@@ -221,6 +221,9 @@ class DeviceEngine {
   void offload_worker();
   void vmm_worker();
   void reload_worker();
+  // Creates device pages for a reload, first trimming the job's pool by as much (vmm.trim_job_pool).
+  // Called without the engine's lock.
+  Result<PhysicalHandle> create_reload_pages(std::size_t bytes);
   void reload_completion_worker();
   void sampler_worker();
   // Gives back the cached ranges the demand does not need (all of them when `everything`).
@@ -289,6 +292,7 @@ class DeviceEngine {
     std::size_t bytes = 0;
   };
   std::vector<PendingPages> recycle_pending_;
+  std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
   bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
   bool in_backward_ = false;
   std::thread::id forward_thread_;

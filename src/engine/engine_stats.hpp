@@ -19,6 +19,8 @@ namespace actpage::engine {
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
 //   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
+//   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool before a
+//     reload created pages (vmm.trim_job_pool), the bytes its reserve fell by, the time they took
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -48,6 +50,9 @@ namespace actpage::engine {
   X(ranges_recycled) \
   X(recycle_grants) \
   X(ranges_mapped_ahead) \
+  X(pool_trims) \
+  X(pool_trimmed_bytes) \
+  X(pool_trim_ns) \
   X(host_pool_misses) \
   X(iterations) \
   X(live_owned_bytes) \

@@ -3,7 +3,10 @@
 // memory. Without a CUDA driver every test skips.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <thread>
 
@@ -51,6 +54,50 @@ TEST_F(CudaGpu, AFailedCallNamesTheCallTheErrorAndWhatWasBeingDone) {
   EXPECT_EQ(status.message().rfind("cuMemMap: CUDA_ERROR_", 0), 0u) << status.message();
   EXPECT_NE(status.message().find("while mapping " + format_bytes(g) + " at 0x"), std::string::npos) << status.message();
   ACTPAGE_EXPECT_OK(device_->release_physical(*handle));
+}
+
+TEST_F(CudaGpu, TrimmingTheJobsPoolGivesItsUnusedReserveBack) {
+  // The pool a job's cudaMallocAsync draws from, made to keep what is freed (as torch sets it), with
+  // 256 MiB allocated and freed: all of it unused reserve.
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(library, nullptr);
+  auto alloc_async = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(dlsym(library, "cuMemAllocAsync"));
+  auto free_async = reinterpret_cast<CUresult (*)(CUdeviceptr, CUstream)>(dlsym(library, "cuMemFreeAsync"));
+  auto get_pool = reinterpret_cast<CUresult (*)(CUmemoryPool*, CUdevice)>(dlsym(library, "cuDeviceGetMemPool"));
+  auto set_attribute = reinterpret_cast<CUresult (*)(CUmemoryPool, CUmemPool_attribute, void*)>(
+      dlsym(library, "cuMemPoolSetAttribute"));
+  auto synchronize = reinterpret_cast<CUresult (*)(CUstream)>(dlsym(library, "cuStreamSynchronize"));
+  ASSERT_TRUE(alloc_async && free_async && get_pool && set_attribute && synchronize);
+  CUmemoryPool pool = nullptr;
+  ASSERT_EQ(get_pool(&pool, device_->device()), CUDA_SUCCESS);
+  cuuint64_t keep_all = UINT64_MAX;
+  ASSERT_EQ(set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+  const std::size_t bytes = 256 * MiB;
+  CUdeviceptr pointer = 0;
+  ASSERT_EQ(alloc_async(&pointer, bytes, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(free_async(pointer, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(nullptr), CUDA_SUCCESS);
+  auto before = device_->mem_info();
+  ACTPAGE_ASSERT_OK(before);
+  auto trimmed = device_->trim_job_pool(128 * MiB);
+  ACTPAGE_ASSERT_OK(trimmed);
+  auto after = device_->mem_info();
+  ACTPAGE_ASSERT_OK(after);
+  std::printf("trimmed %zu MiB of the pool's 256 MiB when asked for 128 MiB; free rose by %lld MiB\n", *trimmed / MiB,
+              (static_cast<long long>(after->free_bytes) - static_cast<long long>(before->free_bytes)) / (1 << 20));
+  EXPECT_GT(*trimmed, 0u);
+  EXPECT_LE(*trimmed, bytes);
+  EXPECT_GE(after->free_bytes, before->free_bytes + *trimmed / 2);  // what the pool gave back is free
+  // Asked for more than it holds unused, it gives back all that remains.
+  auto rest = device_->trim_job_pool(4 * bytes);
+  ACTPAGE_ASSERT_OK(rest);
+  std::printf("then %zu MiB more when asked for all of it\n", *rest / MiB);
+  EXPECT_GE(*trimmed + *rest, bytes / 2);
+  auto again = device_->trim_job_pool(bytes);
+  ACTPAGE_ASSERT_OK(again);
+  EXPECT_EQ(*again, 0u);
+  cuuint64_t release_all = 0;
+  EXPECT_EQ(set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all), CUDA_SUCCESS);
 }
 
 TEST_F(CudaGpu, AnotherThreadWorksAfterBindThread) {

@@ -349,5 +349,45 @@ TEST_F(FakeDriver, StreamsEventsCopiesAndMemInfoPassThrough) {
   ACTPAGE_EXPECT_OK(device->destroy_stream(*stream));
 }
 
+TEST_F(FakeDriver, TrimmingTheJobsPoolGivesBackWholeUnusedBlocksUpToTheAsk) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto set_pool = control<void (*)(unsigned long long, unsigned long long)>("fake_cuda_set_pool");
+  auto reserved = control<unsigned long long (*)()>("fake_cuda_pool_reserved");
+  // 1 GiB reserved, 600 MiB in use: 424 MiB unused, in 32 MiB blocks.
+  set_pool(1 * GiB, 600 * MiB);
+  auto trimmed = device->trim_job_pool(100 * MiB);
+  ACTPAGE_ASSERT_OK(trimmed);
+  // Asked to keep 924 MiB: whole blocks go until the reserve is below it (4 blocks, 128 MiB).
+  EXPECT_EQ(control<unsigned long long (*)()>("fake_cuda_last_trim_keep")(), 924 * MiB);
+  EXPECT_EQ(*trimmed, 128 * MiB);
+  EXPECT_EQ(reserved(), 1 * GiB - 128 * MiB);
+  // Asking for more than is unused keeps what is in use.
+  set_pool(1 * GiB, 1000 * MiB);
+  trimmed = device->trim_job_pool(1 * GiB);
+  ACTPAGE_ASSERT_OK(trimmed);
+  EXPECT_EQ(*trimmed, 0u);  // 24 MiB unused: less than a block
+  EXPECT_EQ(control<unsigned long long (*)()>("fake_cuda_last_trim_keep")(), 1000 * MiB);
+  // A pool with nothing unused is not asked at all.
+  set_pool(512 * MiB, 512 * MiB);
+  const int before = calls("cuMemPoolTrimTo");
+  trimmed = device->trim_job_pool(64 * MiB);
+  ACTPAGE_ASSERT_OK(trimmed);
+  EXPECT_EQ(*trimmed, 0u);
+  EXPECT_EQ(calls("cuMemPoolTrimTo"), before);
+  // Failures carry the call and what was being done.
+  set_pool(1 * GiB, 0);
+  fail("cuMemPoolTrimTo", CUDA_ERROR_INVALID_VALUE);
+  trimmed = device->trim_job_pool(64 * MiB);
+  ASSERT_FALSE(trimmed.ok());
+  EXPECT_NE(trimmed.status().message().find("cuMemPoolTrimTo: CUDA_ERROR_INVALID_VALUE"), std::string::npos)
+      << trimmed.status().message();
+  EXPECT_NE(trimmed.status().message().find("trimming the memory pool of"), std::string::npos);
+  fail("cuDeviceGetMemPool", CUDA_ERROR_NOT_SUPPORTED);
+  trimmed = device->trim_job_pool(64 * MiB);
+  ASSERT_FALSE(trimmed.ok());
+  EXPECT_NE(trimmed.status().message().find("cuDeviceGetMemPool"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace actpage::device

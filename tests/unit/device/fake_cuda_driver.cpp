@@ -36,6 +36,12 @@ struct State {
   unsigned long long next_handle = 0x100;
   CUdeviceptr next_va = 0x7f0000000000ull;
   std::map<unsigned long long, CUcontext> created_in;  // stream or event -> context current then
+  // The device's current memory pool: its reserve, the part in use, and the block size trims
+  // release whole (the real driver releases whole blocks too).
+  std::size_t pool_reserved = 0;
+  std::size_t pool_used = 0;
+  std::size_t pool_block = std::size_t{32} << 20;
+  std::size_t last_trim_keep = 0;
 };
 
 State& state() {
@@ -207,6 +213,32 @@ CUresult CUDAAPI fake_cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *total_bytes = std::size_t{80} << 30;
   return CUDA_SUCCESS;
 }
+CUresult CUDAAPI fake_cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice device) {
+  FAKE_ENTER("cuDeviceGetMemPool");
+  *pool = reinterpret_cast<CUmemoryPool>(0x9000 + 0x100 * device);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute attribute, void* value) {
+  FAKE_ENTER("cuMemPoolGetAttribute");
+  std::lock_guard<std::mutex> lock(state().mutex);
+  if (attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
+    *static_cast<cuuint64_t*>(value) = state().pool_reserved;
+  } else if (attribute == CU_MEMPOOL_ATTR_USED_MEM_CURRENT) {
+    *static_cast<cuuint64_t*>(value) = state().pool_used;
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+// Releases whole unused blocks until the reserve is below `keep` (the driver's documented rule).
+CUresult CUDAAPI fake_cuMemPoolTrimTo(CUmemoryPool, size_t keep) {
+  FAKE_ENTER("cuMemPoolTrimTo");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.last_trim_keep = keep;
+  while (s.pool_reserved >= keep && s.pool_reserved >= s.pool_used + s.pool_block) s.pool_reserved -= s.pool_block;
+  return CUDA_SUCCESS;
+}
 CUresult CUDAAPI fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int) {
   FAKE_ENTER("cuMemHostAlloc");
   *ptr = std::malloc(bytes);
@@ -314,6 +346,9 @@ const Entry kEntries[] = {
     {"cuMemSetAccess", reinterpret_cast<void*>(&fake_cuMemSetAccess)},
     {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_cuMemGetAllocationGranularity)},
     {"cuMemGetInfo", reinterpret_cast<void*>(&fake_cuMemGetInfo)},
+    {"cuDeviceGetMemPool", reinterpret_cast<void*>(&fake_cuDeviceGetMemPool)},
+    {"cuMemPoolGetAttribute", reinterpret_cast<void*>(&fake_cuMemPoolGetAttribute)},
+    {"cuMemPoolTrimTo", reinterpret_cast<void*>(&fake_cuMemPoolTrimTo)},
     {"cuMemHostAlloc", reinterpret_cast<void*>(&fake_cuMemHostAlloc)},
     {"cuMemFreeHost", reinterpret_cast<void*>(&fake_cuMemFreeHost)},
     {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&fake_cuStreamCreateWithPriority)},
@@ -373,6 +408,9 @@ FAKE_EXPORT void fake_cuda_reset() {
   s.last_location_type = 0;
   s.last_location_id = -1;
   s.location_types_tried = 0;
+  s.pool_reserved = 0;
+  s.pool_used = 0;
+  s.last_trim_keep = 0;
   current_context = nullptr;
 }
 // `name` fails with `result` for the next `times` calls (-1: always). cuMemCreate of host NUMA
@@ -432,4 +470,18 @@ FAKE_EXPORT int fake_cuda_last_location_id() {
 FAKE_EXPORT int fake_cuda_location_types_tried() {
   std::lock_guard<std::mutex> lock(state().mutex);
   return state().location_types_tried;
+}
+// The current pool's reserve and bytes in use (the block size trims release whole is 32 MiB).
+FAKE_EXPORT void fake_cuda_set_pool(unsigned long long reserved, unsigned long long used) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().pool_reserved = reserved;
+  state().pool_used = used;
+}
+FAKE_EXPORT unsigned long long fake_cuda_pool_reserved() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().pool_reserved;
+}
+FAKE_EXPORT unsigned long long fake_cuda_last_trim_keep() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().last_trim_keep;
 }

@@ -2,6 +2,7 @@
 // checked, nothing leaked. Random delays on every simulated stream shake out ordering bugs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <thread>
@@ -553,6 +554,113 @@ TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
     EXPECT_EQ(rig.device.fault_count(), 0u) << "chunk " << chunk;
     ASSERT_EQ(offloads, 8u) << "chunk " << chunk;  // 4 MLP calls x 2 saved tensors
     EXPECT_EQ(copies, chunk == 0 ? offloads : 3 * offloads) << "chunk " << chunk;
+  }
+}
+
+// Backward as run_backward, sampling device memory in use once each module's reloads are mapped
+// (after its checks ran, before its frees): the largest sample.
+std::uint64_t run_backward_sampling_peak(Rig& rig, Forward& forward, int layers) {
+  auto used = [&] {
+    auto info = rig.device.mem_info();
+    return info.ok() ? info->total_bytes - info->free_bytes : 0;
+  };
+  std::uint64_t peak = used();
+  std::thread autograd([&] {
+    for (int layer = layers; layer-- > 0;) {
+      const std::string layer_name = "model.layers." + std::to_string(layer);
+      rig.job->marker(layer_name + ".backward");
+      for (const char* module : {"mlp", "attn"}) {
+        const std::string name = layer_name + "." + module;
+        rig.job->marker(name + ".backward");
+        for (const Tensor& tensor : forward.saved[name]) rig.job->check(tensor);
+        rig.device.synchronize();
+        peak = std::max(peak, used());
+        for (const Tensor& tensor : forward.saved[name]) rig.job->free(tensor);
+      }
+    }
+  });
+  autograd.join();
+  return peak;
+}
+
+TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (bool trim : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_cache_bytes = 0;  // every reload creates its pages
+    options.vmm_trim_job_pool = trim;
+    Rig rig(options);
+    // The job's pool past its peak: 1 GiB reserved, 256 MiB of it in use (backward freed the rest).
+    rig.device.set_job_pool(kGiB, 256 * kMiB);
+    Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+    rig.engine.quiesce();
+    auto info = rig.device.mem_info();
+    ASSERT_TRUE(info.ok());
+    const std::uint64_t at_backward = info->total_bytes - info->free_bytes;
+    const std::uint64_t peak = run_backward_sampling_peak(rig, forward, 4);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "trim " << trim;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "trim " << trim;
+    ASSERT_EQ(stats.reloads_completed, 8u) << "trim " << trim;
+    if (trim) {
+      // One trim before each reload that creates pages, by the reload's mapped size (3 MiB maps as
+      // 4 MiB). Most create: a range freed in backward is given back at once with no cache, though
+      // a reload may catch one before the worker does.
+      EXPECT_GE(stats.pool_trims, 4u);
+      EXPECT_LE(stats.pool_trims, 8u);
+      EXPECT_EQ(stats.pool_trimmed_bytes, stats.pool_trims * 4 * kMiB);
+      EXPECT_EQ(rig.device.job_pool_reserved(), kGiB - stats.pool_trimmed_bytes);
+      EXPECT_LE(peak, at_backward);
+    } else {
+      EXPECT_EQ(rig.device.call_count(device::SimOp::trim_pool), 0u);
+      EXPECT_EQ(stats.pool_trims, 0u);
+      EXPECT_EQ(rig.device.job_pool_reserved(), kGiB);
+      EXPECT_GE(peak, at_backward + 2 * 4 * kMiB);  // at least the last layer's MLP pages on top
+    }
+  }
+}
+
+TEST(Engine, APoolWithNothingUnusedOrATrimThatFailsLeavesReloadsWhole) {
+  Options options = testing::small_offload_options();
+  options.vmm_cache_bytes = 0;
+  options.vmm_trim_job_pool = true;
+  {
+    Rig rig(options);
+    rig.device.set_job_pool(512 * kMiB, 512 * kMiB);  // all in use: nothing to give back
+    Forward forward = run_forward(*rig.job, 3, 2, 3 * kMiB);
+    rig.engine.quiesce();  // every offload done: each of the 6 comes back through a reload
+    run_backward(*rig.job, forward, 3);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.reloads_completed, 6u);
+    EXPECT_GE(stats.pool_trims, 1u);  // asked, and answered with nothing
+    EXPECT_EQ(stats.pool_trimmed_bytes, 0u);
+    EXPECT_EQ(rig.device.job_pool_reserved(), 512 * kMiB);
+    EXPECT_EQ(rig.job->mismatches(), 0u);
+    EXPECT_EQ(rig.device.fault_count(), 0u);
+  }
+  {
+    Rig rig(options);
+    rig.device.set_job_pool(512 * kMiB, 0);
+    rig.device.set_fault_plan(device::SimFaultPlan().fail_nth(device::SimOp::trim_pool, 1));
+    Forward forward = run_forward(*rig.job, 3, 2, 3 * kMiB);
+    rig.engine.quiesce();  // every offload done: each of the 6 comes back through a reload
+    run_backward(*rig.job, forward, 3);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    // The first trim failed: no other was tried, every reload still came back intact.
+    EXPECT_EQ(rig.device.call_count(device::SimOp::trim_pool), 1u);
+    EXPECT_EQ(stats.pool_trims, 0u);
+    EXPECT_EQ(stats.reloads_completed, 6u);
+    EXPECT_EQ(stats.failures, 0u);
+    EXPECT_EQ(rig.device.job_pool_reserved(), 512 * kMiB);
+    EXPECT_EQ(rig.job->mismatches(), 0u);
+    EXPECT_EQ(rig.job->failed(), 0u);
+    EXPECT_EQ(rig.device.fault_count(), 0u);
   }
 }
 
