@@ -21,6 +21,8 @@ namespace actpage::engine {
 //   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
 //   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool before a
 //     reload created pages (vmm.trim_job_pool), the bytes its reserve fell by, the time they took
+//   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
+//     time those cuMemCreate calls took
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -50,6 +52,8 @@ namespace actpage::engine {
   X(ranges_recycled) \
   X(recycle_grants) \
   X(ranges_mapped_ahead) \
+  X(reload_creates) \
+  X(reload_create_ns) \
   X(pool_trims) \
   X(pool_trimmed_bytes) \
   X(pool_trim_ns) \
