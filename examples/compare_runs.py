@@ -31,11 +31,23 @@ with the baseline (--baseline, default the first variant). The table says whethe
 bit-identical (their float.hex strings, over the steps both ran) to the reference's and within the
 variant's repetitions, the median step time (median over repetitions of each run's median) and its
 ratio to the reference, the device-used peak and torch's peak. Written to OUT/results.json and OUT/results.md, logs in OUT/logs/.
+
+Paired ratios: a job whose step time varies a few % from one process to the next (Qwen3-MoE) needs
+more than a ratio of two medians to show a 1% effect. Runs of the same rep ran next to each other, so
+each rep where both a variant and its reference succeeded gives one ratio of their median step times
+(`paired_reps`, `paired_ratios`; a failed run drops its rep's pair only). The summary row gives their
+median (`paired_ratio_median`) with a 95% percentile bootstrap interval of that median
+(`paired_ratio_ci95`: 2000 resamples of the pairs, a fixed seed, so the same runs give the same
+interval; None with fewer than 3 pairs), and the pooled ratio of the paired runs' mean step times
+(`ratio_of_means`, `ratio_of_means_ci95`, the same resamples). The table shows both as
+"x1.004 [0.996, 1.012]". With --within T (e.g. 0.01), one line per actpage variant says whether its
+paired interval lies inside [1-T, 1+T] (`paired_within` in the row); the exit code does not depend on it.
 """
 
 import argparse
 import json
 import os
+import random
 import shlex
 import statistics
 import subprocess
@@ -48,6 +60,9 @@ ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
 MIB = 1 << 20
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261124  # fixed: the same runs always give the same interval
+MIN_PAIRS_FOR_INTERVAL = 3  # fewer pairs than this give no interval worth printing
 
 
 class Variant:
@@ -125,8 +140,13 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
     parser.add_argument("--trace-dir", default=None,
                         help="trace each actpage run into this folder and summarise the trace")
+    parser.add_argument("--within", type=float, default=None, metavar="T",
+                        help="say for each actpage variant whether the 95%% interval of its paired step-time "
+                             "ratio lies inside [1-T, 1+T], e.g. 0.01 (the exit code does not depend on it)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the job command")
     args = parser.parse_args(argv)
+    if args.within is not None and not 0 < args.within < 1:
+        parser.error("--within must lie between 0 and 1 (a fraction, e.g. 0.01), got %g" % args.within)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -287,8 +307,67 @@ def reference_of(variant, variants, baseline_name):
     return None if baseline == variant.name else baseline
 
 
-def summarize(variants, records, baseline_name=None):
-    """One row per variant (see the module's docstring)."""
+def paired_step_times(runs, reference_runs):
+    """[(rep, variant's median step ms, reference's)] for each rep in which both succeeded, by rep
+    number: a failed run on either side drops that rep's pair and no other."""
+    def by_rep(records):
+        return {r["rep"]: r["result"].get("median_step_ms") for r in records
+                if r["ok"] and r["result"].get("median_step_ms") is not None}
+    mine, theirs = by_rep(runs), by_rep(reference_runs)
+    return [(rep, mine[rep], theirs[rep]) for rep in sorted(mine) if rep in theirs and theirs[rep]]
+
+
+def median_of_ratios(pairs):
+    return statistics.median(mine / theirs for mine, theirs in pairs)
+
+
+def ratio_of_means(pairs):
+    """sum(variant) / sum(reference) over the pairs: the pooled ratio of mean step times."""
+    return sum(mine for mine, _ in pairs) / sum(theirs for _, theirs in pairs)
+
+
+def bootstrap_interval(pairs, statistic, level=0.95, resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED):
+    """Percentile bootstrap interval [lo, hi] of statistic(pairs): the statistic of `resamples`
+    resamples of the pairs (n drawn with replacement from n), sorted; lo is the k-th smallest and hi
+    the k-th largest, k = round(resamples * (1 - level) / 2) (50 of 2000 at 95%). None with fewer
+    than MIN_PAIRS_FOR_INTERVAL pairs. Deterministic: its own random.Random(seed)."""
+    if len(pairs) < MIN_PAIRS_FOR_INTERVAL:
+        return None
+    rng = random.Random(seed)
+    n = len(pairs)
+    values = sorted(statistic([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    k = max(1, int(round(resamples * (1 - level) / 2)))
+    return [values[k - 1], values[resamples - k]]
+
+
+def paired_statistics(runs, reference_runs):
+    """The paired fields of a summary row (see the module's docstring)."""
+    paired = paired_step_times(runs, reference_runs)
+    pairs = [(mine, theirs) for _, mine, theirs in paired]
+
+    def rounded(values):
+        return None if values is None else [round(v, 6) for v in values]
+
+    return {
+        "paired_reps": [rep for rep, _, _ in paired],
+        "paired_ratios": rounded([mine / theirs for mine, theirs in pairs]),
+        "paired_ratio_median": _round(median_of_ratios(pairs), 6) if pairs else None,
+        "paired_ratio_ci95": rounded(bootstrap_interval(pairs, median_of_ratios)),
+        "ratio_of_means": _round(ratio_of_means(pairs), 6) if pairs else None,
+        "ratio_of_means_ci95": rounded(bootstrap_interval(pairs, ratio_of_means)),
+    }
+
+
+def interval_within(interval, tolerance):
+    """True when [lo, hi] lies inside [1 - tolerance, 1 + tolerance]; None without an interval."""
+    if interval is None:
+        return None
+    return 1 - tolerance <= interval[0] and interval[1] <= 1 + tolerance
+
+
+def summarize(variants, records, baseline_name=None, within=None):
+    """One row per variant (see the module's docstring); with `within`, each row with a reference
+    also says whether its paired interval lies inside [1 - within, 1 + within]."""
     by_variant = {v.name: [r for r in records if r["variant"] == v.name] for v in variants}
     rows = []
     medians = {}
@@ -335,6 +414,9 @@ def summarize(variants, records, baseline_name=None):
                                                   for r in ok])),
             "median_fwd_ms": _round(_median([r["result"].get("median_fwd_ms") for r in ok]), 3),
         })
+        rows[-1].update(paired_statistics(runs, by_variant[ref] if ref is not None else []))
+        if within is not None:
+            rows[-1]["paired_within"] = interval_within(rows[-1]["paired_ratio_ci95"], within)
     return rows
 
 
@@ -371,9 +453,41 @@ def _yes_no(flag, detail=None):
     return "no" if detail is None else "no (step %d)" % detail
 
 
+def format_ratio(value, interval):
+    """"x1.004 [0.996, 1.012]"; without an interval (fewer than 3 pairs) just "x1.004"."""
+    if value is None:
+        return "-"
+    if interval is None:
+        return "x%.3f" % value
+    return "x%.3f [%.3f, %.3f]" % (value, interval[0], interval[1])
+
+
+def within_lines(rows, tolerance):
+    """One line per actpage variant with a reference: does its paired interval lie inside
+    [1 - tolerance, 1 + tolerance]?"""
+    lo, hi = 1 - tolerance, 1 + tolerance
+    lines = []
+    for row in rows:
+        if row["mode"] != "actpage" or row["reference"] is None:
+            continue
+        pairs = len(row["paired_ratios"])
+        head = "within %g%%: %s vs %s: %s over %d pair%s" % (
+            tolerance * 100, row["variant"], row["reference"],
+            format_ratio(row["paired_ratio_median"], row["paired_ratio_ci95"]), pairs, "" if pairs == 1 else "s")
+        verdict = interval_within(row["paired_ratio_ci95"], tolerance)
+        if verdict is None:
+            tail = "not established (an interval needs %d pairs)" % MIN_PAIRS_FOR_INTERVAL
+        elif verdict:
+            tail = "yes, the 95%% interval lies inside [%.3f, %.3f]" % (lo, hi)
+        else:
+            tail = "no, the 95%% interval is not inside [%.3f, %.3f]" % (lo, hi)
+        lines.append("%s: %s" % (head, tail))
+    return lines
+
+
 def format_table(rows):
     header = ["variant", "actpage", "allocator", "ok/runs", "losses = ref", "ref", "stable", "median step ms",
-              "x ref", "device used peak MiB", "torch peak MiB"]
+              "x ref", "device used peak MiB", "torch peak MiB", "paired x ref [95%]", "x ref of means [95%]"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for row in rows:
         cells = [
@@ -388,12 +502,14 @@ def format_table(rows):
             _cell(row["ratio_to_reference"], "%.3f"),
             _cell(row["device_used_peak_mib"], "%.0f"),
             _cell(row["torch_peak_mib"], "%.0f"),
+            format_ratio(row["paired_ratio_median"], row["paired_ratio_ci95"]),
+            format_ratio(row["ratio_of_means"], row["ratio_of_means_ci95"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def write_outputs(out_dir, args_record, rows, records):
+def write_outputs(out_dir, args_record, rows, records, within=None):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w") as handle:
         json.dump({"settings": args_record, "summary": rows, "runs": records}, handle, indent=2, sort_keys=True)
@@ -408,6 +524,12 @@ def write_outputs(out_dir, args_record, rows, records):
                      "run; step time is the median over repetitions of each run's median after warm-up.\n\n"
                      % args_record["reps"])
         handle.write(table + "\n")
+        handle.write("\nPaired: the median over reps of each rep's ratio to the reference's run of the same rep, "
+                     "and the ratio of the paired runs' mean step times; in brackets a 95%% bootstrap "
+                     "interval (%d resamples, fixed seed; none under %d pairs).\n"
+                     % (BOOTSTRAP_RESAMPLES, MIN_PAIRS_FOR_INTERVAL))
+        if within is not None:
+            handle.write("\n" + "".join("- %s\n" % line for line in within_lines(rows, within)))
     return table
 
 
@@ -419,11 +541,16 @@ def main(argv=None):
     for rep, variant in schedule(args.variants, args.reps):
         records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout,
                                 trace_dir=args.trace_dir))
-    rows = summarize(args.variants, records, args.baseline)
+    rows = summarize(args.variants, records, args.baseline, args.within)
     settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
-                "variants": [v.to_json() for v in args.variants], "baseline": args.baseline}
-    table = write_outputs(args.out, settings, rows, records)
+                "variants": [v.to_json() for v in args.variants], "baseline": args.baseline,
+                "within": args.within, "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED}}
+    table = write_outputs(args.out, settings, rows, records, args.within)
     print(table)
+    if args.within is not None:
+        print()
+        for line in within_lines(rows, args.within):
+            print(line)
     print("\nwritten: %s, %s" % (os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")))
     return 0 if all(r["ok"] for r in records) else 1
 

@@ -15,6 +15,9 @@
 #   probe-vmm which VMM calls wait for the device, and whether one unmap may span mappings
 #   observe-ab Qwen3-MoE observe-only vs plain, cudaMallocAsync, 8 interleaved repetitions pinned to
 #            fixed CPU cores (the job syncs the CPU every layer: its step follows the host's noise)
+#   observe-paired  observe-only vs plain, step times paired by repetition: the median of the paired
+#            ratios, its 95% bootstrap interval and whether that lies within 1% (issue 4); Qwen3-MoE,
+#            Llama too with OBSERVE_JOBS="qwen llama"; OBSERVE_ALLOCATORS, OBSERVE_REPS (see the stage)
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
 #            where the time and the memory go (docs/performance.md)
@@ -112,6 +115,36 @@ for stage in "$@"; do
         --allocators async --out "$out/observe-ab" -- taskset -c 2-9 "$python" examples/train_qwen3_moe.py "${qwen[@]}" \
         --layers 4 --steps 24 --warmup 6 --deterministic
       tail -n 6 "$out/observe-ab.log"
+      ;;
+    observe-paired)
+      # Is observe-only within 1% of plain? The Qwen3-MoE step varies a few % from one process to the
+      # next, so compare_runs pairs each rep's actpage run with the plain run of the same rep and gives
+      # the median of those ratios with a 95% bootstrap interval; --within 0.01 says whether the interval
+      # lies inside [0.99, 1.01]. OBSERVE_JOBS: "qwen" (default) and/or "llama"; OBSERVE_ALLOCATORS:
+      # default "native async expandable"; OBSERVE_REPS: default 8. Jobs pinned to cores 2-9 (as in
+      # observe-ab), PYTHONHASHSEED=0, results in $out/observe-paired-JOB (cleared first).
+      # Time: compare_runs' wall_s in the H100 bench runs (bench-qwen-e22073b, 2026-11-23-bench-0c8bc5f)
+      # is 14-19 s a run for Qwen3-MoE (8 layers, 12 steps) and 16-23 s for Llama (16 layers, 12 steps),
+      # nearly all of it start-up (import, model build, CUDA); plan5's log times give 15 s for a Qwen run.
+      # At ~16 s a run, 2 x allocators x reps runs: Qwen with the defaults 48 runs, ~13 min (more than
+      # the device tool's 10 minutes a command: there, one allocator a call), OBSERVE_ALLOCATORS=async 16
+      # runs, ~4.5 min; Llama (8 layers, 16 steps, ~16 s a run) as much again.
+      say "observe-paired: observe-only vs plain, step times paired by repetition, within 1%?"
+      read -ra paired_allocators <<<"${OBSERVE_ALLOCATORS:-native async expandable}"
+      paired_allocators_csv=$(IFS=,; echo "${paired_allocators[*]}")
+      for paired_job in ${OBSERVE_JOBS:-qwen}; do
+        case $paired_job in
+          qwen) paired_cmd=(examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 30 --warmup 6 --deterministic) ;;
+          llama) paired_cmd=(examples/train_llama.py "${llama[@]}" --layers 8 --steps 16 --warmup 4 --deterministic) ;;
+          *) echo "FAILED: observe-paired: OBSERVE_JOBS names $paired_job (known: qwen, llama)"; failed=1; continue ;;
+        esac
+        paired_out=$out/observe-paired-$paired_job
+        rm -rf "$paired_out"
+        check "observe-paired-$paired_job" "$python" examples/compare_runs.py --policy config/observe.json \
+          --reps "${OBSERVE_REPS:-8}" --allocators "$paired_allocators_csv" --within 0.01 --timeout 300 \
+          --actpage "$actpage" --out "$paired_out" -- env PYTHONHASHSEED=0 taskset -c 2-9 "$python" "${paired_cmd[@]}"
+        grep -E '^(\||within )' "$out/observe-paired-$paired_job.log"
+      done
       ;;
     diagnose-qwen)
       say "diagnose-qwen: Qwen3-MoE observe-only, one factor removed at a time (4 interleaved rounds)"

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import stat
@@ -15,21 +16,35 @@ import helpers  # noqa: F401  (puts examples/ on sys.path)
 import compare_runs
 
 # Prints a result that depends on how it was run: the losses on the allocator setting (expandable
-# differs from the rest at step 2), time and memory on whether actpage ran it.
+# differs from the rest at step 2), time and memory on whether actpage ran it. With FAKE_COUNTER the
+# job counts its runs in that file and knows its rep (runs before it // FAKE_PER_REP, + 1: compare_runs
+# runs every variant once per rep); FAKE_STEPS ({"plain": [...], "actpage": [...]}, one per rep) then
+# gives its step time and FAKE_FAIL_REPS ("plain:2,actpage:4") the reps in which it fails.
 FAKE_JOB = textwrap.dedent("""
     import json, os, sys
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     under_actpage = "ACTPAGE_POLICY" in os.environ
+    mode = "actpage" if under_actpage else "plain"
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write("%s|%s|%s\\n" % (conf, under_actpage, " ".join(sys.argv[1:])))
     if "--fail" in sys.argv:
         sys.exit(3)
+    step_ms = 110.0 if under_actpage else 100.0
+    if "FAKE_COUNTER" in os.environ:
+        path = os.environ["FAKE_COUNTER"]
+        count = int(open(path).read()) if os.path.exists(path) else 0
+        with open(path, "w") as counter:
+            counter.write(str(count + 1))
+        rep = count // int(os.environ["FAKE_PER_REP"]) + 1
+        if "%s:%d" % (mode, rep) in os.environ.get("FAKE_FAIL_REPS", "").split(","):
+            sys.exit(3)
+        step_ms = json.loads(os.environ["FAKE_STEPS"])[mode][rep - 1]
     losses = [1.5, 1.25, 1.0]
     if conf == "expandable_segments:True":
         losses[2] = 1.0000001
     print("some job output")
     print("ACTPAGE_RESULT " + json.dumps({
-        "losses": [x.hex() for x in losses], "median_step_ms": 110.0 if under_actpage else 100.0,
+        "losses": [x.hex() for x in losses], "median_step_ms": step_ms,
         "device_used_peak_mib": 800.0 if under_actpage else 1000.0, "torch_peak_mib": 500.0,
         "actpage": {"loaded": under_actpage, "active": under_actpage}}))
 """)
@@ -63,8 +78,16 @@ class CompareRunsTest(unittest.TestCase):
         self.out = os.path.join(self.tmp, "out")
 
     def tearDown(self):
-        os.environ.pop("FAKE_LOG", None)
+        for name in ("FAKE_LOG", "FAKE_COUNTER", "FAKE_PER_REP", "FAKE_STEPS", "FAKE_FAIL_REPS"):
+            os.environ.pop(name, None)
         self.dir.cleanup()
+
+    def paired_main(self, plain, actpage, *extra, fail=""):
+        """compare_runs on plain-async and actpage-async, len(plain) reps, the fake job taking its step
+        time per mode and rep from these lists."""
+        os.environ.update({"FAKE_COUNTER": os.path.join(self.tmp, "counter"), "FAKE_PER_REP": "2",
+                           "FAKE_STEPS": json.dumps({"plain": plain, "actpage": actpage}), "FAKE_FAIL_REPS": fail})
+        return self.main("--reps", str(len(plain)), "--allocators", "async", *extra)
 
     def main(self, *extra):
         argv = ["--policy", self.policy, "--actpage", self.actpage, "--out", self.out] + list(extra)
@@ -148,6 +171,140 @@ class CompareRunsTest(unittest.TestCase):
         order = [(rep, v.name) for rep, v in compare_runs.schedule([a, b, c], 3)]
         self.assertEqual(order, [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"),
                                  (2, "c"), (2, "a"), (2, "b")])
+
+    def test_paired_ratios_follow_the_rep(self):
+        # Rep 3's actpage process ran slow (130.5 where its plain neighbour took 100): it moves the
+        # unpaired medians' ratio by 13%, the median of the paired ratios not at all.
+        code, printed = self.paired_main([100, 130, 100, 130], [100.5, 130.5, 130.5, 130.5], "--within", "0.01")
+        self.assertEqual(code, 0)
+        data, rows = self.summary()
+        row = rows["actpage-async"]
+        self.assertEqual(row["reference"], "plain-async")
+        self.assertEqual(row["ratio_to_reference"], round(130.5 / 115, 4))  # unpaired: 1.1348
+        self.assertEqual(row["paired_reps"], [1, 2, 3, 4])
+        expected = [1.005, 130.5 / 130, 1.305, 130.5 / 130]
+        for got, want in zip(row["paired_ratios"], expected):
+            self.assertAlmostEqual(got, want, places=6)
+        self.assertAlmostEqual(row["paired_ratio_median"], (130.5 / 130 + 1.005) / 2, places=6)  # 1.004423
+        # 4 pairs: a resample's median is the smallest ratio when 3 or 4 of its 4 draws are that
+        # pair, 13 of the 256 equally likely resamples (5.1% > 2.5%), and likewise the largest: the
+        # 95% interval runs from the smallest ratio to the largest.
+        self.assertEqual(row["paired_ratio_ci95"], [round(130.5 / 130, 6), 1.305])
+        self.assertAlmostEqual(row["ratio_of_means"], (100.5 + 3 * 130.5) / 460, places=6)  # 1.069565
+        self.assert_exact_bootstrap(row["ratio_of_means_ci95"], [(100.5, 100), (130.5, 130), (130.5, 100), (130.5, 130)],
+                                    compare_runs.ratio_of_means)
+        self.assertFalse(row["paired_within"])
+        self.assertIsNone(rows["plain-async"]["paired_ratio_median"])
+        self.assertEqual(rows["plain-async"]["paired_ratios"], [])
+        line = ("within 1%: actpage-async vs plain-async: x1.004 [1.004, 1.305] over 4 pairs: "
+                "no, the 95% interval is not inside [0.990, 1.010]")
+        self.assertIn(line, printed.splitlines())
+        with open(os.path.join(self.out, "results.md")) as handle:
+            markdown = handle.read()
+        self.assertIn("- " + line + "\n", markdown)
+        low, high = row["ratio_of_means_ci95"]
+        for text in (printed, markdown):
+            self.assertIn("| 1.135 | 800 | 500 | x1.004 [1.004, 1.305] | x1.070 [%.3f, %.3f] |" % (low, high), text)
+        self.assertEqual(data["settings"]["within"], 0.01)
+
+    def test_within_when_every_pair_is(self):
+        plain, actpage = [100, 140, 100, 140, 120], [100.4, 140.7, 99.9, 141.0, 120.6]
+        code, printed = self.paired_main(plain, actpage, "--within", "0.01")
+        self.assertEqual(code, 0)
+        _, rows = self.summary()
+        row = rows["actpage-async"]
+        # ratios 1.004, 1.005, 0.999, 1.007143, 1.005: median 1.005. 5 pairs: a resample's median is
+        # the smallest ratio when 3 or more of its 5 draws are that pair, 5.8% of resamples; likewise
+        # the largest.
+        self.assertAlmostEqual(row["paired_ratio_median"], 1.005, places=6)
+        self.assertEqual(row["paired_ratio_ci95"], [0.999, round(141.0 / 140, 6)])
+        self.assertTrue(row["paired_within"])
+        self.assertIn("within 1%: actpage-async vs plain-async: x1.005 [0.999, 1.007] over 5 pairs: "
+                      "yes, the 95% interval lies inside [0.990, 1.010]", printed.splitlines())
+        # a tighter tolerance: the same interval is not inside [0.995, 1.005]
+        self.assertIsNone(compare_runs.interval_within(None, 0.01))
+        self.assertFalse(compare_runs.interval_within(row["paired_ratio_ci95"], 0.005))
+        self.assertTrue(compare_runs.interval_within(row["paired_ratio_ci95"], 0.0075))
+
+    def test_a_failed_run_drops_its_pair_only(self):
+        # plain fails in rep 2, actpage in rep 4: the pairs are reps 1, 3 and 5. Pairing the
+        # successful runs in order instead would divide 150 by 110 (actpage rep 2 by plain rep 3).
+        code, printed = self.paired_main([100, 200, 110, 120, 130], [101, 150, 110.55, 999, 130.13], "--within", "0.01",
+                                         fail="plain:2,actpage:4")
+        self.assertEqual(code, 1)
+        _, rows = self.summary()
+        row = rows["actpage-async"]
+        self.assertEqual((row["ok"], row["runs"], rows["plain-async"]["ok"]), (4, 5, 4))
+        self.assertEqual(row["paired_reps"], [1, 3, 5])
+        for got, want in zip(row["paired_ratios"], [1.01, 1.005, 1.001]):
+            self.assertAlmostEqual(got, want, places=6)
+        self.assertEqual(len(row["paired_ratios"]), 3)
+        self.assertAlmostEqual(row["paired_ratio_median"], 1.005, places=6)
+        # 3 pairs: the median of 3 draws is the smallest ratio in 7 of 27 resamples, likewise the largest
+        self.assertEqual(row["paired_ratio_ci95"], [1.001, 1.01])
+        self.assertAlmostEqual(row["ratio_of_means"], (101 + 110.55 + 130.13) / 340, places=6)
+        self.assertIn("within 1%: actpage-async vs plain-async: x1.005 [1.001, 1.010] over 3 pairs: yes", printed)
+
+    def test_too_few_pairs_for_an_interval(self):
+        code, printed = self.paired_main([100, 120], [101, 119], "--within", "0.01")
+        self.assertEqual(code, 0)
+        _, rows = self.summary()
+        row = rows["actpage-async"]
+        self.assertAlmostEqual(row["paired_ratio_median"], (1.01 + 119 / 120) / 2, places=6)
+        self.assertIsNone(row["paired_ratio_ci95"])
+        self.assertIsNone(row["ratio_of_means_ci95"])
+        self.assertIsNone(row["paired_within"])
+        self.assertIn("| x1.001 | x1.000 |", printed)  # 220 / 220
+        self.assertIn("within 1%: actpage-async vs plain-async: x1.001 over 2 pairs: not established "
+                      "(an interval needs 3 pairs)", printed.splitlines())
+
+    def test_no_within_line_without_the_flag(self):
+        code, printed = self.paired_main([100, 120, 110], [101, 119, 110])
+        self.assertEqual(code, 0)
+        data, rows = self.summary()
+        self.assertNotIn("within", printed)
+        self.assertNotIn("paired_within", rows["actpage-async"])
+        self.assertIsNone(data["settings"]["within"])
+        with self.assertRaises(SystemExit):
+            with contextlib.redirect_stderr(io.StringIO()):
+                compare_runs.parse_args(["--within", "1.5", "--", "job"])
+
+    def assert_exact_bootstrap(self, interval, pairs, statistic, level=0.95, slack=0.015):
+        """interval (compare_runs' Monte Carlo bootstrap, 2000 resamples) against the exact bootstrap
+        distribution of statistic over all len(pairs)**len(pairs) equally likely resamples: lo must
+        be near its (1 - level) / 2 point, hi near its (1 + level) / 2 point, within `slack` in
+        probability (the Monte Carlo error of a 2.5% point from 2000 resamples is about 0.35%)."""
+        n = len(pairs)
+        values = [statistic([pairs[i] for i in draw]) for draw in itertools.product(range(n), repeat=n)]
+        eps = 1e-6  # compare_runs rounds its intervals to 6 decimals
+
+        def below(x):
+            return sum(v < x - eps for v in values) / len(values)
+
+        def at_most(x):
+            return sum(v <= x + eps for v in values) / len(values)
+
+        tail = (1 - level) / 2
+        low, high = interval
+        self.assertLessEqual(below(low), tail + slack, (low, sorted(values)[:40]))
+        self.assertGreaterEqual(at_most(low), tail - slack, low)
+        self.assertLessEqual(1 - at_most(high), tail + slack, high)
+        self.assertGreaterEqual(1 - below(high), tail - slack, high)
+
+    def test_bootstrap_interval_against_the_exact_distribution(self):
+        pairs = [(100.0, 100.0), (103.0, 101.0), (99.0, 100.0), (151.0, 150.0), (122.0, 118.0)]
+        for statistic in (compare_runs.median_of_ratios, compare_runs.ratio_of_means):
+            interval = compare_runs.bootstrap_interval(pairs, statistic)
+            self.assert_exact_bootstrap(interval, pairs, statistic)
+            self.assertEqual(interval, compare_runs.bootstrap_interval(pairs, statistic))  # fixed seed
+            self.assertLess(interval[0], statistic(pairs))
+            self.assertGreater(interval[1], statistic(pairs))
+        # a 90% interval lies inside the 95% one
+        wide = compare_runs.bootstrap_interval(pairs, compare_runs.ratio_of_means)
+        narrow = compare_runs.bootstrap_interval(pairs, compare_runs.ratio_of_means, level=0.9)
+        self.assert_exact_bootstrap(narrow, pairs, compare_runs.ratio_of_means, level=0.9)
+        self.assertTrue(wide[0] <= narrow[0] <= narrow[1] <= wide[1])
+        self.assertIsNone(compare_runs.bootstrap_interval(pairs[:2], compare_runs.ratio_of_means))
 
     def test_parse_results_takes_every_result_line(self):
         text = "x\nACTPAGE_RESULT {\"a\": 1}\n[rank0] ACTPAGE_RESULT {\"a\": 2}\nACTPAGE_RESULT {broken\n"
