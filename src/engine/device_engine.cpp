@@ -1759,7 +1759,8 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
                        device_.ordinal(), trimmed.status().message());
     }
   }
-  // Timed on its own: in backward a create can wait many milliseconds behind the job's work.
+  // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
+  // may wait 10-16 ms for the job's queued work (docs/performance.md, "Trimming the job's pool").
   const std::uint64_t started = monotonic_ns();
   Result<PhysicalHandle> created = device_.create_physical(bytes, MemoryLocation::device);
   const std::uint64_t took = monotonic_ns() - started;
