@@ -4,6 +4,7 @@
 // - Calls are counted per operation (SimOp), from 1, including the calls that fail.
 // - fail_nth(op, n, code): call number n of `op` fails with `code`.
 // - fail_after(op, n, code): every call of `op` after the first n fails (n = 0: every call).
+// - fail_run(op, first, count, code): calls first .. first + count - 1 of `op` fail.
 // - Rules are checked in the order they were added; the first that matches decides the code.
 // - A failing call changes no state: it returns its error before doing anything (no partial map, no
 //   enqueued copy), as a CUDA call that fails validation would.
@@ -59,6 +60,11 @@ class SimFaultPlan {
   }
   SimFaultPlan& fail_after(SimOp op, std::uint64_t n, ErrorCode code = ErrorCode::device_error) {
     rules_.push_back({op, n + 1, std::numeric_limits<std::uint64_t>::max(), code});
+    return *this;
+  }
+  SimFaultPlan& fail_run(SimOp op, std::uint64_t first, std::uint64_t count,
+                         ErrorCode code = ErrorCode::device_error) {
+    if (count > 0) rules_.push_back({op, first, first + count - 1, code});
     return *this;
   }
 

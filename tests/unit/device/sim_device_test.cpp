@@ -534,6 +534,21 @@ TEST(SimDevice, MappedWithoutAccessFaultsUntilOneGrantCoversWholeMappings) {
   ACTPAGE_EXPECT_OK(device.unreserve(*va, 4 * kGranularity));
 }
 
+TEST(SimDevice, FaultPlanRunFailsExactlyItsCalls) {
+  const SimFaultPlan plan = SimFaultPlan()
+                                .fail_run(SimOp::unmap, 3, 4, ErrorCode::invalid_argument)
+                                .fail_run(SimOp::map, 1, 0, ErrorCode::device_error);  // an empty run
+  for (std::uint64_t call = 1; call <= 9; ++call) {
+    const std::optional<ErrorCode> code = plan.failure_for(SimOp::unmap, call);
+    if (call >= 3 && call <= 6) {
+      EXPECT_EQ(code, ErrorCode::invalid_argument) << "call " << call;
+    } else {
+      EXPECT_FALSE(code.has_value()) << "call " << call;
+    }
+    EXPECT_FALSE(plan.failure_for(SimOp::map, call).has_value()) << "call " << call;
+  }
+}
+
 TEST(SimDevice, FaultPlanFailsTheChosenCallsAndLeavesNoState) {
   SimDevice device(small_config());
   device.set_fault_plan(SimFaultPlan()

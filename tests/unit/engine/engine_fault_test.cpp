@@ -425,9 +425,7 @@ TEST(EngineFault, GrantingAccessFailsTheRangeIsNotUsedAndTheDataStaysRight) {
   FaultRig rig(fault_options());
   rig.step();
   const std::uint64_t next = rig.device.call_count(SimOp::grant_access) + 1;
-  SimFaultPlan plan;
-  for (std::uint64_t k = 0; k < 8; ++k) plan.fail_nth(SimOp::grant_access, next + k, ErrorCode::device_error);
-  rig.device.set_fault_plan(plan);
+  rig.device.set_fault_plan(SimFaultPlan().fail_run(SimOp::grant_access, next, 8, ErrorCode::device_error));
   rig.step();
   rig.step();
   rig.device.set_fault_plan({});
@@ -446,9 +444,7 @@ TEST(EngineFault, UnmappingFailsTheDataStaysRightAndThePagesStayMapped) {
   // The job's own allocator unmaps too (its temporaries): fail a run of calls so that some are
   // the engine's.
   const std::uint64_t next = rig.device.call_count(SimOp::unmap) + 1;
-  SimFaultPlan plan;
-  for (std::uint64_t k = 0; k < 6; ++k) plan.fail_nth(SimOp::unmap, next + k, ErrorCode::device_error);
-  rig.device.set_fault_plan(plan);
+  rig.device.set_fault_plan(SimFaultPlan().fail_run(SimOp::unmap, next, 6, ErrorCode::device_error));
   rig.step();
   rig.device.set_fault_plan({});
   rig.step();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -48,6 +49,11 @@ struct Rig {
     (void)device.destroy_stream(stream);
   }
   std::uint64_t device_bytes_in_use() { return device.stats().device_resident_bytes; }
+  // Total minus free from mem_info(): also counts the job's pool (SimDevice::set_job_pool).
+  std::uint64_t device_used_as_mem_info_shows() {
+    auto info = device.mem_info();
+    return info.ok() ? info->total_bytes - info->free_bytes : 0;
+  }
 
   SimDevice device;
   Engine engine;
@@ -92,8 +98,10 @@ Forward run_forward(SimJob& job, int layers, int per_module, std::size_t bytes) 
   return forward;
 }
 
-// Backward on another thread, as autograd does: markers for layer then modules, in reverse.
-void run_backward(SimJob& job, Forward& forward, int layers) {
+// Backward on another thread, as autograd does: markers for layer then modules, in reverse. Each
+// module's saved tensors are read, then `after_reads` runs (its reloads are then mapped), then they
+// are freed.
+void run_backward(SimJob& job, Forward& forward, int layers, const std::function<void()>& after_reads = {}) {
   std::thread autograd([&] {
     for (int layer = layers; layer-- > 0;) {
       const std::string layer_name = "model.layers." + std::to_string(layer);
@@ -101,10 +109,9 @@ void run_backward(SimJob& job, Forward& forward, int layers) {
       for (const char* module : {"mlp", "attn"}) {
         const std::string name = layer_name + "." + module;
         job.marker(name + ".backward");
-        for (const Tensor& tensor : forward.saved[name]) {
-          job.check(tensor);
-          job.free(tensor);
-        }
+        for (const Tensor& tensor : forward.saved[name]) job.check(tensor);
+        if (after_reads) after_reads();
+        for (const Tensor& tensor : forward.saved[name]) job.free(tensor);
       }
     }
   });
@@ -558,28 +565,13 @@ TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
 }
 
 // Backward as run_backward, sampling device memory in use once each module's reloads are mapped
-// (after its checks ran, before its frees): the largest sample.
+// (after its reads ran, before its frees): the largest sample.
 std::uint64_t run_backward_sampling_peak(Rig& rig, Forward& forward, int layers) {
-  auto used = [&] {
-    auto info = rig.device.mem_info();
-    return info.ok() ? info->total_bytes - info->free_bytes : 0;
-  };
-  std::uint64_t peak = used();
-  std::thread autograd([&] {
-    for (int layer = layers; layer-- > 0;) {
-      const std::string layer_name = "model.layers." + std::to_string(layer);
-      rig.job->marker(layer_name + ".backward");
-      for (const char* module : {"mlp", "attn"}) {
-        const std::string name = layer_name + "." + module;
-        rig.job->marker(name + ".backward");
-        for (const Tensor& tensor : forward.saved[name]) rig.job->check(tensor);
-        rig.device.synchronize();
-        peak = std::max(peak, used());
-        for (const Tensor& tensor : forward.saved[name]) rig.job->free(tensor);
-      }
-    }
+  std::uint64_t peak = rig.device_used_as_mem_info_shows();
+  run_backward(*rig.job, forward, layers, [&] {
+    rig.device.synchronize();
+    peak = std::max(peak, rig.device_used_as_mem_info_shows());
   });
-  autograd.join();
   return peak;
 }
 
@@ -594,9 +586,7 @@ TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
     rig.device.set_job_pool(kGiB, 256 * kMiB);
     Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
     rig.engine.quiesce();
-    auto info = rig.device.mem_info();
-    ASSERT_TRUE(info.ok());
-    const std::uint64_t at_backward = info->total_bytes - info->free_bytes;
+    const std::uint64_t at_backward = rig.device_used_as_mem_info_shows();
     const std::uint64_t peak = run_backward_sampling_peak(rig, forward, 4);
     rig.engine.quiesce();
     rig.device.synchronize();
@@ -623,18 +613,22 @@ TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
 }
 
 TEST(Engine, APoolWithNothingUnusedOrATrimThatFailsLeavesReloadsWhole) {
+  // 3 layers, every offload done before backward: each of the 6 comes back through a reload.
+  auto every_offload_done_then_backward = [](Rig& rig) {
+    Forward forward = run_forward(*rig.job, 3, 2, 3 * kMiB);
+    rig.engine.quiesce();
+    run_backward(*rig.job, forward, 3);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    return rig.engine.stats();
+  };
   Options options = testing::small_offload_options();
   options.vmm_cache_bytes = 0;
   options.vmm_trim_job_pool = true;
   {
     Rig rig(options);
     rig.device.set_job_pool(512 * kMiB, 512 * kMiB);  // all in use: nothing to give back
-    Forward forward = run_forward(*rig.job, 3, 2, 3 * kMiB);
-    rig.engine.quiesce();  // every offload done: each of the 6 comes back through a reload
-    run_backward(*rig.job, forward, 3);
-    rig.engine.quiesce();
-    rig.device.synchronize();
-    const EngineStats stats = rig.engine.stats();
+    const EngineStats stats = every_offload_done_then_backward(rig);
     EXPECT_EQ(stats.reloads_completed, 6u);
     EXPECT_GE(stats.pool_trims, 1u);  // asked, and answered with nothing
     EXPECT_EQ(stats.pool_trimmed_bytes, 0u);
@@ -646,12 +640,7 @@ TEST(Engine, APoolWithNothingUnusedOrATrimThatFailsLeavesReloadsWhole) {
     Rig rig(options);
     rig.device.set_job_pool(512 * kMiB, 0);
     rig.device.set_fault_plan(device::SimFaultPlan().fail_nth(device::SimOp::trim_pool, 1));
-    Forward forward = run_forward(*rig.job, 3, 2, 3 * kMiB);
-    rig.engine.quiesce();  // every offload done: each of the 6 comes back through a reload
-    run_backward(*rig.job, forward, 3);
-    rig.engine.quiesce();
-    rig.device.synchronize();
-    const EngineStats stats = rig.engine.stats();
+    const EngineStats stats = every_offload_done_then_backward(rig);
     // The first trim failed: no other was tried, every reload still came back intact.
     EXPECT_EQ(rig.device.call_count(device::SimOp::trim_pool), 1u);
     EXPECT_EQ(stats.pool_trims, 0u);
