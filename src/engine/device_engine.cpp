@@ -710,6 +710,22 @@ void DeviceEngine::backward_begins() {
   }
   // The memory saved counts now: give back what is copied without waiting for a batch to fill.
   if (!unmap_ready_.empty()) offload_cv_.notify_all();
+  if (options_.prefetch_at_backward_start) prefetch_at_backward_start();
+}
+
+void DeviceEngine::prefetch_at_backward_start() {
+  // Backward reads the last offloaded groups first. Asked for only when backward reached them, their
+  // reloads began late and the job's stream waited for their copies. Their reloads start now; the
+  // copies run while backward computes the layers that were kept. With groups of several forward
+  // passes (a pipeline's micro-batches) which pass backward reads first is not known here: the
+  // markers ask for it.
+  std::uint64_t pass = 0;
+  for (const auto& [id, group] : groups_) {
+    if (group->forward_pass == 0) continue;
+    if (pass != 0 && group->forward_pass != pass) return;
+    pass = group->forward_pass;
+  }
+  prefetch_before(forward_order_.size(), pass);
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -835,6 +851,23 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
 
 std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
   auto range = cache_.take(mapped_bytes);
+  stats_.cached_bytes = cache_.bytes();
+  return range;
+}
+
+std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached_for_reload(std::size_t mapped_bytes) {
+  if (options_.vmm_reload_waits_for_frees) return take_cached(mapped_bytes);
+  // In backward the device runs 10-15 ms behind the job's thread: a range the job has just freed is
+  // free on the device only that much later, and waiting for it held up every reload queued behind
+  // this one while the job's thread stalled on them. Such a range stays for a later reload.
+  auto frees_done = [&](const CachedRange& range) {
+    for (const FreePoint& point : range.free_points) {
+      if (!device_.query_event(point.event).ok()) return false;  // not yet, or unknown: not usable
+    }
+    return true;
+  };
+  auto range = cache_.take_if(mapped_bytes, frees_done);
+  if (!range && cache_.has(mapped_bytes)) ++stats_.reload_busy_skips;
   stats_.cached_bytes = cache_.bytes();
   return range;
 }
@@ -1129,7 +1162,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   }
   allocation.state = PageState::reloading;
   ++reload_preparing_;
-  std::optional<CachedRange> recycled = take_cached(bytes);
+  std::optional<CachedRange> recycled = take_cached_for_reload(bytes);
   lock.unlock();
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;
@@ -1793,9 +1826,10 @@ void DeviceEngine::reload_worker() {
       allocation->state = PageState::reloading;  // no one else touches it meanwhile
       const DevPtr va = window.va;
       const std::size_t bytes = window.bytes;
-      // Pages the job freed in this backward are the first choice: no new memory while backward
-      // gives memory back (the job's own allocator cannot reuse what sits in our cache).
-      std::optional<CachedRange> recycled = take_cached(bytes);
+      // Pages the job freed in this backward are the first choice, once the device has run their
+      // frees: no new memory while backward gives memory back (the job's own allocator cannot
+      // reuse what sits in our cache).
+      std::optional<CachedRange> recycled = take_cached_for_reload(bytes);
       lock.unlock();
       const std::uint64_t started = monotonic_ns();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};

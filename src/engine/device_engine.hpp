@@ -152,6 +152,7 @@ class DeviceEngine {
   // Requests the groups before `position` in forward order; with a forward pass id, only that
   // forward call's (and unknown ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
+  void prefetch_at_backward_start();  // prefetch.at_backward_start
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
@@ -184,6 +185,9 @@ class DeviceEngine {
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
   std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
+  // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
+  // the device has run (the reload worker must not wait for the job's queued work).
+  std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
   void put_cached(const CachedRange& range);
   // The sizes the next allocations are expected to ask for: the rest of the last iteration's
   // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.

@@ -23,6 +23,8 @@ namespace actpage::engine {
 //     reload created pages (vmm.trim_job_pool), the bytes its reserve fell by, the time they took
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
 //     time those cuMemCreate calls took
+//   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
+//     the device had not run yet (vmm.reload_waits_for_frees false: waiting for it held reloads up)
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -54,6 +56,7 @@ namespace actpage::engine {
   X(ranges_mapped_ahead) \
   X(reload_creates) \
   X(reload_create_ns) \
+  X(reload_busy_skips) \
   X(pool_trims) \
   X(pool_trimmed_bytes) \
   X(pool_trim_ns) \

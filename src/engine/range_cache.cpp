@@ -6,20 +6,26 @@ namespace {
 
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
 // expert batches vary a little.
-template <class Ranges>
-auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
+template <class Ranges, class Usable>
+auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable) {
   auto best = ranges.end();
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
     if (it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) continue;
-    if (best == ranges.end() || it->mapped_bytes < best->mapped_bytes) best = it;
+    if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
+    if (!usable(*it)) continue;
+    best = it;
     if (best->mapped_bytes == mapped_bytes) break;
   }
   return best;
 }
 
+constexpr auto kAny = [](const RangeCache::Range&) { return true; };
+
 }  // namespace
 
-bool RangeCache::has(std::size_t mapped_bytes) const { return best_fit(ranges_, mapped_bytes) != ranges_.end(); }
+bool RangeCache::has(std::size_t mapped_bytes) const {
+  return best_fit(ranges_, mapped_bytes, kAny) != ranges_.end();
+}
 
 std::vector<std::size_t> RangeCache::sizes() const {
   std::vector<std::size_t> out;
@@ -28,8 +34,11 @@ std::vector<std::size_t> RangeCache::sizes() const {
   return out;
 }
 
-std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
-  auto best = best_fit(ranges_, mapped_bytes);
+std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) { return take_if(mapped_bytes, kAny); }
+
+std::optional<RangeCache::Range> RangeCache::take_if(std::size_t mapped_bytes,
+                                                     const std::function<bool(const Range&)>& usable) {
+  auto best = best_fit(ranges_, mapped_bytes, usable);
   if (best == ranges_.end()) return std::nullopt;
   Range range = *best;
   ranges_.erase(best);

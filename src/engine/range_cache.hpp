@@ -2,7 +2,8 @@
 // loop makes no VMM call on the job's thread.
 //
 // Contract (a plain data structure; the DeviceEngine serialises access and makes the device calls):
-// - take(bytes) returns a cached range of at least `bytes` and at most 1/8 more (best fit), or none.
+// - take(bytes) returns a cached range of at least `bytes` and at most 1/8 more (best fit), or none;
+//   take_if(bytes, usable) the same among the ranges `usable` accepts.
 // - A range put back after frees carries their stream points (events); whoever reuses it orders
 //   after those points (rule 5 of docs/engine.md).
 // - How much to keep is decided by *demand*: the sizes the next allocations are expected to ask
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -40,6 +42,8 @@ class RangeCache {
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
   std::optional<Range> take(std::size_t mapped_bytes);
+  // The best fit among the ranges `usable` accepts (a reload takes only ranges whose frees have run).
+  std::optional<Range> take_if(std::size_t mapped_bytes, const std::function<bool(const Range&)>& usable);
   bool has(std::size_t mapped_bytes) const;  // whether take(mapped_bytes) would find a range
   std::vector<std::size_t> sizes() const;     // of every range held
   void put(const Range& range);

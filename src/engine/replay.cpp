@@ -736,6 +736,10 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   // simulated device does not reproduce: the replay leaves them out, so its job-thread maps are
   // what the job would make without them (an upper bound) and its peak does not move with them.
   replay_options_copy.vmm_map_ahead = false;
+  // Whether a reload finds a cached range's frees already run on the simulated device depends on
+  // its stream threads, not on the trace: the replay takes such ranges and waits for their frees
+  // (vmm.reload_waits_for_frees), so it is the same every run and its reload maps an upper bound.
+  replay_options_copy.vmm_reload_waits_for_frees = true;
   Engine engine(replay_options_copy, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   engine.set_wait_for_host_memory(true);
   ranges::set_listener(&engine);

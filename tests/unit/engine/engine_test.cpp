@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine/engine.hpp"
+#include "engine/forward_pass.hpp"
 #include "sim_job.hpp"
 
 namespace actpage::engine {
@@ -651,6 +652,117 @@ TEST(Engine, APoolWithNothingUnusedOrATrimThatFailsLeavesReloadsWhole) {
     EXPECT_EQ(rig.job->failed(), 0u);
     EXPECT_EQ(rig.device.fault_count(), 0u);
   }
+}
+
+TEST(Engine, AReloadDoesNotWaitForPagesWhoseFreeTheDeviceHasNotRun) {
+  // Two layers offloaded. Backward reloads layer 1, reads and frees it while the job's stream is
+  // held (the device has not reached the free: in a real backward it runs 10-15 ms behind the job's
+  // thread), then reaches layer 0. Waiting for layer 1's pages would hold layer 0's reload until the
+  // stream moves on; by default the reload takes fresh pages and the freed range stays cached.
+  for (bool waits : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_reload_waits_for_frees = waits;
+    options.prefetch_ahead_bytes = 0;  // each layer's reload is asked for by its own marker
+    options.vmm_trim_job_pool = false;
+    Rig rig(options);
+    Forward forward = run_forward(*rig.job, 2, 1, 4 * kMiB);
+    rig.engine.quiesce();
+    ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 2 * 4 * kMiB) << "waits " << waits;
+    const std::vector<Tensor>& layer1 = forward.saved["model.layers.1.mlp"];
+    const std::vector<Tensor>& layer0 = forward.saved["model.layers.0.mlp"];
+    GateHandle gate{};
+    std::thread autograd([&] {
+      rig.job->marker("model.layers.1.mlp.backward");
+      for (const Tensor& tensor : layer1) rig.job->check(tensor);
+      rig.engine.quiesce();  // layer 1's reload is done and its pages are the job's again
+      auto held = rig.device.hold_stream(rig.stream);
+      ASSERT_TRUE(held.ok());
+      gate = *held;
+      for (const Tensor& tensor : layer1) rig.job->free(tensor);  // a free behind the gate
+      std::thread opener;
+      if (waits) {
+        // The reload waits for the free: let the stream move on a little later.
+        opener = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          (void)rig.device.release_stream(gate);
+        });
+      }
+      rig.job->marker("model.layers.0.mlp.backward");  // returns once layer 0's reload is issued
+      const EngineStats issued = rig.engine.stats();
+      if (waits) {
+        opener.join();
+        EXPECT_EQ(issued.reload_creates, 1u);  // layer 0 reused layer 1's pages, after the free ran
+        EXPECT_EQ(issued.reload_busy_skips, 0u);
+      } else {
+        // Issued while the stream is still held: fresh pages, layer 1's range left in the cache.
+        EXPECT_EQ(issued.reload_creates, 2u);
+        EXPECT_EQ(issued.reload_busy_skips, 1u);
+        EXPECT_GE(issued.cached_bytes, 4 * kMiB);
+        EXPECT_TRUE(rig.device.release_stream(gate).ok());
+      }
+      for (const Tensor& tensor : layer0) rig.job->check(tensor);
+      for (const Tensor& tensor : layer0) rig.job->free(tensor);
+    });
+    autograd.join();
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.reloads_completed, 2u) << "waits " << waits;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "waits " << waits;
+    EXPECT_EQ(rig.job->failed(), 0u) << "waits " << waits;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  }
+}
+
+TEST(Engine, BackwardStartBringsTheLastOffloadedLayersBackAtOnce) {
+  // 4 layers x 2 MLP activations of 3 MiB, all offloaded. The first backward marker names no
+  // offloaded module: with prefetch.at_backward_start the last layer's two (within the 8 MiB
+  // prefetch budget) come back at once; without, nothing until a marker asks.
+  for (bool at_start : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.prefetch_at_backward_start = at_start;
+    options.prefetch_ahead_bytes = 8 * kMiB;
+    Rig rig(options);
+    Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+    rig.engine.quiesce();
+    ASSERT_EQ(rig.engine.stats().offloads_completed, 8u);
+    std::thread([&] { rig.job->marker("model.backward"); }).join();
+    rig.engine.quiesce();
+    EXPECT_EQ(rig.engine.stats().reloads_completed, at_start ? 2u : 0u) << "at_start " << at_start;
+    EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, (at_start ? 6u : 8u) * 4 * kMiB) << "at_start " << at_start;
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    EXPECT_EQ(rig.engine.stats().reloads_completed, 8u) << "at_start " << at_start;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "at_start " << at_start;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "at_start " << at_start;
+  }
+}
+
+TEST(Engine, BackwardStartPrefetchesNothingWhenSeveralForwardPassesAreOffloaded) {
+  // Two micro-batches' forward passes offloaded (a pipeline stage): which one backward reads first
+  // is for the markers to say.
+  Options options = testing::small_offload_options();
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  Rig rig(options);
+  (void)forward_pass::begin();
+  Forward first = run_forward(*rig.job, 2, 1, 2 * kMiB);
+  (void)forward_pass::begin();
+  Forward second = run_forward(*rig.job, 2, 1, 2 * kMiB);
+  rig.engine.quiesce();
+  ASSERT_EQ(rig.engine.stats().offloads_completed, 4u);
+  std::thread([&] { rig.job->marker("model.backward"); }).join();
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 0u);
+  EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 4 * 2 * kMiB);
+  for (Forward* forward : {&first, &second}) {
+    for (auto& [name, tensors] : forward->saved) {
+      for (const Tensor& tensor : tensors) rig.job->free(tensor);
+    }
+  }
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().dropped_offloaded, 4u);
+  EXPECT_EQ(rig.engine.stats().live_owned_bytes, 0u);
 }
 
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
