@@ -744,6 +744,7 @@ TEST(Engine, BackwardStartPrefetchesNothingWhenSeveralForwardPassesAreOffloaded)
   // is for the markers to say.
   Options options = testing::small_offload_options();
   options.prefetch_ahead_bytes = 64 * kMiB;
+  options.prefetch_at_backward_start = true;
   Rig rig(options);
   (void)forward_pass::begin();
   Forward first = run_forward(*rig.job, 2, 1, 2 * kMiB);

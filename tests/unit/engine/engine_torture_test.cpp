@@ -71,6 +71,9 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.vmm_grant_when_idle = pick(0, 1) == 1;
   options.copy_chunk_bytes = pick(0, 2) == 0 ? 0 : pick(1, 8) * (small ? 64 * kKiB : kMiB);
   options.vmm_map_ahead = pick(0, 1) == 1;
+  options.vmm_reload_waits_for_frees = pick(0, 1) == 1;
+  options.prefetch_at_backward_start = pick(0, 1) == 1;
+  options.vmm_trim_job_pool = pick(0, 1) == 1;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
@@ -86,6 +89,11 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   config.capacity_bytes = 16ull << 30;
   if (small) config.granularity = 64 * kKiB;
   SimDevice device(config);
+  // The job's own pool, partly unused, for the reloads' trims to give back (vmm.trim_job_pool).
+  if (options.vmm_trim_job_pool) {
+    const std::uint64_t reserved = pick(0, 64) * kMiB;
+    device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
+  }
   Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   ranges::set_listener(&engine);
   StreamHandle stream = *device.create_stream(0);
@@ -223,6 +231,11 @@ TortureTotals run_threaded_case(std::uint64_t seed) {
   config.capacity_bytes = 16ull << 30;
   config.granularity = 64 * kKiB;
   SimDevice device(config);
+  // The job's own pool, partly unused, for the reloads' trims to give back (vmm.trim_job_pool).
+  if (options.vmm_trim_job_pool) {
+    const std::uint64_t reserved = pick(0, 64) * kMiB;
+    device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
+  }
   Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   ranges::set_listener(&engine);
 
