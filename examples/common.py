@@ -81,6 +81,10 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--result-json", default=None, help="also write the result to this file")
     group.add_argument("--profile-step", type=int, default=None,
                        help="profile this step with torch.profiler and add a GPU-time summary to the result")
+    group.add_argument("--alternate-actpage", action="store_true",
+                       help="under actpage run: pause what actpage records (module ranges, allocation "
+                            "records) every other step, in pairs ordered ABBA, and report the step-time ratio "
+                            "recorded/paused of each pair: actpage's cost measured inside one process")
     return parser
 
 
@@ -564,6 +568,42 @@ def actpage_status():
     return {"loaded": True, "active": bool(active())}
 
 
+def alternate_recorded(step, warmup):
+    """--alternate-actpage: whether actpage records during `step`. Warm-up steps alternate; measured
+    steps come in pairs, ordered recorded-paused, paused-recorded, ... (ABBA), so that a drift
+    within the run favours neither."""
+    if step < warmup:
+        return step % 2 == 0
+    index = step - warmup
+    first_recorded = (index // 2) % 2 == 0
+    return first_recorded if index % 2 == 0 else not first_recorded
+
+
+def alternate_summary(step_ms, recorded, warmup):
+    """The pairs of measured steps (see alternate_recorded): each pair's ratio recorded/paused, their
+    median with a 95% bootstrap interval (compare_runs' method), and each side's median step."""
+    pairs = []
+    for first in range(warmup, len(step_ms) - 1, 2):
+        a, b = step_ms[first], step_ms[first + 1]
+        if recorded[first] == recorded[first + 1]:
+            continue
+        pairs.append((a, b) if recorded[first] else (b, a))
+    summary = {
+        "pairs": len(pairs),
+        "recorded_median_ms": _median([mine for mine, _ in pairs]),
+        "paused_median_ms": _median([theirs for _, theirs in pairs]),
+        "paired_ratio_median": round(statistics.median(m / t for m, t in pairs), 4) if pairs else None,
+        "paired_ratio_ci95": None,
+    }
+    try:
+        from compare_runs import bootstrap_interval, median_of_ratios
+    except ImportError:
+        return summary
+    interval = bootstrap_interval(pairs, median_of_ratios)
+    summary["paired_ratio_ci95"] = None if interval is None else [round(v, 4) for v in interval]
+    return summary
+
+
 def _median(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
     return round(statistics.median(values), 3) if values else None
@@ -684,6 +724,16 @@ def train(job, args, out=None):
         raise SystemExit("--method cuda_graph needs a CUDA device")
 
     losses, step_ms, fwd_ms, bwd_ms = [], [], [], []
+    alternate = bool(getattr(args, "alternate_actpage", False))
+    recorded = []
+    set_paused = None
+    if alternate:
+        if method == "cuda_graph":
+            raise SystemExit("--alternate-actpage needs an eager method, not cuda_graph")
+        try:
+            from actpage_hooks import set_paused
+        except ImportError:
+            raise SystemExit("--alternate-actpage needs the job to run under `actpage run`")
 
     def synchronize():
         if cuda:
@@ -695,6 +745,9 @@ def train(job, args, out=None):
             _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms)
         else:
             for step in range(args.steps):
+                if alternate:
+                    recorded.append(alternate_recorded(step, args.warmup))
+                    set_paused(not recorded[-1])
                 batch = job.make_batch(step)
                 timer = _Timer(torch, cuda)
                 synchronize()
@@ -720,6 +773,8 @@ def train(job, args, out=None):
                 del loss, batch
     finally:
         sampler.stop()
+        if set_paused is not None:
+            set_paused(False)  # the rest of the process records again
 
     warmup = args.warmup
     if method != "cuda_graph" and args.profile_step is not None and args.profile_step < len(step_ms):
@@ -758,6 +813,10 @@ def train(job, args, out=None):
     }
     if offload is not None:
         result["stream_offload"] = offload.stats()
+    if alternate:
+        result["actpage_recorded"] = recorded
+        result["alternate"] = alternate_summary(step_ms, recorded, warmup)
+        result["alternate_fwd"] = alternate_summary(fwd_ms, recorded, warmup)
     emit_result(result, out, args.result_json)
     return result
 

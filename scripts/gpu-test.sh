@@ -18,6 +18,9 @@
 #   observe-paired  observe-only vs plain, step times paired by repetition: the median of the paired
 #            ratios, its 95% bootstrap interval and whether that lies within 1% (issue 4); Qwen3-MoE,
 #            Llama too with OBSERVE_JOBS="qwen llama"; OBSERVE_ALLOCATORS, OBSERVE_REPS (see the stage)
+#   observe-alternate  observe-only cost inside one process: recorded and paused steps alternate
+#            (ABBA pairs, examples/common.py --alternate-actpage); Qwen3-MoE and Llama (OBSERVE_JOBS),
+#            each allocator (OBSERVE_ALLOCATORS, default "async native expandable")
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
 #            where the time and the memory go (docs/performance.md)
@@ -144,6 +147,40 @@ for stage in "$@"; do
           --reps "${OBSERVE_REPS:-8}" --allocators "$paired_allocators_csv" --within 0.01 --timeout 300 \
           --actpage "$actpage" --out "$paired_out" -- env PYTHONHASHSEED=0 taskset -c 2-9 "$python" "${paired_cmd[@]}"
         grep -E '^(\||within )' "$out/observe-paired-$paired_job.log"
+      done
+      ;;
+    observe-alternate)
+      # actpage's observe-only cost inside one process: --alternate-actpage pauses what actpage records
+      # (module ranges, allocation records) every other step, in ABBA pairs, so that the machine's
+      # drift (the CPU-bound Qwen3-MoE step moves 5-10% between and within processes) cancels out.
+      # Per job and allocator: the median of the pairs' ratios recorded/paused and its 95% interval.
+      say "observe-alternate: observe-only cost as recorded/paused step pairs inside one process"
+      for alt_job in ${OBSERVE_JOBS:-qwen llama}; do
+        case $alt_job in
+          qwen) alt_cmd=(examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 66 --warmup 6 --deterministic) ;;
+          llama) alt_cmd=(examples/train_llama.py "${llama[@]}" --layers 8 --steps 46 --warmup 6 --deterministic) ;;
+          *) echo "FAILED: observe-alternate: OBSERVE_JOBS names $alt_job"; failed=1; continue ;;
+        esac
+        for alt_alloc in ${OBSERVE_ALLOCATORS:-async native expandable}; do
+          case $alt_alloc in
+            async) alt_conf=backend:cudaMallocAsync ;;
+            native) alt_conf=backend:native ;;
+            expandable) alt_conf=expandable_segments:True ;;
+            *) alt_conf=$alt_alloc ;;
+          esac
+          name=alt-$alt_job-$alt_alloc
+          PYTORCH_CUDA_ALLOC_CONF=$alt_conf check "$name" "$actpage" run --policy config/observe.json \
+            --trace "$out/$name.trace" -- env PYTHONHASHSEED=0 taskset -c 2-9 "$python" "${alt_cmd[@]}" --alternate-actpage
+          "$python" - "$out/$name.log" "$name" <<'PY'
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("ACTPAGE_RESULT ")][-1]
+r = json.loads(line[len("ACTPAGE_RESULT "):])
+a, f = r["alternate"], r["alternate_fwd"]
+print("%s: step recorded/paused x%s %s over %d pairs (%s / %s ms); forward x%s %s; active %s" % (
+    sys.argv[2], a["paired_ratio_median"], a["paired_ratio_ci95"], a["pairs"], a["recorded_median_ms"],
+    a["paused_median_ms"], f["paired_ratio_median"], f["paired_ratio_ci95"], r["actpage"]["active"]))
+PY
+        done
       done
       ;;
     diagnose-qwen)

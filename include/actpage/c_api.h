@@ -29,6 +29,11 @@ unsigned long long actpage_begin_forward_pass(void);
    call `id` (from actpage_begin_forward_pass): only that call's activations of the module are
    brought back. 0 or never called: all of them. */
 void actpage_set_backward_pass(unsigned long long id);
+/* on = 0 pauses the trace's allocation and VMM records for the whole process, 1 resumes them; returns
+   the previous setting. Routing is unchanged (owned memory still goes to the engine). A measurement
+   switch: examples/common.py --alternate-actpage pauses and resumes it, with the Python hooks,
+   between training steps. */
+int actpage_set_recording(int on);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,8 @@ Public functions, for jobs and tests:
   set_range_functions(push, pop)                       replaces torch.cuda.nvtx.range_push/pop, e.g.
                                                        with a recorder; None restores them
   module_name(module)                                  the name the hooks use for a module
+  set_paused(paused)                                   pauses/resumes the ranges and the library's
+                                                       allocation records (measurements)
 """
 
 import threading
@@ -22,7 +24,7 @@ import threading
 from . import _log, _mode
 
 __all__ = ["install", "uninstall", "installed", "install_import_hook", "on_torch_imported",
-           "set_range_functions", "module_name", "resolve_mode"]
+           "set_range_functions", "module_name", "resolve_mode", "set_paused"]
 
 _lock = threading.RLock()
 _installed = None
@@ -94,6 +96,26 @@ def module_name(module):
     """The range name the hooks give `module` (names its tree if needed); None when not installed."""
     hooks = _installed
     return hooks.name_of(module) if hooks is not None else None
+
+
+def set_paused(paused, set_recording=None):
+    """Pauses (True) or resumes (False) what actpage records, to measure its cost inside one process
+    (examples/common.py --alternate-actpage): the module hooks push no new ranges and libactpage.so
+    writes no allocation records (actpage_set_recording); memory is routed as before. Call between
+    training steps: a forward pass in progress keeps the ranges it pushed, and a step's backward
+    markers come from its forward. set_recording stands in for the library's function (tests).
+    Returns True when there was something to pause: hooks installed or the library loaded."""
+    import ctypes
+
+    with _lock:
+        hooks = _installed
+        if hooks is not None:
+            hooks.paused = bool(paused)
+        if set_recording is None:
+            set_recording = _mode._process_symbol("actpage_set_recording", ctypes.c_int, [ctypes.c_int])
+        if set_recording is not None:
+            set_recording(0 if paused else 1)
+        return hooks is not None or set_recording is not None
 
 
 def on_torch_imported(torch_module=None):

@@ -153,6 +153,7 @@ class ModuleHooks:
         self._local = threading.local()
         self._handles = []
         self.active = False
+        self.paused = False  # set_paused(): no new ranges until resumed (a measurement switch)
         self.decided = False
         self.pushing = False
         self.disabled_reason = None
@@ -317,7 +318,7 @@ class ModuleHooks:
 
     # ---- the hooks ----------------------------------------------------------------------------
     def _pre_hook(self, module, args):
-        if not self.active:
+        if not self.active or self.paused:
             return None
         try:
             if not self.decided:

@@ -18,6 +18,10 @@ class EventSink {
   virtual void vmm_call(const trace::VmmPayload& record) noexcept = 0;
 };
 
+// Pauses (false) or resumes (true) the allocation and VMM records of TraceEventSink, for the whole
+// process; returns the previous setting. Only the records stop: calls are routed as before.
+bool set_recording(bool on) noexcept;
+
 // Writes into the process's trace writer (trace::active()) while one is open; drops records otherwise.
 class TraceEventSink final : public EventSink {
  public:

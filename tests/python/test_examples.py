@@ -98,6 +98,31 @@ class TrainingLoopTest(unittest.TestCase):
         self.assertEqual(parsed["config"], {"width": 16})
         self.assertEqual(common.parse_result_lines("noise\n" + text + "more noise\n"), [parsed])
 
+    def test_alternating_actpage_pairs_the_measured_steps_and_changes_no_loss(self):
+        plain, _ = run_job("--steps", "9")
+        alternated, _ = run_job("--steps", "9", "--alternate-actpage")
+        self.assertEqual(alternated["losses"], plain["losses"])
+        # Warm-up step 0 recorded; then the pairs (1, 2), (3, 4), ... ordered ABBA.
+        self.assertEqual(alternated["actpage_recorded"], [True, True, False, False, True, True, False, False, True])
+        summary = alternated["alternate"]
+        self.assertEqual(summary["pairs"], 4)
+        steps = alternated["step_ms"]
+        ratios = [steps[1] / steps[2], steps[4] / steps[3], steps[5] / steps[6], steps[8] / steps[7]]
+        self.assertAlmostEqual(summary["paired_ratio_median"], round(sorted(ratios)[1] / 2 + sorted(ratios)[2] / 2, 4),
+                               places=3)
+        self.assertNotIn("alternate", plain)
+
+    def test_alternate_summary_of_known_steps(self):
+        recorded = [common.alternate_recorded(step, 2) for step in range(12)]
+        self.assertEqual(recorded, [True, False, True, False, False, True, True, False, False, True, True, False])
+        steps = [50.0, 50.0] + [110.0 if r else 100.0 for r in recorded[2:]]
+        summary = common.alternate_summary(steps, recorded, 2)
+        self.assertEqual(summary["pairs"], 5)
+        self.assertEqual(summary["paired_ratio_median"], 1.1)
+        self.assertEqual(summary["recorded_median_ms"], 110.0)
+        self.assertEqual(summary["paused_median_ms"], 100.0)
+        self.assertEqual(summary["paired_ratio_ci95"], [1.1, 1.1])
+
     def test_profiling_a_step_adds_a_summary_and_changes_no_loss(self):
         plain, _ = run_job()
         profiled, _ = run_job("--profile-step", "2")

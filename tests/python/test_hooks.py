@@ -130,6 +130,41 @@ class NamesTest(HookTestCase):
         self.assertIsNone(ref())
 
 
+class PauseTest(HookTestCase):
+    def test_paused_hooks_push_nothing_and_the_library_is_told(self):
+        model = Tiny()
+        told = []
+        x = self.input()
+        model(x).sum().backward()
+        recorded = list(self.rec.events)
+        self.assertIn(("push", "layers.0.mlp"), recorded)
+        self.rec.clear()
+        self.assertTrue(actpage_hooks.set_paused(True, set_recording=told.append))
+        paused_loss = model(x).sum()
+        paused_loss.backward()
+        self.assertEqual(self.rec.events, [])  # no range, no backward marker
+        self.assertEqual(told, [0])
+        self.assertTrue(actpage_hooks.set_paused(False, set_recording=told.append))
+        model(x).sum().backward()
+        self.assertEqual(self.rec.events, recorded)  # the same ranges as before the pause
+        self.assertEqual(told, [0, 1])
+
+    def test_pausing_changes_no_result(self):
+        torch.manual_seed(1)
+        model = Tiny()
+        x = self.input()
+        plain = model(x)
+        actpage_hooks.set_paused(True, set_recording=lambda on: None)
+        paused = model(x)
+        actpage_hooks.set_paused(False, set_recording=lambda on: None)
+        self.assertTrue(torch.equal(plain, paused))
+
+    def test_without_hooks_or_library_there_is_nothing_to_pause(self):
+        actpage_hooks.uninstall()
+        self.assertFalse(actpage_hooks.set_paused(True))  # no libactpage.so in this process
+        actpage_hooks.set_paused(False)
+
+
 class BalanceTest(HookTestCase):
     def test_every_push_is_popped_with_the_right_nesting(self):
         model = Tiny()

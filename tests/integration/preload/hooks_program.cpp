@@ -534,6 +534,21 @@ int main(int argc, char** argv) {
                                    std::to_string(hooks_mode != nullptr ? hooks_mode() : -1) + " " +
                                    (allocated ? "allocated" : "failed"));
   }
+  if (mode == "paused" && argc == 3) {
+    // 1 MiB recorded, 2 MiB while recording is paused, 3 MiB after it resumed: each allocated and
+    // freed. Writes what actpage_set_recording returned (the previous settings) and the frees' results.
+    auto set_recording = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "actpage_set_recording"));
+    if (set_recording == nullptr) return write_text(argv[2], "no actpage_set_recording");
+    std::string text;
+    for (std::size_t mib : {1, 2, 3}) {
+      if (mib == 2) text += std::to_string(set_recording(0)) + " ";
+      if (mib == 3) text += std::to_string(set_recording(1)) + " ";
+      void* p = nullptr;
+      if (cudaMallocAsync(&p, mib << 20, nullptr) != cudaSuccess) return 1;
+      text += cudaFreeAsync(p, nullptr) == cudaSuccess ? "freed " : "failed ";
+    }
+    return write_text(argv[2], text);
+  }
   if (mode == "loop" && argc == 3) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::atof(argv[2]));
     for (long round = 0; std::chrono::steady_clock::now() < end; ++round) {
@@ -552,7 +567,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: %s calls MANIFEST preloaded|plain | fork PARENT CHILD | env OUTPUT | active OUTPUT | loop SECONDS\n",
+               "usage: %s calls MANIFEST preloaded|plain | fork PARENT CHILD | env OUTPUT | active OUTPUT | paused OUTPUT | "
+               "loop SECONDS\n",
                argv[0]);
   return 2;
 }

@@ -164,7 +164,7 @@ TEST_F(PreloadTest, TheLibraryExportsOnlyTheHooksAndNeedsNoThirdPartyLibrary) {
     }
   }
   for (const char* name : {"InitializeInjectionNvtx2", "actpage_api_version", "actpage_is_active",
-                           "actpage_python_hooks_mode", "actpage_flush_trace"}) {
+                           "actpage_python_hooks_mode", "actpage_flush_trace", "actpage_set_recording"}) {
     EXPECT_TRUE(exported.count(name)) << name;
   }
 }
@@ -279,6 +279,21 @@ TEST_F(PreloadTest, ADisabledLibraryPassesEverythingThroughAndWritesNothing) {
   const fs::path env_output = dir_ / "env.txt";
   ASSERT_EQ(run(dir_, {kProgram.string(), "env", env_output.string()}, env).code, 0);
   EXPECT_EQ(read_text(env_output), "<unset>");
+}
+
+TEST_F(PreloadTest, PausedRecordingLeavesAllocationsOutOfTheTraceAndStillPassesThem) {
+  const fs::path output = dir_ / "paused.txt";
+  const Outcome outcome = run(dir_, {kProgram.string(), "paused", output.string()}, preloaded_env());
+  ASSERT_EQ(outcome.code, 0) << outcome.err;
+  // set_recording(0) found recording on, set_recording(1) found it off; every free succeeded.
+  EXPECT_EQ(read_text(output), "freed 1 freed 0 freed ");
+  const std::vector<fs::path> traces = trace_files_in(dir_);
+  ASSERT_EQ(traces.size(), 1u);
+  const trace::TraceFile file = read_trace(traces[0]);
+  std::vector<std::uint64_t> allocated;
+  for (const auto& record : file.allocs) allocated.push_back(record.data.bytes);
+  EXPECT_EQ(allocated, (std::vector<std::uint64_t>{1u << 20, 3u << 20}));
+  EXPECT_EQ(file.frees.size(), 2u);
 }
 
 TEST_F(PreloadTest, WithoutADriverTheLibraryStaysInertAndSaysWhyOnce) {
