@@ -370,9 +370,14 @@ PY
       done
       ;;
     hookbench)
-      say "hookbench: the Python hooks' own cost per module call on this host (torch on the CPU)"
+      say "hookbench: the Python hooks' own cost per module call on this host (torch on the CPU), and an NVTX range's"
       check hookbench "$python" bench/python/hooks_overhead.py
       cat "$out/hookbench.log"
+      check nvtxbench-plain "$python" bench/python/nvtx_overhead.py
+      check nvtxbench-actpage "$actpage" run --policy config/observe.json --trace "$out/nvtxbench.trace" -- \
+        "$python" bench/python/nvtx_overhead.py
+      echo "plain: $(tail -n 1 "$out/nvtxbench-plain.log")"
+      echo "under actpage run: $(tail -n 1 "$out/nvtxbench-actpage.log")"
       ;;
     demo)
       say "demo: the observe-only trace examples/ ships"
