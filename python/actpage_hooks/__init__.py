@@ -42,7 +42,7 @@ def installed():
 
 
 def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, scope=None,
-            pass_functions=None):
+            pass_functions=None, backward=None):
     """Registers the global module hooks (idempotent; imports torch).
 
     mode: 'auto' or 'on' (default: resolve_mode(); 'off' installs nothing and returns None).
@@ -53,6 +53,9 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
     ACTPAGE_PYTHON_HOOKS_SCOPE, else 'blocks'); see _hooks.ModuleHooks.
     pass_functions: (begin_forward_pass, set_backward_pass) standing in for the library's
     (default: libactpage.so's when it is loaded, else none).
+    backward: 'layers' or 'hooked' (default: the library's python_hooks_backward, else
+    ACTPAGE_PYTHON_HOOKS_BACKWARD, else 'layers'): which hooked modules mark their backward pass in
+    blocks scope; see _hooks.ModuleHooks.
     """
     global _installed
     with _lock:
@@ -67,11 +70,12 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
         from . import _hooks as hooks_module
 
         scope = _mode.resolve_scope() if scope is None else scope
+        backward = _mode.resolve_backward() if backward is None else backward
         _installed = hooks_module.ModuleHooks(mode, push=push, pop=pop, force=force,
                                               use_node_prehook=use_node_prehook, scope=scope,
                                               rule_matches=_mode.library_rule_matcher(),
-                                              pass_functions=pass_functions).install()
-        _log.debug("installed (mode %s, scope %s)" % (mode, scope))
+                                              pass_functions=pass_functions, backward=backward).install()
+        _log.debug("installed (mode %s, scope %s, backward %s)" % (mode, scope, backward))
         return _installed
 
 

@@ -55,6 +55,8 @@ _real_push, _real_pop = _nvtx_functions()
 # WeakKeyDictionary probe (which builds a weak reference per lookup). The WeakKeyDictionary stays
 # the record of which modules were named.
 _NAME_ATTR = "_actpage_name"
+# Set on a module (to True) whose backward the hooks mark (see ModuleHooks.backward).
+_MARK_ATTR = "_actpage_marks_backward"
 
 
 def _compiling_probe():
@@ -128,7 +130,7 @@ class ModuleHooks:
     """The installed global hooks. One instance per process (see actpage_hooks.install)."""
 
     def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None, scope=None,
-                 rule_matches=None, pass_functions=None):
+                 rule_matches=None, pass_functions=None, backward=None):
         self.mode = mode
         # Forward-call ids for micro-batches (see the module docstring): the library's functions,
         # or a pair of stand-ins (tests).
@@ -137,6 +139,11 @@ class ModuleHooks:
         # and modules a policy rule names get hooks; the other leaves keep torch's fast call path
         # (global hooks would push every module call through the slow one). all: every module.
         self.scope = scope or _mode.BLOCKS
+        # Which hooked modules mark their backward (blocks scope): each marker costs a grad_fn
+        # pre-hook registered in forward and a Python callback in backward, about three quarters of
+        # a hooked call's cost. layers: the root, each repeated layer and every module a policy rule
+        # matches (the engine reloads by the selected module and its layer); hooked: all of them.
+        self.backward = backward or _mode.LAYERS
         self._rule_matches = rule_matches
         self._discovery_handle = None
         self.hooked = weakref.WeakSet()
@@ -225,11 +232,27 @@ class ModuleHooks:
                 unique.append(module)
         return unique
 
+    def marked_modules(self, root):
+        """The ids of the modules of `root`'s tree whose backward the hooks mark with backward
+        'layers': the root, each layer (an entry of a ModuleList, ModuleDict or Sequential) and every
+        module whose name a policy rule matches."""
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+        marked = {id(root)}
+        for module in root.modules():
+            if isinstance(module, containers):
+                marked.update(id(child) for child in module.children())
+            name = module.__dict__.get(_NAME_ATTR)
+            if name is not None and self._rule_matches is not None and self._rule_matches(name):
+                marked.add(id(module))
+        return marked
+
     def _hook_tree(self, root):
+        marked = None if self.backward == _mode.HOOKED else self.marked_modules(root)
         for module in self.selected_modules(root):
             if module in self.hooked:
                 continue
             self.hooked.add(module)
+            module.__dict__[_MARK_ATTR] = marked is None or id(module) in marked
             self._handles.append(module.register_forward_pre_hook(self._pre_hook))
             try:
                 handle = module.register_forward_hook(self._post_hook, always_call=True)
@@ -360,7 +383,7 @@ class ModuleHooks:
                 while len(stack) > index:
                     stack.pop()
                     self._pop()
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and (self.scope == _mode.ALL or module.__dict__.get(_MARK_ATTR)):
                 self._hook_backward(module.__dict__.get(_NAME_ATTR) or type(module).__name__, output)
             if not stack:
                 self._local.nodes = {}

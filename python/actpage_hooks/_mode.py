@@ -17,6 +17,11 @@ BLOCKS = "blocks"
 ALL = "all"
 _LIBRARY_SCOPES = {0: BLOCKS, 1: ALL}
 
+# python_hooks_backward: which hooked modules mark their backward pass (blocks scope).
+LAYERS = "layers"
+HOOKED = "hooked"
+_LIBRARY_BACKWARD = {0: LAYERS, 1: HOOKED}
+
 _LIBRARY_MODES = {0: AUTO, 1: ON, 2: OFF}
 _TRUE_WORDS = ("on", "1", "true", "yes")
 
@@ -63,6 +68,23 @@ def resolve_scope(library=None, environ=None):
         return answer
     environ = os.environ if environ is None else environ
     return ALL if environ.get("ACTPAGE_PYTHON_HOOKS_SCOPE", "").strip().lower() == ALL else BLOCKS
+
+
+def library_backward():
+    """The library's python_hooks_backward as LAYERS/HOOKED, or None when libactpage.so is not loaded."""
+    import ctypes
+
+    query = _process_symbol("actpage_python_hooks_backward", ctypes.c_int, [])
+    return None if query is None else _LIBRARY_BACKWARD.get(int(query()), LAYERS)
+
+
+def resolve_backward(library=None, environ=None):
+    """Which modules mark backward: the library's answer, else ACTPAGE_PYTHON_HOOKS_BACKWARD, else layers."""
+    answer = (library or library_backward)()
+    if answer is not None:
+        return answer
+    environ = os.environ if environ is None else environ
+    return HOOKED if environ.get("ACTPAGE_PYTHON_HOOKS_BACKWARD", "").strip().lower() == HOOKED else LAYERS
 
 
 def library_rule_matcher():

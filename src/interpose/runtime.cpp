@@ -386,6 +386,12 @@ int python_hooks_scope() noexcept {
   return options == nullptr ? static_cast<int>(PythonHooksScope::blocks) : static_cast<int>(options->python_hooks_scope);
 }
 
+int python_hooks_backward() noexcept {
+  const Options* options = loaded_options();
+  return options == nullptr ? static_cast<int>(PythonHooksBackward::layers)
+                            : static_cast<int>(options->python_hooks_backward);
+}
+
 int module_rule_matches(const char* name) noexcept {
   try {
     if (name == nullptr || loaded_options() == nullptr) return 0;

@@ -35,6 +35,8 @@ const Options* loaded_options() noexcept;
 int python_hooks_mode() noexcept;
 // The python_hooks_scope option (0 blocks, 1 all); blocks when the policy failed to load.
 int python_hooks_scope() noexcept;
+// The python_hooks_backward option (0 layers, 1 hooked); layers when the policy failed to load.
+int python_hooks_backward() noexcept;
 // 1 when a module rule (offload or exclusion) matches `name`, 0 when none does or the library is
 // inert: the Python hooks always name such modules.
 int module_rule_matches(const char* name) noexcept;

@@ -44,6 +44,11 @@ struct EnumNames<PythonHooksScope> {
       {{PythonHooksScope::blocks, "blocks"}, {PythonHooksScope::all, "all"}}};
 };
 template <>
+struct EnumNames<PythonHooksBackward> {
+  static constexpr std::array<std::pair<PythonHooksBackward, std::string_view>, 2> values{
+      {{PythonHooksBackward::layers, "layers"}, {PythonHooksBackward::hooked, "hooked"}}};
+};
+template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

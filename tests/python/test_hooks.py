@@ -408,29 +408,59 @@ class ModeTest(unittest.TestCase):
 
 
 
+class OptionResolutionTest(unittest.TestCase):
+    def test_scope_and_backward_come_from_the_library_else_the_environment(self):
+        self.assertEqual(_mode.resolve_scope(library=lambda: _mode.ALL, environ={}), _mode.ALL)
+        self.assertEqual(_mode.resolve_scope(library=lambda: None, environ={"ACTPAGE_PYTHON_HOOKS_SCOPE": "all"}),
+                         _mode.ALL)
+        self.assertEqual(_mode.resolve_scope(library=lambda: None, environ={}), _mode.BLOCKS)
+        self.assertEqual(_mode.resolve_backward(library=lambda: _mode.HOOKED, environ={}), _mode.HOOKED)
+        self.assertEqual(_mode.resolve_backward(library=lambda: _mode.LAYERS,
+                                                environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": "hooked"}), _mode.LAYERS)
+        self.assertEqual(_mode.resolve_backward(library=lambda: None,
+                                                environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": " Hooked "}), _mode.HOOKED)
+        self.assertEqual(_mode.resolve_backward(library=lambda: None, environ={}), _mode.LAYERS)
+        # Without libactpage.so in this process the library has no answer.
+        self.assertIsNone(_mode.library_backward())
+
+
 class BlocksScopeTest(unittest.TestCase):
     """The default scope: the model, modules with children, each layer's direct children and modules
     a policy rule names get hooks; other leaves keep torch's fast path."""
 
-    def install(self, rule_matches=None):
+    def install(self, rule_matches=None, backward=None):
         actpage_hooks.uninstall()
         _log.reset()
         torch.manual_seed(0)
         self.rec = RangeRecorder()
         self.hooks = _hooks.ModuleHooks(_mode.ON, push=self.rec.push, pop=self.rec.pop, scope=_mode.BLOCKS,
-                                        rule_matches=rule_matches).install()
+                                        rule_matches=rule_matches, backward=backward).install()
 
     def tearDown(self):
         self.hooks.remove()
 
     def test_layers_and_their_children_are_named_leaves_below_are_not(self):
-        self.install()
+        self.install(backward=_mode.HOOKED)
         Tiny()(torch.randn(5, 4)).sum().backward()
         self.assertEqual(self.rec.forward_names(), [
             "Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1", "layers.1.norm", "layers.1.mlp"])
         self.assertEqual(self.rec.backward_names(), [
             "Tiny.backward", "layers.1.backward", "layers.1.mlp.backward", "layers.1.norm.backward",
             "layers.0.backward", "layers.0.mlp.backward", "layers.0.norm.backward"])
+
+    def test_by_default_only_the_model_its_layers_and_rule_matches_mark_backward(self):
+        self.install()
+        Tiny()(torch.randn(5, 4)).sum().backward()
+        # Forward ranges as with every marker; backward markers for the model and each layer.
+        self.assertEqual(self.rec.forward_names(), [
+            "Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1", "layers.1.norm", "layers.1.mlp"])
+        self.assertEqual(self.rec.backward_names(), ["Tiny.backward", "layers.1.backward", "layers.0.backward"])
+        # A module a policy rule selects marks its own backward (the engine reloads by it).
+        self.install(rule_matches=lambda name: name.endswith(".mlp"))
+        Tiny()(torch.randn(5, 4)).sum().backward()
+        self.assertEqual(self.rec.backward_names(), [
+            "Tiny.backward", "layers.1.backward", "layers.1.mlp.backward", "layers.0.backward",
+            "layers.0.mlp.backward"])
 
     def test_a_module_a_policy_rule_names_is_hooked_even_as_a_leaf(self):
         self.install(rule_matches=lambda name: name.endswith(".fc1"))
