@@ -81,10 +81,6 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--result-json", default=None, help="also write the result to this file")
     group.add_argument("--profile-step", type=int, default=None,
                        help="profile this step with torch.profiler and add a GPU-time summary to the result")
-    group.add_argument("--background-copy", choices=("d2h", "h2d"), default=None,
-                       help="diagnostic: a thread of this process copies 88 MiB blocks between the device and "
-                            "pinned host memory on a stream of its own, two in flight, for the whole run: what "
-                            "copies at full PCIe rate do to the job's own step (no actpage needed)")
     group.add_argument("--alternate-actpage", action="store_true",
                        help="under actpage run: pause what actpage records (module ranges, allocation "
                             "records) every other step, in pairs ordered ABBA, and report the step-time ratio "
@@ -168,57 +164,6 @@ class CudaRuntime:
         if self._lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
             return None
         return total.value - free.value
-
-
-class BackgroundCopy:
-    """--background-copy: copies `block_bytes` between a device buffer and a pinned host buffer on a
-    stream of its own, at most two in flight, until stopped; counts the bytes moved."""
-
-    def __init__(self, device, direction, block_bytes=88 * MIB):
-        import torch
-
-        self.direction = direction
-        self._torch = torch
-        self._device_buffer = torch.empty(block_bytes, dtype=torch.uint8, device=device)
-        self._host_buffer = torch.empty(block_bytes, dtype=torch.uint8, pin_memory=True)
-        self._stream = torch.cuda.Stream(device)
-        self._stop = threading.Event()
-        self._thread = None
-        self.bytes = 0
-        self.seconds = 0.0
-
-    def _run(self):
-        torch = self._torch
-        pending = []
-        start = time.perf_counter()
-        with torch.cuda.stream(self._stream):
-            while not self._stop.is_set():
-                if self.direction == "d2h":
-                    self._host_buffer.copy_(self._device_buffer, non_blocking=True)
-                else:
-                    self._device_buffer.copy_(self._host_buffer, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._stream)
-                pending.append(done)
-                if len(pending) >= 2:
-                    pending.pop(0).synchronize()
-                self.bytes += self._device_buffer.numel()
-        for done in pending:
-            done.synchronize()
-        self.seconds = time.perf_counter() - start
-
-    def start(self):
-        self._thread = threading.Thread(target=self._run, name="background-copy", daemon=True)
-        self._thread.start()
-
-    def stop(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def summary(self):
-        rate = self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
-        return {"direction": self.direction, "bytes": self.bytes, "gb_per_s": None if rate is None else round(rate, 2)}
 
 
 class MemorySampler:
@@ -758,14 +703,7 @@ def train(job, args, out=None):
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    background = None
-    if getattr(args, "background_copy", None):
-        if not cuda:
-            raise SystemExit("--background-copy needs a CUDA device")
-        background = BackgroundCopy(device, args.background_copy)
     sampler.start()
-    if background is not None:
-        background.start()
     model.train()
     method = args.method
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
@@ -835,8 +773,6 @@ def train(job, args, out=None):
                 del loss, batch
     finally:
         sampler.stop()
-        if background is not None:
-            background.stop()
         if set_paused is not None:
             set_paused(False)  # the rest of the process records again
 
@@ -877,8 +813,6 @@ def train(job, args, out=None):
     }
     if offload is not None:
         result["stream_offload"] = offload.stats()
-    if background is not None:
-        result["background_copy"] = background.summary()
     if alternate:
         result["actpage_recorded"] = recorded
         result["alternate"] = alternate_summary(step_ms, recorded, warmup)
