@@ -434,7 +434,7 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
 }
 
 void DeviceEngine::on_pop(ranges::PathId node) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (open_groups_.empty()) return;
   const auto thread = std::this_thread::get_id();
   std::vector<Group*> to_seal;
@@ -445,6 +445,37 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     std::erase(open_groups_, group);
     seal(*group);
   }
+  if (!to_seal.empty() && options_.offload_backlog_bytes > 0) wait_for_offload_backlog(lock);
+}
+
+std::uint64_t DeviceEngine::offload_backlog_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [id, group] : groups_) {
+    for (const Allocation* allocation : group->allocations) {
+      if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
+          allocation->state == PageState::unmapping) {
+        bytes += allocation->bytes;
+      }
+    }
+  }
+  return bytes;
+}
+
+void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock) {
+  // The copies this waits for were all issued after release points the job's stream has already
+  // been given (sealed groups only), so they finish without the job's thread; its own open groups
+  // are not counted. Polled: the states change on several workers.
+  auto caught_up = [&] {
+    return stopping_ || in_backward_ || offload_backlog_bytes() <= options_.offload_backlog_bytes;
+  };
+  if (caught_up()) return;
+  const std::uint64_t start = monotonic_ns();
+  offload_cv_.notify_all();  // give back what is copied now, without waiting for a batch
+  ++flush_requests_;
+  while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
+  --flush_requests_;
+  ++stats_.backlog_waits;
+  stats_.backlog_wait_ns += monotonic_ns() - start;
 }
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {

@@ -153,6 +153,10 @@ class DeviceEngine {
   // forward call's (and unknown ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
   void prefetch_at_backward_start();  // prefetch.at_backward_start
+  // Bytes of selected activations queued, copying or copied but still mapped (offload_backlog_bytes).
+  std::uint64_t offload_backlog_bytes() const;
+  // On the job's thread after a seal: waits while the backlog exceeds offload_backlog_bytes.
+  void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.

@@ -25,6 +25,8 @@ namespace actpage::engine {
 //     time those cuMemCreate calls took
 //   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
 //     the device had not run yet (vmm.reload_waits_for_frees false: waiting for it held reloads up)
+//   backlog_waits, backlog_wait_ns: the job's thread waited at a module's end for the offload
+//     backlog to fall to offload_backlog_bytes, and for how long in all
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
@@ -60,6 +62,8 @@ namespace actpage::engine {
   X(pool_trims) \
   X(pool_trimmed_bytes) \
   X(pool_trim_ns) \
+  X(backlog_waits) \
+  X(backlog_wait_ns) \
   X(host_pool_misses) \
   X(iterations) \
   X(live_owned_bytes) \

@@ -766,6 +766,67 @@ TEST(Engine, BackwardStartPrefetchesNothingWhenSeveralForwardPassesAreOffloaded)
   EXPECT_EQ(rig.engine.stats().live_owned_bytes, 0u);
 }
 
+TEST(Engine, ABacklogCapHoldsTheJobAtALayersEndUntilTheCopiesCatchUp) {
+  // 6 layers of 2 x 4 MiB MLP activations while the job's stream is held at a gate, so that no copy
+  // can start (each waits for its release point on that stream). Without a cap the job's thread runs
+  // through the forward pass with all 48 MiB waiting on the device; with an 8 MiB cap it waits at
+  // the second layer's end until the gate opens and the copies catch up, and no layer's end returns
+  // with more than 8 MiB of sealed activations still on the device.
+  for (std::uint64_t cap : {std::uint64_t{0}, std::uint64_t{8 * kMiB}}) {
+    Options options = testing::small_offload_options();
+    options.offload_backlog_bytes = cap;
+    // A job's map that misses the cache otherwise waits for the offload copy queue to drain, which
+    // the gate keeps from happening until it opens.
+    options.vmm_grant_when_idle = false;
+    Rig rig(options);
+    auto gate = rig.device.hold_stream(rig.stream);
+    ASSERT_TRUE(gate.ok());
+    std::thread opener;
+    if (cap > 0) {
+      opener = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        (void)rig.device.release_stream(*gate);
+      });
+    }
+    Forward forward;
+    std::uint64_t most_on_device = 0;
+    rig.job->push("model");
+    for (int layer = 0; layer < 6; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      rig.job->push(name);
+      rig.job->push(name + ".mlp");
+      for (int i = 0; i < 2; ++i) {
+        Tensor tensor = rig.job->allocate(4 * kMiB);
+        rig.job->write(tensor);
+        forward.saved[name + ".mlp"].push_back(tensor);
+      }
+      rig.job->pop();
+      rig.job->pop();  // the layer's end: the MLP's activations are released here
+      const EngineStats now = rig.engine.stats();
+      most_on_device = std::max(most_on_device, now.live_owned_bytes - now.offloaded_bytes_now);
+    }
+    rig.job->pop();
+    const EngineStats forward_stats = rig.engine.stats();
+    if (cap > 0) {
+      opener.join();
+      EXPECT_LE(most_on_device, cap);
+      EXPECT_GE(forward_stats.backlog_waits, 1u);
+      EXPECT_GT(forward_stats.backlog_wait_ns, 0u);
+    } else {
+      EXPECT_EQ(most_on_device, 12 * 4 * kMiB);  // nothing could leave
+      EXPECT_EQ(forward_stats.backlog_waits, 0u);
+      ASSERT_TRUE(rig.device.release_stream(*gate).ok());
+    }
+    rig.engine.quiesce();
+    run_backward(*rig.job, forward, 6);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    EXPECT_EQ(rig.engine.stats().reloads_completed, 12u) << "cap " << cap;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "cap " << cap;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "cap " << cap;
+  }
+}
+
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
   Options options = testing::small_offload_options();
   options.host_pool_bytes = 4 * kMiB;

@@ -74,6 +74,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.vmm_reload_waits_for_frees = pick(0, 1) == 1;
   options.prefetch_at_backward_start = pick(0, 1) == 1;
   options.vmm_trim_job_pool = pick(0, 1) == 1;
+  options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
