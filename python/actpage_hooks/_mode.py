@@ -53,38 +53,42 @@ def _process_symbol(name, restype, argtypes):
     return function
 
 
-def library_scope():
-    """The library's python_hooks_scope as BLOCKS/ALL, or None when libactpage.so is not loaded."""
+def _library_choice(symbol, choices, default):
+    """The answer of the library's int-valued option query `symbol`, mapped through `choices`
+    (unknown values: `default`), or None when libactpage.so is not loaded."""
     import ctypes
 
-    query = _process_symbol("actpage_python_hooks_scope", ctypes.c_int, [])
-    return None if query is None else _LIBRARY_SCOPES.get(int(query()), BLOCKS)
+    query = _process_symbol(symbol, ctypes.c_int, [])
+    return None if query is None else choices.get(int(query()), default)
+
+
+def _resolve_choice(library, environ, variable, other, default):
+    """The library's answer, else `other` when the environment variable names it, else `default`."""
+    answer = library()
+    if answer is not None:
+        return answer
+    environ = os.environ if environ is None else environ
+    return other if environ.get(variable, "").strip().lower() == other else default
+
+
+def library_scope():
+    """The library's python_hooks_scope as BLOCKS/ALL, or None when libactpage.so is not loaded."""
+    return _library_choice("actpage_python_hooks_scope", _LIBRARY_SCOPES, BLOCKS)
 
 
 def resolve_scope(library=None, environ=None):
     """The effective scope: the library's answer, else ACTPAGE_PYTHON_HOOKS_SCOPE, else blocks."""
-    answer = (library or library_scope)()
-    if answer is not None:
-        return answer
-    environ = os.environ if environ is None else environ
-    return ALL if environ.get("ACTPAGE_PYTHON_HOOKS_SCOPE", "").strip().lower() == ALL else BLOCKS
+    return _resolve_choice(library or library_scope, environ, "ACTPAGE_PYTHON_HOOKS_SCOPE", ALL, BLOCKS)
 
 
 def library_backward():
     """The library's python_hooks_backward as LAYERS/HOOKED, or None when libactpage.so is not loaded."""
-    import ctypes
-
-    query = _process_symbol("actpage_python_hooks_backward", ctypes.c_int, [])
-    return None if query is None else _LIBRARY_BACKWARD.get(int(query()), LAYERS)
+    return _library_choice("actpage_python_hooks_backward", _LIBRARY_BACKWARD, LAYERS)
 
 
 def resolve_backward(library=None, environ=None):
     """Which modules mark backward: the library's answer, else ACTPAGE_PYTHON_HOOKS_BACKWARD, else layers."""
-    answer = (library or library_backward)()
-    if answer is not None:
-        return answer
-    environ = os.environ if environ is None else environ
-    return HOOKED if environ.get("ACTPAGE_PYTHON_HOOKS_BACKWARD", "").strip().lower() == HOOKED else LAYERS
+    return _resolve_choice(library or library_backward, environ, "ACTPAGE_PYTHON_HOOKS_BACKWARD", HOOKED, LAYERS)
 
 
 def library_rule_matcher():
