@@ -582,26 +582,23 @@ def alternate_recorded(step, warmup):
 def alternate_summary(step_ms, recorded, warmup):
     """The pairs of measured steps (see alternate_recorded): each pair's ratio recorded/paused, their
     median with a 95% bootstrap interval (compare_runs' method), and each side's median step."""
+    # compare_runs imports this module at its top, so it is imported here, when first needed.
+    from compare_runs import bootstrap_interval, median_of_ratios
+
     pairs = []
     for first in range(warmup, len(step_ms) - 1, 2):
         a, b = step_ms[first], step_ms[first + 1]
         if recorded[first] == recorded[first + 1]:
             continue
         pairs.append((a, b) if recorded[first] else (b, a))
-    summary = {
+    interval = bootstrap_interval(pairs, median_of_ratios)
+    return {
         "pairs": len(pairs),
         "recorded_median_ms": _median([mine for mine, _ in pairs]),
         "paused_median_ms": _median([theirs for _, theirs in pairs]),
-        "paired_ratio_median": round(statistics.median(m / t for m, t in pairs), 4) if pairs else None,
-        "paired_ratio_ci95": None,
+        "paired_ratio_median": round(median_of_ratios(pairs), 4) if pairs else None,
+        "paired_ratio_ci95": None if interval is None else [round(v, 4) for v in interval],
     }
-    try:
-        from compare_runs import bootstrap_interval, median_of_ratios
-    except ImportError:
-        return summary
-    interval = bootstrap_interval(pairs, median_of_ratios)
-    summary["paired_ratio_ci95"] = None if interval is None else [round(v, 4) for v in interval]
-    return summary
 
 
 def _median(values):
