@@ -201,15 +201,26 @@ class ModuleHooks:
             _log.warn_once("discover", "finding the model's modules failed (ignored): %r" % (error,))
         return None
 
-    def selected_modules(self, root):
-        """The modules of `root`'s tree that get hooks in blocks scope: the root, every module with
-        children, each layer (an entry of a ModuleList, ModuleDict or Sequential) and its direct
-        children, and every module whose name a policy rule matches."""
+    @staticmethod
+    def _layer_ids(root):
+        """The ids of the layers of `root`'s tree: the entries of a ModuleList, ModuleDict or Sequential."""
         containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
         layers = set()
         for module in root.modules():
             if isinstance(module, containers):
                 layers.update(id(child) for child in module.children())
+        return layers
+
+    def _rule_matches_module(self, module):
+        """Whether a policy rule matches the module's name (named modules only)."""
+        name = module.__dict__.get(_NAME_ATTR)
+        return name is not None and self._rule_matches is not None and self._rule_matches(name)
+
+    def selected_modules(self, root):
+        """The modules of `root`'s tree that get hooks in blocks scope: the root, every module with
+        children, each layer (an entry of a ModuleList, ModuleDict or Sequential) and its direct
+        children, and every module whose name a policy rule matches."""
+        layers = self._layer_ids(root)
         selected = [root]
         for module in root.modules():
             if module is root:
@@ -218,11 +229,7 @@ class ModuleHooks:
                 selected.append(module)
                 selected.extend(module.children())
                 continue
-            if any(True for _ in module.children()):
-                selected.append(module)
-                continue
-            name = module.__dict__.get(_NAME_ATTR)
-            if name is not None and self._rule_matches is not None and self._rule_matches(name):
+            if any(True for _ in module.children()) or self._rule_matches_module(module):
                 selected.append(module)
         unique = []
         seen = set()
@@ -236,14 +243,9 @@ class ModuleHooks:
         """The ids of the modules of `root`'s tree whose backward the hooks mark with backward
         'layers': the root, each layer (an entry of a ModuleList, ModuleDict or Sequential) and every
         module whose name a policy rule matches."""
-        containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
-        marked = {id(root)}
-        for module in root.modules():
-            if isinstance(module, containers):
-                marked.update(id(child) for child in module.children())
-            name = module.__dict__.get(_NAME_ATTR)
-            if name is not None and self._rule_matches is not None and self._rule_matches(name):
-                marked.add(id(module))
+        marked = self._layer_ids(root)
+        marked.add(id(root))
+        marked.update(id(module) for module in root.modules() if self._rule_matches_module(module))
         return marked
 
     def _hook_tree(self, root):
