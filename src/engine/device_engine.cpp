@@ -579,7 +579,7 @@ void DeviceEngine::quiesce() {
                          reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
                          offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
-                         recycle_pending_.empty());
+                         recycle_pending_.empty() && !prefill_due());
   });
   --flush_requests_;
 }
@@ -859,6 +859,7 @@ void DeviceEngine::dispose(Allocation& allocation) {
   }
   detach_from_group(allocation);
   allocations_.erase(allocation.va);  // destroys `allocation`
+  if (allocations_.empty() && prefill_due()) offload_cv_.notify_all();  // the VMM worker fills the cache
 }
 
 void DeviceEngine::detach_from_group(Allocation& allocation) {
@@ -1313,7 +1314,7 @@ void DeviceEngine::vmm_worker() {
   while (true) {
     offload_cv_.wait(lock, [&] {
       return stopping_ || cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() ||
-             !map_ahead_sizes().empty();
+             !map_ahead_sizes().empty() || prefill_due();
     });
     if (stopping_) break;
     while (!deferred_releases_.empty()) {
@@ -1324,6 +1325,12 @@ void DeviceEngine::vmm_worker() {
     if (unmap_due()) unmap_ready_windows(lock);
     if (recycle_due()) recycle_pending_pages(lock);
     if (!map_ahead_sizes().empty()) map_ahead(lock);
+    if (cache_dirty_) {
+      cache_dirty_ = false;
+      trim_cache(lock);
+    }
+    // After the trim: what the cache holds then is what the prefill need not create.
+    if (prefill_due()) prefill_cache(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
       trim_cache(lock);
@@ -1685,13 +1692,45 @@ std::vector<std::size_t> DeviceEngine::map_ahead_sizes() const {
 
 void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
   const std::vector<std::size_t> sizes = map_ahead_sizes();
+  if (sizes.empty()) return;
+  const MappedRanges mapped = map_fresh_ranges(sizes, /*trim_job_pool=*/false, lock);
+  stats_.ranges_mapped_ahead += mapped.mapped;
+  if (mapped.mapped < sizes.size()) map_ahead_failed_ = true;  // out of memory, arena full...
+}
+
+bool DeviceEngine::prefill_due() const {
+  // Backward has freed every activation actpage served: nothing of this iteration comes back to the
+  // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
+  return options_.vmm_prefill_cache && in_backward_ && !prefilled_ && !stopping_ && allocations_.empty() &&
+         options_.vmm_cache_bytes > 0 && !sizes_this_iteration_.empty();
+}
+
+std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
+  // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
+  // already holds of each size.
+  std::vector<std::size_t> wanted;
+  for (const auto& [size, count] : demand()) {
+    for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
+  }
+  return wanted;
+}
+
+void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
+  prefilled_ = true;  // one try per backward, whatever comes of it
+  const std::vector<std::size_t> sizes = prefill_sizes();
+  if (sizes.empty()) return;
+  const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
+  stats_.ranges_prefilled += mapped.mapped;
+  stats_.bytes_prefilled += mapped.bytes;
+}
+
+DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std::size_t>& sizes,
+                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock) {
+  MappedRanges result;
   std::size_t total = 0;
   for (std::size_t size : sizes) total += size;
   auto span = total == 0 ? std::nullopt : arena_.acquire(total);
-  if (!span) {
-    if (total != 0) map_ahead_failed_ = true;  // arena full: the job's own misses report it
-    return;
-  }
+  if (!span) return result;
   ++unmapping_;
   lock.unlock();
   struct Item {
@@ -1703,12 +1742,30 @@ void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
   std::vector<Item> items;
   DevPtr at = *span;
   const std::uint64_t started = monotonic_ns();
+  // New pages on top of the job's pool's unused reserve would add to device memory in use: give as
+  // much of that reserve back first (see create_reload_pages), and create no more than it gave:
+  // device memory in use then stays where it was (a pool that holds nothing unused, or the native
+  // allocator's, which is not the driver's pool, gives nothing and gets nothing).
+  Result<std::size_t> trimmed = Status{ErrorCode::not_ready, "no trim"};
+  std::uint64_t trim_ns = 0;
+  std::uint64_t budget = total;
+  if (trim_job_pool) {
+    budget = 0;
+    if (!pool_trim_failed_.load(std::memory_order_relaxed)) {
+      trimmed = device_.trim_job_pool(total);
+      trim_ns = monotonic_ns() - started;
+      if (trimmed.ok()) budget = *trimmed;
+    }
+  }
   for (std::size_t size : sizes) {
+    if (size > budget) break;  // the rest of the span goes back to the arena below
+    budget -= size;
     Item item{at, size, device_.create_physical(size, MemoryLocation::device)};
     if (item.physical.ok()) item.mapped = device_.map_without_access(at, size, *item.physical).ok();
     items.push_back(std::move(item));
     at += size;
   }
+  const DevPtr span_end = *span + total;
   // One grant over the mapped prefix (a failure stops at the first unmapped item), while no offload
   // copy runs: granting access waits for a running one. Only the grant holds the copies back.
   std::size_t mapped = 0;
@@ -1736,20 +1793,30 @@ void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   --unmapping_;
   stats_.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
-  for (const Status& status : failures) note_failure("mapping a range ahead for the cache", status);
+  if (trimmed.ok()) {
+    ++stats_.pool_trims;
+    stats_.pool_trimmed_bytes += *trimmed;
+    stats_.pool_trim_ns += trim_ns;
+  } else if (trimmed.status().code() != ErrorCode::not_ready && !pool_trim_failed_.exchange(true)) {
+    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
+                     device_.ordinal(), trimmed.status().message());
+  }
+  for (const Status& status : failures) note_failure("mapping ranges ahead for the cache", status);
   bool first = true;
   for (Item& item : items) {
     if (item.mapped) {
-      ++stats_.ranges_mapped_ahead;
+      ++result.mapped;
+      result.bytes += item.bytes;
       trace_vmm(trace::RecordType::map, item.va, item.bytes, device_.ordinal(), true, first ? took : 0);
       first = false;
       put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
     } else {
       arena_.release(item.va, item.bytes);
-      map_ahead_failed_ = true;
     }
   }
+  if (at != span_end) arena_.release(at, span_end - at);  // sizes past the trim's budget
   issued_cv_.notify_all();
+  return result;
 }
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
@@ -1788,6 +1855,7 @@ void DeviceEngine::start_iteration() {
   plan_this_iteration_.clear();
   cursor_ = 0;
   map_ahead_failed_ = false;
+  prefilled_ = false;
   ++iteration_;
   ++stats_.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline

@@ -182,6 +182,24 @@ class DeviceEngine {
   // Creates and maps ranges of those sizes for the cache, in one span, granting access once while
   // no offload copy runs. VMM worker; unlocks.
   void map_ahead(std::unique_lock<std::mutex>& lock);
+  // vmm.prefill_cache: backward has freed every activation actpage served (so none comes back to
+  // the cache) and the cache has not been filled this backward.
+  bool prefill_due() const;
+  // The demand (the next forward's first allocations within vmm.cache_bytes) less what the cache has.
+  std::vector<std::size_t> prefill_sizes() const;
+  // Creates and maps those ranges for the cache (VMM worker; unlocks): the next forward pass then
+  // takes its ranges from the cache and makes no grant while its offload copies run.
+  void prefill_cache(std::unique_lock<std::mutex>& lock);
+  struct MappedRanges {
+    std::size_t mapped = 0;  // ranges put in the cache (a prefix of the sizes asked for)
+    std::uint64_t bytes = 0;
+  };
+  // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
+  // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
+  // pool by their total and creates only as many bytes as it gave back. Stops at the first failure
+  // and gives back what came after. Unlocks.
+  MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
+                                std::unique_lock<std::mutex>& lock);
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
@@ -302,6 +320,7 @@ class DeviceEngine {
   std::vector<PendingPages> recycle_pending_;
   std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
   bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
+  bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;

@@ -19,6 +19,8 @@ namespace actpage::engine {
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
 //   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
+//   ranges_prefilled, bytes_prefilled: ranges the VMM worker created for the next forward at the
+//     end of backward (vmm.prefill_cache), and their bytes
 //   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool before a
 //     reload created pages (vmm.trim_job_pool), the bytes its reserve fell by, the time they took
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -56,6 +58,8 @@ namespace actpage::engine {
   X(ranges_recycled) \
   X(recycle_grants) \
   X(ranges_mapped_ahead) \
+  X(ranges_prefilled) \
+  X(bytes_prefilled) \
   X(reload_creates) \
   X(reload_create_ns) \
   X(reload_busy_skips) \

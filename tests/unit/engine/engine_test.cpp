@@ -542,6 +542,114 @@ TEST(Engine, MapAheadFillsTheCacheWithoutLosingAByte) {
   EXPECT_LE(job_calls[1], job_calls[0]);
 }
 
+TEST(Engine, PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants) {
+  // Slow copies, as above: a layer's pages are still being copied when the next layers allocate.
+  // With vmm.prefill_cache the VMM worker creates the next forward's ranges once backward has freed
+  // every activation: the steady-state forward then takes all its ranges from the cache, maps
+  // nothing on the job's thread and grants no access while its copies run (copied pages go back to
+  // the driver). Every byte still comes back; without it the same job maps or recycles.
+  struct Counts {
+    std::uint64_t job_calls = 0;
+    std::uint64_t grants = 0;
+    std::uint64_t recycled = 0;
+    std::uint64_t prefilled = 0;
+  };
+  Counts counts[2];
+  for (bool prefill : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.vmm_cache_bytes = 1ull << 30;  // more than a forward's ranges (84 MiB)
+    options.vmm_prefill_cache = prefill;
+    // No job pool here to trim: without trims the prefill fills the whole demand (see
+    // PrefillCreatesNoMoreThanTheJobsPoolGivesBack for the budget trims set).
+    options.vmm_trim_job_pool = false;
+    SimDeviceConfig config = sim_config(11, 0);
+    config.min_delay_us = 300;
+    config.max_delay_us = 600;
+    Rig rig(options, config);
+    for (int iteration = 0; iteration < 4; ++iteration) {
+      const EngineStats before = rig.engine.stats();
+      const std::uint64_t grants_before = rig.device.call_count(device::SimOp::grant_access);
+      Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
+      rig.engine.quiesce();  // the forward's copies, unmaps and any recycles done
+      const EngineStats after = rig.engine.stats();
+      if (iteration >= 2) {
+        Counts& c = counts[prefill];
+        c.job_calls += after.job_thread_vmm_calls - before.job_thread_vmm_calls;
+        c.grants += rig.device.call_count(device::SimOp::grant_access) - grants_before;
+        c.recycled += after.ranges_recycled - before.ranges_recycled;
+      }
+      run_backward(*rig.job, forward, 6);
+      rig.engine.quiesce();  // with prefill: the cache is filled for the next forward
+      if (prefill && iteration >= 1) {
+        // The demand is every range the last forward's MLP calls took: per layer a temporary
+        // (1.5 MiB, mapped as 2), two saved activations and an output (3 MiB, mapped as 4).
+        EXPECT_EQ(rig.engine.stats().cached_bytes, 6 * (2 + 3 * 4) * kMiB) << "iteration " << iteration;
+      }
+    }
+    rig.device.synchronize();
+    counts[prefill].prefilled = rig.engine.stats().ranges_prefilled;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "prefill " << prefill;
+    EXPECT_EQ(rig.job->failed(), 0u) << "prefill " << prefill;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "prefill " << prefill;
+    EXPECT_EQ(rig.engine.stats().offloads_completed, 4u * 12u) << "prefill " << prefill;
+  }
+  // Without: the forward maps on the job's thread or grants for recycled pages while copies run.
+  EXPECT_GT(counts[0].job_calls + counts[0].grants, 0u);
+  EXPECT_EQ(counts[0].prefilled, 0u);
+  // With: neither, and nothing recycled; every range came from the prefill or the job's frees.
+  EXPECT_EQ(counts[1].job_calls, 0u);
+  EXPECT_EQ(counts[1].grants, 0u);
+  EXPECT_EQ(counts[1].recycled, 0u);
+  EXPECT_GT(counts[1].prefilled, 0u);
+}
+
+TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
+  // Pages created at the end of backward stack on the job's pool, which keeps the reserve it grew
+  // to. With vmm.trim_job_pool the prefill first trims the pool and creates no more than the trim
+  // gave back (device memory in use stays put); without trims it fills the whole demand. The pool
+  // gets 30 MiB unused once the last reload is done (layer 0's MLP read), so that only the prefill
+  // trims it.
+  for (bool trim : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.vmm_cache_bytes = 1ull << 30;
+    options.vmm_prefill_cache = true;
+    options.vmm_trim_job_pool = trim;
+    Rig rig(options);
+    constexpr int kLayers = 6;
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      Forward forward = run_forward(*rig.job, kLayers, 2, 3 * kMiB);
+      int module_calls = 0;
+      EngineStats before_prefill;
+      run_backward(*rig.job, forward, kLayers, [&] {
+        // Layer 0's MLP is read (its reload done) and about to be freed, the last selected module.
+        if (++module_calls != 2 * kLayers - 1) return;
+        rig.device.set_job_pool(30 * kMiB, 0);
+        before_prefill = rig.engine.stats();
+      });
+      rig.engine.quiesce();
+      const EngineStats after = rig.engine.stats();
+      const std::uint64_t prefilled = after.bytes_prefilled - before_prefill.bytes_prefilled;
+      const std::uint64_t trimmed = after.pool_trimmed_bytes - before_prefill.pool_trimmed_bytes;
+      EXPECT_GT(prefilled, 0u) << "trim " << trim << " iteration " << iteration;
+      if (trim) {
+        EXPECT_LE(prefilled, trimmed) << "iteration " << iteration;
+        EXPECT_LE(trimmed, 30 * kMiB) << "iteration " << iteration;
+        EXPECT_EQ(rig.device.job_pool_reserved(), 30 * kMiB - trimmed) << "iteration " << iteration;
+      } else {
+        // The whole demand: the last forward's 84 MiB of ranges, more than the pool could give.
+        EXPECT_EQ(after.cached_bytes, 6 * (2 + 3 * 4) * kMiB) << "iteration " << iteration;
+        EXPECT_GT(prefilled, 30 * kMiB) << "iteration " << iteration;
+        EXPECT_EQ(rig.device.job_pool_reserved(), 30 * kMiB);
+      }
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "trim " << trim;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "trim " << trim;
+  }
+}
+
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
   // 3 MiB activations in 1 MiB chunks: three device-to-host copies each, the allocation given back
   // only after the last; with chunking off, one copy each.

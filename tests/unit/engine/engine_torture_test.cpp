@@ -75,6 +75,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.prefetch_at_backward_start = pick(0, 1) == 1;
   options.vmm_trim_job_pool = pick(0, 1) == 1;
   options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
+  options.vmm_prefill_cache = pick(0, 1) == 1;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
@@ -226,6 +227,7 @@ TortureTotals run_threaded_case(std::uint64_t seed) {
   options.host_pool_slab_bytes = 1 * kMiB;
   options.host_pool_prealloc_bytes = 4 * kMiB;
   options.stray_access = pick(0, 2) == 0 ? StrayAccess::host_mapped : StrayAccess::fault;
+  options.vmm_prefill_cache = pick(0, 1) == 1;
   SimDeviceConfig config;
   config.seed = seed;
   config.max_delay_us = static_cast<std::uint32_t>(pick(0, 20));
