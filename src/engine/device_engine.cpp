@@ -319,8 +319,11 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
 }
 
 void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
+  // While the window is being given back, the VMM worker waits on copies of these events without
+  // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both
+  // then (they are recycled with the window's list).
   for (FreePoint& point : window.free_points) {
-    if (point.stream == stream) {
+    if (point.stream == stream && !window.unmapping) {
       recycle_event(point.event);  // the newer point on the same stream comes later
       point.event = event;
       return;
@@ -1133,7 +1136,6 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   if (status.ok()) status = device_.copy_within_device(*staging, allocation.va, allocation.bytes, copy_stream_);
   if (status.ok()) status = device_.record_event(done, copy_stream_);
   if (!status.ok() || allocation.freed || allocation.wanted_back) {
-    recycle_event(done);
     if (!status.ok()) note_failure("issuing a host-mapped offload copy", status);
     if (host.ok()) {
       lock.unlock();
@@ -1142,6 +1144,10 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
       (void)device_.release_physical(*host);
       lock.lock();
     }
+    // Only after the wait: a recycled event is re-recorded by the next thread that takes it, and a
+    // wait on it then ends at that thread's point, not at this copy's end (the staging address was
+    // unmapped under the copy: a torture case caught it, once in ~40 runs under load).
+    recycle_event(done);
     arena_.release(*staging, bytes);
     allocation.wanted_back = false;
     keep_resident(allocation);
