@@ -438,8 +438,13 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
 
 void DeviceEngine::on_pop(ranges::PathId node) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (open_groups_.empty()) return;
   const auto thread = std::this_thread::get_id();
+  if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
+    // The layers are done; the head and the loss come next, and the job's pool with them grows to
+    // the step's peak: what is still being copied would count there.
+    wait_for_offload_backlog(lock, 0);
+  }
+  if (open_groups_.empty()) return;
   std::vector<Group*> to_seal;
   for (Group* group : open_groups_) {
     if (group->release_node == node && group->thread == thread) to_seal.push_back(group);
@@ -448,7 +453,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     std::erase(open_groups_, group);
     seal(*group);
   }
-  if (!to_seal.empty() && options_.offload_backlog_bytes > 0) wait_for_offload_backlog(lock);
+  if (!to_seal.empty() && options_.offload_backlog_bytes > 0) wait_for_offload_backlog(lock, options_.offload_backlog_bytes);
 }
 
 std::uint64_t DeviceEngine::offload_backlog_bytes() const {
@@ -464,12 +469,12 @@ std::uint64_t DeviceEngine::offload_backlog_bytes() const {
   return bytes;
 }
 
-void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock) {
+void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit) {
   // The copies this waits for were all issued after release points the job's stream has already
   // been given (sealed groups only), so they finish without the job's thread; its own open groups
   // are not counted. Polled: the states change on several workers.
   auto caught_up = [&] {
-    return stopping_ || in_backward_ || offload_backlog_bytes() <= options_.offload_backlog_bytes;
+    return stopping_ || in_backward_ || offload_backlog_bytes() <= limit;
   };
   if (caught_up()) return;
   const std::uint64_t start = monotonic_ns();
@@ -629,6 +634,9 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   // Ranges further out (the whole model) do not: their backward begins long before this layer's.
   group->names.push_back(registry.node(verdict.selected).name);
   if (parent != ranges::kNoPath) group->names.push_back(registry.node(parent).name);
+  if (options_.offload_drain_at_layers_end && parent != ranges::kNoPath && thread == forward_thread_) {
+    drain_node_.store(registry.node(parent).parent, std::memory_order_relaxed);
+  }
   Group* raw = group.get();
   if (raw->layer_node != last_layer_node_) {
     // A new layer begins: with it in the forward pass, the layer keep_last back can no longer be

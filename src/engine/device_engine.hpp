@@ -74,6 +74,11 @@ class DeviceEngine {
   void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
+  // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and
+  // offload_drain_at_layers_end is on. Without the engine's lock.
+  bool drains_at(ranges::PathId node) const noexcept {
+    return node != ranges::kNoPath && drain_node_.load(std::memory_order_relaxed) == node;
+  }
 
  private:
   struct Group;
@@ -155,8 +160,9 @@ class DeviceEngine {
   void prefetch_at_backward_start();  // prefetch.at_backward_start
   // Bytes of selected activations queued, copying or copied but still mapped (offload_backlog_bytes).
   std::uint64_t offload_backlog_bytes() const;
-  // On the job's thread after a seal: waits while the backlog exceeds offload_backlog_bytes.
-  void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock);
+  // On the job's thread after a seal: waits while the backlog exceeds `limit` (offload_backlog_bytes,
+  // or 0 at the end of the layers with offload_drain_at_layers_end).
+  void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
@@ -321,6 +327,9 @@ class DeviceEngine {
   std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
   bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
   bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
+  // offload_drain_at_layers_end: the range enclosing the newest group's layer (its parent), where
+  // the forward thread waits for the copies.
+  std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;

@@ -108,7 +108,7 @@ void Engine::on_push(ranges::PathId node) {
 
 void Engine::on_pop(ranges::PathId node) {
   for_each_device([&](DeviceEngine& engine) {
-    if (engine.open_groups() == 0) return;
+    if (engine.open_groups() == 0 && !engine.drains_at(node)) return;
     JobThreadTimer timer(&engine);
     engine.on_pop(node);
   });

@@ -746,6 +746,7 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   // on the simulated streams' speed: offload_backlog_bytes is not modelled (its time cost is not
   // predicted, and its saving shows as the copies the trace's timing allows).
   replay_options_copy.offload_backlog_bytes = 0;
+  replay_options_copy.offload_drain_at_layers_end = false;
   Engine engine(replay_options_copy, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   engine.set_wait_for_host_memory(true);
   ranges::set_listener(&engine);

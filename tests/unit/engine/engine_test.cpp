@@ -650,6 +650,46 @@ TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
   }
 }
 
+TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
+  // Slow copies: when the forward's last range closes, the last layers' activations are still being
+  // copied. With offload_drain_at_layers_end the job's thread waits at the end of the range that
+  // holds the layers ("model") until every sealed activation is copied and its pages are given back,
+  // so that what the head and the loss allocate next meets none of them on the device.
+  for (bool drain : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.offload_drain_at_layers_end = drain;
+    SimDeviceConfig config = sim_config(5, 0);
+    config.min_delay_us = 300;
+    config.max_delay_us = 600;
+    Rig rig(options, config);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
+      const EngineStats after_forward = rig.engine.stats();  // the job's thread is back, nothing waited for
+      // 6 layers x 2 saved activations of 3 MiB (4 MiB mapped) leave; the temporary and the output
+      // are freed in forward.
+      if (drain) {
+        EXPECT_EQ(after_forward.offloaded_bytes_now, 6 * 2 * 4 * kMiB) << "iteration " << iteration;
+        EXPECT_GE(after_forward.backlog_waits, static_cast<std::uint64_t>(iteration) + 1);
+      } else {
+        EXPECT_LT(after_forward.offloaded_bytes_now, 6 * 2 * 4 * kMiB) << "iteration " << iteration;
+        EXPECT_EQ(after_forward.backlog_waits, 0u);
+      }
+      run_backward(*rig.job, forward, 6);
+      rig.engine.quiesce();
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "drain " << drain;
+    EXPECT_EQ(rig.job->failed(), 0u) << "drain " << drain;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "drain " << drain;
+    // Every activation that left came back (without the wait backward overtakes a few copies).
+    EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed) << "drain " << drain;
+    if (drain) {
+      EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * 12u);
+    }
+  }
+}
+
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
   // 3 MiB activations in 1 MiB chunks: three device-to-host copies each, the allocation given back
   // only after the last; with chunking off, one copy each.

@@ -76,6 +76,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.vmm_trim_job_pool = pick(0, 1) == 1;
   options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
   options.vmm_prefill_cache = pick(0, 1) == 1;
+  options.offload_drain_at_layers_end = pick(0, 2) == 0;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
