@@ -457,13 +457,25 @@ void DeviceEngine::on_pop(ranges::PathId node) {
 }
 
 std::uint64_t DeviceEngine::offload_backlog_bytes() const {
+  // Only bytes that will leave without the job: a copied allocation whose window also holds one
+  // that stays (a host pool miss kept it resident) is given back only when backward takes the
+  // window back, and a wait for it would never end.
+  auto leaving = [](const Allocation& allocation) {
+    return allocation.state == PageState::pending || allocation.state == PageState::offloading ||
+           allocation.state == PageState::unmapping;
+  };
   std::uint64_t bytes = 0;
   for (const auto& [id, group] : groups_) {
     for (const Allocation* allocation : group->allocations) {
-      if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
-          allocation->state == PageState::unmapping) {
-        bytes += allocation->bytes;
+      if (!leaving(*allocation)) continue;
+      if (allocation->state == PageState::unmapping) {
+        const Window& window = *allocation->window;
+        const bool whole_window_leaves =
+            !window.open && std::all_of(window.allocations.begin(), window.allocations.end(),
+                                        [&](const Allocation* other) { return leaving(*other); });
+        if (!whole_window_leaves) continue;
       }
+      bytes += allocation->bytes;
     }
   }
   return bytes;
