@@ -32,6 +32,15 @@ SimDeviceConfig sim_config(std::uint64_t seed, std::uint32_t max_delay_us) {
   return config;
 }
 
+// Slow simulated streams (every operation takes 0.3-0.6 ms): a layer's copies are still running
+// when the next layers allocate, as on the GPU.
+SimDeviceConfig slow_streams(std::uint64_t seed) {
+  SimDeviceConfig config = sim_config(seed, 0);
+  config.min_delay_us = 300;
+  config.max_delay_us = 600;
+  return config;
+}
+
 // Owns the device, the engine and the job's stream, and installs the engine as range listener.
 struct Rig {
   explicit Rig(const Options& options, SimDeviceConfig config = sim_config(1, 20))
@@ -480,10 +489,7 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
     options.vmm_cache_bytes = 1ull << 30;
     options.vmm_grant_when_idle = when_idle;
     options.vmm_map_ahead = false;  // recycling alone
-    SimDeviceConfig config = sim_config(7, 0);
-    config.min_delay_us = 300;
-    config.max_delay_us = 600;
-    Rig rig(options, config);
+    Rig rig(options, slow_streams(7));
     for (int iteration = 0; iteration < 3; ++iteration) {
       Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
       run_backward(*rig.job, forward, 6);
@@ -516,10 +522,7 @@ TEST(Engine, MapAheadFillsTheCacheWithoutLosingAByte) {
     options.keep_last = 0;
     options.vmm_cache_bytes = 1ull << 30;
     options.vmm_map_ahead = ahead;
-    SimDeviceConfig config = sim_config(11, 0);
-    config.min_delay_us = 300;
-    config.max_delay_us = 600;
-    Rig rig(options, config);
+    Rig rig(options, slow_streams(11));
     for (int iteration = 0; iteration < 4; ++iteration) {
       const std::uint64_t before = rig.engine.stats().job_thread_vmm_calls;
       Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
@@ -563,10 +566,7 @@ TEST(Engine, PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants) {
     // No job pool here to trim: without trims the prefill fills the whole demand (see
     // PrefillCreatesNoMoreThanTheJobsPoolGivesBack for the budget trims set).
     options.vmm_trim_job_pool = false;
-    SimDeviceConfig config = sim_config(11, 0);
-    config.min_delay_us = 300;
-    config.max_delay_us = 600;
-    Rig rig(options, config);
+    Rig rig(options, slow_streams(11));
     for (int iteration = 0; iteration < 4; ++iteration) {
       const EngineStats before = rig.engine.stats();
       const std::uint64_t grants_before = rig.device.call_count(device::SimOp::grant_access);
@@ -659,10 +659,7 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.offload_drain_at_layers_end = drain;
-    SimDeviceConfig config = sim_config(5, 0);
-    config.min_delay_us = 300;
-    config.max_delay_us = 600;
-    Rig rig(options, config);
+    Rig rig(options, slow_streams(5));
     for (int iteration = 0; iteration < 2; ++iteration) {
       Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
       const EngineStats after_forward = rig.engine.stats();  // the job's thread is back, nothing waited for
