@@ -14,12 +14,16 @@
 #   actpage-observe    actpage run, config/observe.json (tag and trace only)
 #   actpage-near-free  actpage run, the near-free policy (what the copy engine moves during forward)
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
+#   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
+#                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
+#   actpage-all-prefill-cap  the all-MLP policy with vmm.prefill_cache (6 GiB cache) and a 1 GiB
+#                      offload_backlog_bytes
 #   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6.5x slower)
 #   checkpointing      the model's gradient checkpointing
 #   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
-# The last three, the peers, run BENCH_PEER_REPS times (default 1), the rest BENCH_REPS times (2): each
-# run is a fresh process whose start (~15 s) costs more than its steps, and the targets are the
-# actpage variants'. Both jobs: 22 runs, about 8 minutes on the H100.
+# The two prefill variants and the last three, the peers, run BENCH_PEER_REPS times (default 1), the
+# rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more than its steps,
+# and the targets are the first four actpage variants'. Both jobs: 26 runs, about 8 minutes on the H100.
 #
 # Settings (environment): BENCH_REPS (2), BENCH_PEER_REPS (1), BENCH_STEPS (12), BENCH_WARMUP (4),
 # BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
@@ -89,8 +93,8 @@ for job in "${jobs[@]}"; do
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
-    --variant "actpage-near-free-unchunked;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_COPY_CHUNK_BYTES=0;env=ACTPAGE_VMM_GRANT_WHEN_IDLE=false" \
-    --variant "actpage-all-unchunked;actpage;async;reps=$peer_reps;policy=$all;env=ACTPAGE_COPY_CHUNK_BYTES=0;env=ACTPAGE_VMM_GRANT_WHEN_IDLE=false" \
+    --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
+    --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;policy=$all;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=6GiB;env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
     --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \

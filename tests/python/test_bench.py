@@ -403,7 +403,7 @@ class BenchScriptTest(unittest.TestCase):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
         self.assertEqual(done.returncode, 0, done.stdout[-3000:])
         calls = bench.calls()
-        # 4 variants twice, the 2 unchunked actpage references and the 3 peers once, for both jobs
+        # 4 variants twice, the 2 actpage variants with the prefill and the 3 peers once, for both jobs
         self.assertEqual(len(calls), 2 * (4 * 2 + 2 + 3))
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
         slow = [c for c in calls if c["key"] == "save_on_cpu"]
