@@ -1158,11 +1158,13 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   if (!status.ok() || allocation.freed || allocation.wanted_back) {
     if (!status.ok()) note_failure("issuing a host-mapped offload copy", status);
     if (host.ok()) {
+      ++offload_preparing_;  // quiesce() waits for this too (the job's free is disposed of below)
       lock.unlock();
       if (status.ok()) (void)device_.synchronize_event(done);  // the copy may have been issued
       (void)device_.unmap(*staging, bytes);
       (void)device_.release_physical(*host);
       lock.lock();
+      --offload_preparing_;
     }
     // Only after the wait: a recycled event is re-recorded by the next thread that takes it, and a
     // wait on it then ends at that thread's point, not at this copy's end (the staging address was
@@ -1421,9 +1423,11 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     stats_.worker_vmm_calls += 4;
     if (!status.ok()) {
       note_failure("mapping an offloaded allocation's host copy", status);
+      ++unmapping_;  // quiesce() waits for this too
       lock.unlock();
       (void)device_.release_physical(allocation.host_physical);
       lock.lock();
+      --unmapping_;
       allocation.has_host_physical = false;
       keep_resident(allocation);
       if (allocation.freed) dispose(allocation);
