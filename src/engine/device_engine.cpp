@@ -1357,12 +1357,9 @@ void DeviceEngine::vmm_worker() {
       cache_dirty_ = false;
       trim_cache(lock);
     }
-    // After the trim: what the cache holds then is what the prefill need not create.
+    // After the trim: what the cache holds then is what the prefill need not create (the ranges it
+    // adds mark the cache dirty again: the next pass trims, at once).
     if (prefill_due()) prefill_cache(lock);
-    if (cache_dirty_) {
-      cache_dirty_ = false;
-      trim_cache(lock);
-    }
     offload_cv_.notify_all();  // a pause for a recycle may have ended
     issued_cv_.notify_all();
   }
@@ -1776,16 +1773,11 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   // much of that reserve back first (see create_reload_pages), and create no more than it gave:
   // device memory in use then stays where it was (a pool that holds nothing unused, or the native
   // allocator's, which is not the driver's pool, gives nothing and gets nothing).
-  Result<std::size_t> trimmed = Status{ErrorCode::not_ready, "no trim"};
-  std::uint64_t trim_ns = 0;
+  std::optional<PoolTrim> trim;
   std::uint64_t budget = total;
   if (trim_job_pool) {
-    budget = 0;
-    if (!pool_trim_failed_.load(std::memory_order_relaxed)) {
-      trimmed = device_.trim_job_pool(total);
-      trim_ns = monotonic_ns() - started;
-      if (trimmed.ok()) budget = *trimmed;
-    }
+    trim = trim_job_pool_by(total);
+    budget = trim && trim->trimmed.ok() ? *trim->trimmed : 0;
   }
   for (std::size_t size : sizes) {
     if (size > budget) break;  // the rest of the span goes back to the arena below
@@ -1823,14 +1815,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   lock.lock();
   --unmapping_;
   stats_.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
-  if (trimmed.ok()) {
-    ++stats_.pool_trims;
-    stats_.pool_trimmed_bytes += *trimmed;
-    stats_.pool_trim_ns += trim_ns;
-  } else if (trimmed.status().code() != ErrorCode::not_ready && !pool_trim_failed_.exchange(true)) {
-    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
-                     device_.ordinal(), trimmed.status().message());
-  }
+  if (trim) record_pool_trim(*trim);
   for (const Status& status : failures) note_failure("mapping ranges ahead for the cache", status);
   bool first = true;
   for (Item& item : items) {
@@ -1901,32 +1886,40 @@ void DeviceEngine::start_iteration() {
 
 // --- Reload workers ----------------------------------------------------------------------------
 
+std::optional<DeviceEngine::PoolTrim> DeviceEngine::trim_job_pool_by(std::size_t bytes) {
+  if (pool_trim_failed_.load(std::memory_order_relaxed)) return std::nullopt;
+  const std::uint64_t started = monotonic_ns();
+  Result<std::size_t> trimmed = device_.trim_job_pool(bytes);
+  return PoolTrim{std::move(trimmed), monotonic_ns() - started};
+}
+
+void DeviceEngine::record_pool_trim(const PoolTrim& trim) {
+  if (trim.trimmed.ok()) {
+    ++stats_.pool_trims;
+    stats_.pool_trimmed_bytes += *trim.trimmed;
+    stats_.pool_trim_ns += trim.ns;
+  } else if (!pool_trim_failed_.exchange(true)) {
+    // Not the job's data at stake, only the saving: carry on without trims.
+    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
+                     device_.ordinal(), trim.trimmed.status().message());
+  }
+}
+
 Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
   // The job's cudaMallocAsync pool keeps the reserve it grew to at its peak (torch never lets it
   // shrink), and backward has freed much of it by now: pages created here would stack on top of
   // that reserve. Giving the pool's unused bytes back first keeps device memory in use flat; the
   // pool grows back in the next forward pass, when these pages have been given back or recycled.
-  const bool trim = options_.vmm_trim_job_pool && !pool_trim_failed_.load(std::memory_order_relaxed);
-  std::uint64_t started = monotonic_ns();
-  Result<std::size_t> trimmed = trim ? device_.trim_job_pool(bytes) : Result<std::size_t>(std::size_t{0});
-  const std::uint64_t trim_ns = monotonic_ns() - started;
+  const std::optional<PoolTrim> trim = options_.vmm_trim_job_pool ? trim_job_pool_by(bytes) : std::nullopt;
   // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
   // may wait 10-16 ms for the job's queued work (docs/performance.md, "Trimming the job's pool").
-  started = monotonic_ns();
+  const std::uint64_t started = monotonic_ns();
   Result<PhysicalHandle> created = device_.create_physical(bytes, MemoryLocation::device);
   const std::uint64_t create_ns = monotonic_ns() - started;
   std::lock_guard<std::mutex> guard(mutex_);
   ++stats_.reload_creates;
   stats_.reload_create_ns += create_ns;
-  if (trim && trimmed.ok()) {
-    ++stats_.pool_trims;
-    stats_.pool_trimmed_bytes += *trimmed;
-    stats_.pool_trim_ns += trim_ns;
-  } else if (trim && !pool_trim_failed_.exchange(true)) {
-    // Not the job's data at stake, only the saving: carry on without trims.
-    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
-                     device_.ordinal(), trimmed.status().message());
-  }
+  if (trim) record_pool_trim(*trim);
   return created;
 }
 

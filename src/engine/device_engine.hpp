@@ -253,6 +253,16 @@ class DeviceEngine {
   void offload_worker();
   void vmm_worker();
   void reload_worker();
+  // vmm.trim_job_pool: what a trim of the job's pool gave back, and how long it took.
+  struct PoolTrim {
+    Result<std::size_t> trimmed;
+    std::uint64_t ns = 0;
+  };
+  // Trims the job's pool by `bytes`; nullopt once a trim has failed (none for the rest of the run).
+  // Called without the engine's lock.
+  std::optional<PoolTrim> trim_job_pool_by(std::size_t bytes);
+  // Counts a trim; the first failure warns and stops later trims. Lock held.
+  void record_pool_trim(const PoolTrim& trim);
   // Creates device pages for a reload, first trimming the job's pool by as much (vmm.trim_job_pool).
   // Called without the engine's lock.
   Result<PhysicalHandle> create_reload_pages(std::size_t bytes);

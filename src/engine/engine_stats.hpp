@@ -27,8 +27,9 @@ namespace actpage::engine {
 //     time those cuMemCreate calls took
 //   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
 //     the device had not run yet (vmm.reload_waits_for_frees false: waiting for it held reloads up)
-//   backlog_waits, backlog_wait_ns: the job's thread waited at a module's end for the offload
-//     backlog to fall to offload_backlog_bytes, and for how long in all
+//   backlog_waits, backlog_wait_ns: the job's thread waited for the offload backlog to fall, at a
+//     module's end to offload_backlog_bytes or at the layers' end to nothing
+//     (offload_drain_at_layers_end), and for how long in all
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
