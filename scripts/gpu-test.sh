@@ -154,10 +154,12 @@ for stage in "$@"; do
       # (module ranges, allocation records) every other step, in ABBA pairs, so that the machine's
       # drift (the CPU-bound Qwen3-MoE step moves 5-10% between and within processes) cancels out.
       # Per job and allocator: the median of the pairs' ratios recorded/paused and its 95% interval.
+      # A paused step runs with the module hooks taken off (blocks scope). OBSERVE_QWEN_STEPS (default
+      # 66), OBSERVE_TAG: a suffix for the result names (e.g. one per python_hooks_call).
       say "observe-alternate: observe-only cost as recorded/paused step pairs inside one process"
       for alt_job in ${OBSERVE_JOBS:-qwen llama}; do
         case $alt_job in
-          qwen) alt_cmd=(examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps 66 --warmup 6 --deterministic) ;;
+          qwen) alt_cmd=(examples/train_qwen3_moe.py "${qwen[@]}" --layers 4 --steps "${OBSERVE_QWEN_STEPS:-66}" --warmup 6 --deterministic) ;;
           llama) alt_cmd=(examples/train_llama.py "${llama[@]}" --layers 8 --steps 46 --warmup 6 --deterministic) ;;
           *) echo "FAILED: observe-alternate: OBSERVE_JOBS names $alt_job"; failed=1; continue ;;
         esac
@@ -168,7 +170,7 @@ for stage in "$@"; do
             expandable) alt_conf=expandable_segments:True ;;
             *) alt_conf=$alt_alloc ;;
           esac
-          name=alt-$alt_job-$alt_alloc
+          name=alt-$alt_job-$alt_alloc${OBSERVE_TAG:-}
           PYTORCH_CUDA_ALLOC_CONF=$alt_conf check "$name" "$actpage" run --policy config/observe.json \
             --trace "$out/$name.trace" -- env PYTHONHASHSEED=0 taskset -c 2-9 "$python" "${alt_cmd[@]}" --alternate-actpage
           "$python" - "$out/$name.log" "$name" <<'PY'

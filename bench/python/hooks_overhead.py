@@ -93,17 +93,18 @@ def main():
     # A model of transformer shape: layers in a ModuleList, each with a few leaves.
     model = Model(args.layers)
     modules = sum(1 for _ in model.modules()) - 1  # the ModuleList is never called
-    for scope, backward in (("all", "hooked"), ("blocks", "hooked"), ("blocks", "layers")):
+    for scope, backward, call in (("all", "hooked", "hooks"), ("blocks", "hooked", "hooks"),
+                                  ("blocks", "layers", "hooks"), ("blocks", "layers", "wrap")):
         plain = run(model, x, args.reps)  # measured next to each variant: the host drifts
-        actpage_hooks.install(mode="on", push=push, pop=pop, scope=scope, backward=backward)
+        actpage_hooks.install(mode="on", push=push, pop=pop, scope=scope, backward=backward, call=call)
         hooked = run(model, x, args.reps)
         hooks = actpage_hooks.installed()
         hooked_modules = len(hooks.hooked) if scope == "blocks" else modules
         marked = modules if scope == "all" else sum(1 for m in hooks.hooked if m.__dict__.get("_actpage_marks_backward"))
         actpage_hooks.uninstall()
-        print("scope %-6s backward %-6s: %d of %d module calls hooked, %d mark backward: plain %.2f ms, hooked %.2f ms, "
+        print("scope %-6s backward %-6s call %-5s: %d of %d module calls hooked, %d mark backward: plain %.2f ms, hooked %.2f ms, "
               "+%.2f us per module call, +%.2f us per hooked call"
-              % (scope, backward, hooked_modules, modules, marked, plain * 1e3, hooked * 1e3,
+              % (scope, backward, call, hooked_modules, modules, marked, plain * 1e3, hooked * 1e3,
                  (hooked - plain) / modules * 1e6, (hooked - plain) / hooked_modules * 1e6))
 
 

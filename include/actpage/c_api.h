@@ -18,6 +18,8 @@ int actpage_python_hooks_mode(void);
 int actpage_python_hooks_scope(void);
 /* The python_hooks_backward option: 0 layers, 1 hooked. */
 int actpage_python_hooks_backward(void);
+/* The python_hooks_call option: 0 hooks, 1 wrap. */
+int actpage_python_hooks_call(void);
 /* 1 when a module rule of the policy (offload or exclusion) matches the range name `name`, else 0:
    the Python hooks name such modules in every scope. */
 int actpage_module_rule_matches(const char* name);

@@ -18,6 +18,7 @@ enum class StrayAccess { fault, host_mapped, poison };
 enum class PythonHooks { automatic, on, off };
 enum class PythonHooksScope { blocks, all };
 enum class PythonHooksBackward { layers, hooked };
+enum class PythonHooksCall { hooks, wrap };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
 // One entry of "modules": which ranges' activations are offloaded.

@@ -42,7 +42,7 @@ def installed():
 
 
 def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, scope=None,
-            pass_functions=None, backward=None):
+            pass_functions=None, backward=None, call=None):
     """Registers the global module hooks (idempotent; imports torch).
 
     mode: 'auto' or 'on' (default: resolve_mode(); 'off' installs nothing and returns None).
@@ -56,6 +56,8 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
     backward: 'layers' or 'hooked' (default: the library's python_hooks_backward, else
     ACTPAGE_PYTHON_HOOKS_BACKWARD, else 'layers'): which hooked modules mark their backward pass in
     blocks scope; see _hooks.ModuleHooks.
+    call: 'hooks' or 'wrap' (default: the library's python_hooks_call, else ACTPAGE_PYTHON_HOOKS_CALL,
+    else 'wrap'): how a hooked module's forward is entered in blocks scope; see _hooks.ModuleHooks.
     """
     global _installed
     with _lock:
@@ -71,11 +73,13 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
 
         scope = _mode.resolve_scope() if scope is None else scope
         backward = _mode.resolve_backward() if backward is None else backward
+        call = _mode.resolve_call() if call is None else call
         _installed = hooks_module.ModuleHooks(mode, push=push, pop=pop, force=force,
                                               use_node_prehook=use_node_prehook, scope=scope,
                                               rule_matches=_mode.library_rule_matcher(),
-                                              pass_functions=pass_functions, backward=backward).install()
-        _log.debug("installed (mode %s, scope %s, backward %s)" % (mode, scope, backward))
+                                              pass_functions=pass_functions, backward=backward,
+                                              call=call).install()
+        _log.debug("installed (mode %s, scope %s, backward %s, call %s)" % (mode, scope, backward, call))
         return _installed
 
 
@@ -104,17 +108,17 @@ def module_name(module):
 
 def set_paused(paused, set_recording=None):
     """Pauses (True) or resumes (False) what actpage records, to measure its cost inside one process
-    (examples/common.py --alternate-actpage): the module hooks push no new ranges and libactpage.so
+    (examples/common.py --alternate-actpage): the module hooks push no new ranges (in blocks scope
+    they come off the modules: paused steps run without actpage's Python side) and libactpage.so
     writes no allocation records (actpage_set_recording); memory is routed as before. Call between
-    training steps: a forward pass in progress keeps the ranges it pushed, and a step's backward
-    markers come from its forward. set_recording stands in for the library's function (tests).
+    training steps: a step's backward markers come from its forward. set_recording stands in for the library's function (tests).
     Returns True when there was something to pause: hooks installed or the library loaded."""
     import ctypes
 
     with _lock:
         hooks = _installed
         if hooks is not None:
-            hooks.paused = bool(paused)
+            hooks.set_paused(paused)
         if set_recording is None:
             set_recording = _mode._process_symbol("actpage_set_recording", ctypes.c_int, [ctypes.c_int])
         if set_recording is not None:

@@ -22,12 +22,22 @@ call it belongs to just before it is pushed (actpage_set_backward_pass), so that
 several micro-batches' activations brings back only the one backward is about to read. Without the
 library these calls are skipped.
 
+Entering a module (python_hooks_call): with `hooks`, torch forward pre-hooks and forward hooks run the
+two bodies, which sends every call of a hooked module through torch's slower hooked call path. With
+`wrap`, each hooked module's forward is replaced on the instance by a wrapper around its class's
+forward that runs the same two bodies (torch then keeps its fast path); the wrapper carries the
+original as `__wrapped__`, so inspect.signature(module.forward) is unchanged, it rebinds to the copy
+under copy.deepcopy, and it goes on removal. The model's root, whose first call is the one that finds
+the tree, and modules whose forward is already replaced on the instance (accelerate) keep hooks.
+
 Every hook body is wrapped: an exception is reported once on stderr and never reaches the job.
 """
 
 import dataclasses
+import functools
 import sys
 import threading
+import types
 import weakref
 
 import torch
@@ -130,7 +140,7 @@ class ModuleHooks:
     """The installed global hooks. One instance per process (see actpage_hooks.install)."""
 
     def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None, scope=None,
-                 rule_matches=None, pass_functions=None, backward=None):
+                 rule_matches=None, pass_functions=None, backward=None, call=None):
         self.mode = mode
         # Forward-call ids for micro-batches (see the module docstring): the library's functions,
         # or a pair of stand-ins (tests).
@@ -144,6 +154,16 @@ class ModuleHooks:
         # a hooked call's cost. layers: the root, each repeated layer and every module a policy rule
         # matches (the engine reloads by the selected module and its layer); hooked: all of them.
         self.backward = backward or _mode.LAYERS
+        # wrap: hooked modules (blocks scope) are entered through a forward wrapper on the instance
+        # instead of torch's hooks (see the module docstring). One wrapper function per class
+        # forward, bound to each module; `wrapped` holds the modules that have one.
+        self.call = call or _mode.WRAP
+        self._wrappers = {}
+        self.wrapped = weakref.WeakSet()
+        # Per hooked module (blocks scope): its torch hook handles, when it has hooks. Pausing
+        # takes the hooks and wrappers off (set_paused) and resuming puts them back.
+        self._module_handles = weakref.WeakKeyDictionary()
+        self._tree_roots = weakref.WeakSet()  # roots found by _discover: they keep hooks
         self._rule_matches = rule_matches
         self._discovery_handle = None
         self.hooked = weakref.WeakSet()
@@ -165,6 +185,16 @@ class ModuleHooks:
         self.pushing = False
         self.disabled_reason = None
         self._compiling = _compiling_probe()
+
+    # ---- copies of hooked modules -------------------------------------------------------------
+    # A hooked module holds bound methods of this object (its torch hooks): copy.deepcopy(model)
+    # and torch.save(model) would copy or pickle it with its lock and thread-local state, and fail.
+    # A copied module keeps these hooks; an unpickled one gets the hooks installed where it loads.
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return (_hooks_for_unpickled_module, ())
 
     # ---- installation -------------------------------------------------------------------------
     def install(self):
@@ -250,20 +280,103 @@ class ModuleHooks:
 
     def _hook_tree(self, root):
         marked = None if self.backward == _mode.HOOKED else self.marked_modules(root)
+        added = []
         for module in self.selected_modules(root):
             if module in self.hooked:
                 continue
             self.hooked.add(module)
             module.__dict__[_MARK_ATTR] = marked is None or id(module) in marked
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            added.append(module)
+        self._tree_roots.add(root)
+        if not self.paused:
+            for module in added:
+                self._attach(module)
+
+    def _attach(self, module):
+        """Puts a hooked module's wrapper or hooks on."""
+        # A root is in its first call, which already looked its forward up: it keeps hooks.
+        if self.call == _mode.WRAP and module not in self._tree_roots and self._wrap(module):
+            return
+        handles = [module.register_forward_pre_hook(self._pre_hook)]
+        try:
+            handles.append(module.register_forward_hook(self._post_hook, always_call=True))
+        except TypeError:  # torch < 2.1
+            handles.append(module.register_forward_hook(self._post_hook))
+        self._module_handles[module] = handles
+        self._handles.extend(handles)
+
+    def _detach(self, module):
+        """Takes a hooked module's wrapper or hooks off: it runs as if never hooked."""
+        if module in self.wrapped:
+            self._unwrap(module)
+            self.wrapped.discard(module)
+        for handle in self._module_handles.pop(module, ()):
+            handle.remove()
+
+    def set_paused(self, paused):
+        """Pauses (True) or resumes the ranges. In blocks scope a pause takes every module's hooks
+        and wrappers off, so that paused steps run as the job without actpage's Python side; call it
+        between steps (a forward in progress would lose its pops)."""
+        paused = bool(paused)
+        if paused == self.paused:
+            return
+        if self.scope != _mode.ALL:
+            for module in list(self.hooked):
+                if paused:
+                    self._detach(module)
+                else:
+                    self._attach(module)
+        self.paused = paused
+
+    def _wrap(self, module):
+        """Replaces `module`'s forward on the instance with the wrapper of its class's forward;
+        False (nothing done) when the instance already has its own forward or the class's is not
+        a plain function."""
+        if "forward" in module.__dict__:
+            return False
+        original = getattr(type(module), "forward", None)
+        if not isinstance(original, types.FunctionType) or original is torch.nn.Module.forward:
+            return False  # (a container's forward, which raises, is never called)
+        wrapper = self._wrappers.get(original)
+        if wrapper is None:
+            wrapper = self._wrappers[original] = self._make_wrapper(original)
+        module.__dict__["forward"] = types.MethodType(wrapper, module)
+        self.wrapped.add(module)
+        return True
+
+    def _make_wrapper(self, original):
+        pre_hook, post_hook = self._pre_hook, self._post_hook
+
+        def forward(module, *args, **kwargs):
+            pre_hook(module, args)
             try:
-                handle = module.register_forward_hook(self._post_hook, always_call=True)
-            except TypeError:  # torch < 2.1
-                handle = module.register_forward_hook(self._post_hook)
-            self._handles.append(handle)
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                post_hook(module, args, None)  # what always_call gives the hooks: balance on raise
+                raise
+            post_hook(module, args, output)
+            return output
+
+        functools.update_wrapper(forward, original)
+        # A bound method pickles as getattr(module, __name__): "forward" finds the class's again.
+        forward.__name__ = "forward"
+        forward._actpage_wrapper = True
+        return forward
+
+    @staticmethod
+    def _unwrap(module):
+        bound = module.__dict__.get("forward")
+        if getattr(getattr(bound, "__func__", None), "_actpage_wrapper", False):
+            del module.__dict__["forward"]
+
+    def _unwrap_all(self):
+        for module in list(self.wrapped):
+            self._unwrap(module)
+        self.wrapped = weakref.WeakSet()
 
     def remove(self):
-        """Removes the global hooks. Call outside a forward pass (torch < 2 iterates the hook dict)."""
+        """Removes the global hooks and the forward wrappers. Call outside a forward pass (torch < 2
+        iterates the hook dict)."""
         self.active = False
         for handle in self._handles:
             try:
@@ -271,6 +384,7 @@ class ModuleHooks:
             except Exception:
                 pass
         self._handles = []
+        self._unwrap_all()
 
     def set_range_functions(self, push, pop):
         self._push = push or _real_push
@@ -444,6 +558,18 @@ class ModuleHooks:
             return None
 
         return backward_marker_hook
+
+
+def _hooks_for_unpickled_module():
+    """What the hook methods of an unpickled module are bound to: the installed hooks, else an
+    inactive instance (its hooks do nothing)."""
+    from . import installed
+
+    hooks = installed()
+    if hooks is None:
+        hooks = ModuleHooks(_mode.OFF, pass_functions=(None, None))
+        hooks.active = False
+    return hooks
 
 
 def _node_has_prehook():

@@ -22,6 +22,11 @@ LAYERS = "layers"
 HOOKED = "hooked"
 _LIBRARY_BACKWARD = {0: LAYERS, 1: HOOKED}
 
+# python_hooks_call: how a hooked module's forward is entered.
+HOOKS = "hooks"
+WRAP = "wrap"
+_LIBRARY_CALL = {0: HOOKS, 1: WRAP}
+
 _LIBRARY_MODES = {0: AUTO, 1: ON, 2: OFF}
 _TRUE_WORDS = ("on", "1", "true", "yes")
 
@@ -89,6 +94,16 @@ def library_backward():
 def resolve_backward(library=None, environ=None):
     """Which modules mark backward: the library's answer, else ACTPAGE_PYTHON_HOOKS_BACKWARD, else layers."""
     return _resolve_choice(library or library_backward, environ, "ACTPAGE_PYTHON_HOOKS_BACKWARD", HOOKED, LAYERS)
+
+
+def library_call():
+    """The library's python_hooks_call as HOOKS/WRAP, or None when libactpage.so is not loaded."""
+    return _library_choice("actpage_python_hooks_call", _LIBRARY_CALL, WRAP)
+
+
+def resolve_call(library=None, environ=None):
+    """How hooked modules are entered: the library's answer, else ACTPAGE_PYTHON_HOOKS_CALL, else wrap."""
+    return _resolve_choice(library or library_call, environ, "ACTPAGE_PYTHON_HOOKS_CALL", HOOKS, WRAP)
 
 
 def library_rule_matcher():

@@ -12,6 +12,7 @@ ACTPAGE_EXPORT int actpage_is_active(void) { return actpage::interpose::ensure_a
 ACTPAGE_EXPORT int actpage_python_hooks_mode(void) { return actpage::interpose::python_hooks_mode(); }
 ACTPAGE_EXPORT int actpage_python_hooks_scope(void) { return actpage::interpose::python_hooks_scope(); }
 ACTPAGE_EXPORT int actpage_python_hooks_backward(void) { return actpage::interpose::python_hooks_backward(); }
+ACTPAGE_EXPORT int actpage_python_hooks_call(void) { return actpage::interpose::python_hooks_call(); }
 ACTPAGE_EXPORT int actpage_module_rule_matches(const char* name) { return actpage::interpose::module_rule_matches(name); }
 ACTPAGE_EXPORT void actpage_flush_trace(void) { actpage::interpose::flush_trace(); }
 ACTPAGE_EXPORT unsigned long long actpage_begin_forward_pass(void) { return actpage::engine::forward_pass::begin(); }

@@ -392,6 +392,11 @@ int python_hooks_backward() noexcept {
                             : static_cast<int>(options->python_hooks_backward);
 }
 
+int python_hooks_call() noexcept {
+  const Options* options = loaded_options();
+  return options == nullptr ? static_cast<int>(PythonHooksCall::wrap) : static_cast<int>(options->python_hooks_call);
+}
+
 int module_rule_matches(const char* name) noexcept {
   try {
     if (name == nullptr || loaded_options() == nullptr) return 0;

@@ -37,6 +37,8 @@ int python_hooks_mode() noexcept;
 int python_hooks_scope() noexcept;
 // The python_hooks_backward option (0 layers, 1 hooked); layers when the policy failed to load.
 int python_hooks_backward() noexcept;
+// The python_hooks_call option (0 hooks, 1 wrap); wrap when the policy failed to load.
+int python_hooks_call() noexcept;
 // 1 when a module rule (offload or exclusion) matches `name`, 0 when none does or the library is
 // inert: the Python hooks always name such modules.
 int module_rule_matches(const char* name) noexcept;

@@ -49,6 +49,11 @@ struct EnumNames<PythonHooksBackward> {
       {{PythonHooksBackward::layers, "layers"}, {PythonHooksBackward::hooked, "hooked"}}};
 };
 template <>
+struct EnumNames<PythonHooksCall> {
+  static constexpr std::array<std::pair<PythonHooksCall, std::string_view>, 2> values{
+      {{PythonHooksCall::hooks, "hooks"}, {PythonHooksCall::wrap, "wrap"}}};
+};
+template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

@@ -420,13 +420,21 @@ class OptionResolutionTest(unittest.TestCase):
         self.assertEqual(_mode.resolve_backward(library=lambda: None,
                                                 environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": " Hooked "}), _mode.HOOKED)
         self.assertEqual(_mode.resolve_backward(library=lambda: None, environ={}), _mode.LAYERS)
+        self.assertEqual(_mode.resolve_call(library=lambda: None, environ={}), _mode.WRAP)
+        self.assertEqual(_mode.resolve_call(library=lambda: None, environ={"ACTPAGE_PYTHON_HOOKS_CALL": "hooks"}),
+                         _mode.HOOKS)
+        self.assertEqual(_mode.resolve_call(library=lambda: _mode.WRAP,
+                                            environ={"ACTPAGE_PYTHON_HOOKS_CALL": "hooks"}), _mode.WRAP)
         # Without libactpage.so in this process the library has no answer.
         self.assertIsNone(_mode.library_backward())
 
 
 class BlocksScopeTest(unittest.TestCase):
     """The default scope: the model, modules with children, each layer's direct children and modules
-    a policy rule names get hooks; other leaves keep torch's fast path."""
+    a policy rule names get hooks; other leaves keep torch's fast path. Run with each way of entering
+    a hooked module (python_hooks_call): the ranges and markers must not depend on it."""
+
+    call = _mode.HOOKS
 
     def install(self, rule_matches=None, backward=None):
         actpage_hooks.uninstall()
@@ -434,7 +442,7 @@ class BlocksScopeTest(unittest.TestCase):
         torch.manual_seed(0)
         self.rec = RangeRecorder()
         self.hooks = _hooks.ModuleHooks(_mode.ON, push=self.rec.push, pop=self.rec.pop, scope=_mode.BLOCKS,
-                                        rule_matches=rule_matches, backward=backward).install()
+                                        rule_matches=rule_matches, backward=backward, call=self.call).install()
 
     def tearDown(self):
         self.hooks.remove()
@@ -504,6 +512,185 @@ class BlocksScopeTest(unittest.TestCase):
         hooked.sum().backward()
         self.assertTrue(torch.equal(plain, hooked))
         self.assertTrue(torch.equal(plain_grad, model.embed.weight.grad))
+
+    def test_a_deep_copy_runs_its_own_parameters(self):
+        self.install()
+        model = Tiny()
+        x = torch.randn(5, 4)
+        model(x)
+        twin = copy.deepcopy(model)
+        self.rec.events.clear()
+        with torch.no_grad():
+            for parameter in twin.parameters():
+                parameter.add_(1.0)
+        self.assertFalse(torch.equal(model(x), twin(x)))
+        self.assertEqual(self.rec.forward_names()[-7:], [
+            "Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1", "layers.1.norm", "layers.1.mlp"])
+        twin(x).sum().backward()
+        self.assertIsNone(model.layers[0].mlp.fc1.weight.grad)
+        self.assertIsNotNone(twin.layers[0].mlp.fc1.weight.grad)
+
+    def test_a_pickled_model_loads_and_runs(self):
+        self.install()
+        model = Tiny()
+        x = torch.randn(5, 4)
+        expected = model(x)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        try:
+            loaded = torch.load(buffer, weights_only=False)
+        except TypeError:  # torch < 1.13 has no weights_only
+            buffer.seek(0)
+            loaded = torch.load(buffer)
+        self.assertTrue(torch.equal(loaded(x), expected))
+
+    def test_a_pause_takes_the_hooks_off_and_a_resume_puts_them_back(self):
+        self.install()
+        model = Tiny()
+        x = torch.randn(5, 4)
+        model(x).sum().backward()
+        recorded = list(self.rec.events)
+        self.hooks.set_paused(True)
+        self.rec.events.clear()
+        paused = model(x)
+        paused.sum().backward()
+        self.assertEqual(self.rec.events, [])
+        for module in model.modules():  # the modules run as if never hooked
+            self.assertNotIn("forward", module.__dict__)
+            self.assertEqual(len(module._forward_pre_hooks), 0)
+            self.assertEqual(len(module._forward_hooks), 0)
+        self.hooks.set_paused(False)
+        self.hooks.set_paused(False)  # twice: no second set of hooks
+        resumed = model(x)
+        resumed.sum().backward()
+        self.assertEqual(self.rec.events, recorded)
+        self.assertTrue(torch.equal(paused, resumed))
+
+    def test_a_model_found_while_paused_is_hooked_on_resume(self):
+        self.install()
+        self.hooks.set_paused(True)
+        model = Tiny()
+        model(torch.randn(5, 4))
+        self.assertEqual(self.rec.events, [])
+        self.hooks.set_paused(False)
+        model(torch.randn(5, 4))
+        self.assertEqual(self.rec.forward_names(), [
+            "Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1", "layers.1.norm", "layers.1.mlp"])
+
+    def test_an_inner_forward_that_raises_leaves_the_ranges_balanced(self):
+        class Failing(nn.Module):
+            def forward(self, x):
+                raise ValueError("boom")
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bad = Failing()
+                self.good = nn.Linear(4, 4)
+
+            def forward(self, x):
+                try:
+                    self.bad(x)
+                except ValueError:
+                    pass
+                return self.good(x)
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Layer(), Layer()])
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        self.install()
+        model = Model()
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+        self.assertIn("layers.1.bad", self.rec.forward_names())
+        self.assertEqual(self.rec.depth, 0)
+        self.assertEqual(self.rec.underflows, 0)
+
+
+class BlocksScopeWrapTest(BlocksScopeTest):
+    """python_hooks_call wrap: hooked modules are entered through a forward wrapper on the instance."""
+
+    call = _mode.WRAP
+
+    def test_wrapped_modules_have_no_torch_hooks_and_the_root_keeps_its_hooks(self):
+        self.install()
+        model = Tiny()
+        model(torch.randn(5, 4))
+        mlp = model.layers[0].mlp
+        self.assertIn("forward", mlp.__dict__)
+        self.assertEqual(len(mlp._forward_pre_hooks), 0)
+        self.assertEqual(len(mlp._forward_hooks), 0)
+        self.assertNotIn("forward", model.__dict__)  # the root: found during its own first call
+        self.assertEqual(len(model._forward_pre_hooks), 1)
+        self.assertNotIn("forward", model.layers[0].mlp.fc1.__dict__)  # an unhooked leaf
+
+    def test_the_forward_keeps_its_signature_for_inspect(self):
+        import inspect
+
+        class Keywords(nn.Module):
+            def forward(self, x, scale=2.0, *, shift=None):
+                return x * scale
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Keywords()])
+
+            def forward(self, x):
+                return self.layers[0](x, scale=3.0)
+
+        self.install()
+        model = Model()
+        plain = inspect.signature(model.layers[0].forward)
+        model(torch.randn(2, 4))
+        self.assertIn("forward", model.layers[0].__dict__)
+        self.assertEqual(inspect.signature(model.layers[0].forward), plain)
+        self.assertEqual(str(plain), "(x, scale=2.0, *, shift=None)")
+
+    def test_a_deep_copy_is_bound_to_itself(self):
+        self.install()
+        model = Tiny()
+        model(torch.randn(5, 4))
+        twin = copy.deepcopy(model)
+        self.assertIs(twin.layers[0].mlp.forward.__self__, twin.layers[0].mlp)
+
+    def test_removal_restores_the_class_forward(self):
+        self.install()
+        model = Tiny()
+        model(torch.randn(5, 4))
+        self.assertGreater(len(self.hooks.wrapped), 0)
+        self.hooks.remove()
+        for module in model.modules():
+            self.assertNotIn("forward", module.__dict__)
+        self.rec.events.clear()
+        model(torch.randn(5, 4))
+        self.assertEqual(self.rec.events, [])
+
+    def test_a_forward_replaced_on_the_instance_keeps_it_and_gets_hooks(self):
+        model = Tiny()
+        mlp = model.layers[1].mlp
+        calls = []
+        original = mlp.forward
+
+        def replaced(x):  # what accelerate's add_hook_to_module does
+            calls.append(1)
+            return original(x)
+
+        mlp.forward = replaced
+        self.install()
+        model(torch.randn(5, 4))
+        self.assertIs(mlp.forward, replaced)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(len(mlp._forward_pre_hooks), 1)
+        self.assertIn("layers.1.mlp", self.rec.forward_names())
 
 
 if __name__ == "__main__":

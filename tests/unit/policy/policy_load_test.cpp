@@ -661,6 +661,9 @@ TEST(EnumNames, MatchTheUnitTextOfOptionListDef) {
     if (ident == "python_hooks_backward") {
       EXPECT_EQ(enum_choices<PythonHooksBackward>(), info.unit);
     }
+    if (ident == "python_hooks_call") {
+      EXPECT_EQ(enum_choices<PythonHooksCall>(), info.unit);
+    }
     if (ident == "log_level") {
       EXPECT_EQ(enum_choices<LogLevel>(), info.unit);
     }
