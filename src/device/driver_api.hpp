@@ -67,6 +67,8 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuMemPoolTrimTo, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020)                        \
   X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020)                            \
   X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000)                               \
+  X(cuMemHostRegister_v2, "cuMemHostRegister", PFN_cuMemHostRegister_v6050)                \
+  X(cuMemHostUnregister, "cuMemHostUnregister", PFN_cuMemHostUnregister_v4000)             \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \
   X(cuStreamDestroy_v2, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)                      \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)                   \

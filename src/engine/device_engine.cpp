@@ -705,6 +705,17 @@ void DeviceEngine::seal(Group& group) {
     issue_offloads_now(group);
     return;
   }
+  // The last forward pass had selected modules of at least keep_last more layers after this one:
+  // this layer is not among the last keep_last, so it leaves now rather than once a later layer
+  // begins (a copy-bound forward starts its copies a layer or two earlier). A forward that turns
+  // out shorter than the last only reloads the layer at once.
+  if (options_.keep_last > 0 && group.thread == forward_thread_ && group.position < plan_last_iteration_.size() &&
+      plan_last_iteration_[group.position].selected == group.selected &&
+      layers_after_last_iteration_[group.position] >= options_.keep_last) {
+    ++stats_.groups_left_at_seal;
+    queue_offload(group);
+    return;
+  }
   if (!keep_window_.empty() && !keep_window_.back().empty() &&
       keep_window_.back().front()->layer_node == group.layer_node) {
     keep_window_.back().push_back(&group);
@@ -1579,8 +1590,10 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
 bool DeviceEngine::recycle_due() const {
   if (recycle_pending_.empty()) return false;
   // No copy runs: granting access is quick. Otherwise d2h_paused() holds new chunks back when the
-  // cache runs short, and the queue drains within two chunks.
-  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_ || flush_requests_ > 0;
+  // cache runs short, and the queue drains within two chunks. Not hurried by a flush (a backlog or
+  // drain wait, quiesce): the grant would wait behind the copies (2.5-8 ms on the H100 with the
+  // copy stream busy), and the unmaps the flush is for with it.
+  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_;
 }
 
 void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
@@ -1866,7 +1879,18 @@ void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
   if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
-  if (!plan_this_iteration_.empty()) plan_last_iteration_ = std::move(plan_this_iteration_);
+  if (!plan_this_iteration_.empty()) {
+    plan_last_iteration_ = std::move(plan_this_iteration_);
+    auto& registry = ranges::Registry::instance();
+    layers_after_last_iteration_.assign(plan_last_iteration_.size(), 0);
+    std::unordered_set<ranges::PathId> layers_seen;
+    for (std::size_t position = plan_last_iteration_.size(); position-- > 0;) {
+      layers_after_last_iteration_[position] = static_cast<std::uint32_t>(layers_seen.size());
+      const ranges::PathId selected = plan_last_iteration_[position].selected;
+      const ranges::PathId parent = registry.node(selected).parent;
+      layers_seen.insert(parent != ranges::kNoPath ? parent : selected);
+    }
+  }
   plan_this_iteration_.clear();
   cursor_ = 0;
   map_ahead_failed_ = false;

@@ -27,6 +27,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "actpage/device.hpp"
@@ -302,6 +303,10 @@ class DeviceEngine {
   std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
   std::vector<GroupPlan> plan_this_iteration_;
   std::vector<GroupPlan> plan_last_iteration_;
+  // Per position of plan_last_iteration_: how many distinct layers' selected modules came after it
+  // in that forward pass (keep_last: a group with at least keep_last layers after it leaves at its
+  // seal, see seal()).
+  std::vector<std::uint32_t> layers_after_last_iteration_;
   std::unordered_map<std::uint32_t, std::unique_ptr<Group>> groups_;
   std::uint32_t next_group_id_ = 1;
   std::vector<Group*> open_groups_;       // not yet sealed, any thread

@@ -10,6 +10,8 @@ namespace actpage::engine {
 //   allocations_served: candidates served from owned memory
 //   allocations_passed: candidates left to the job's allocator (too small...)
 //   groups_kept_resident: in the keep_last window when backward began
+//   groups_left_at_seal: queued for offload at their own end, the last forward having shown at
+//     least keep_last layers after them (keep_last > 0)
 //   offloads_completed: device pages given back (or poisoned)
 //   offloads_cancelled: backward or a free came first
 //   dropped_offloaded: freed while offloaded: never reloaded
@@ -44,6 +46,7 @@ namespace actpage::engine {
   X(allocations_passed) \
   X(groups_created) \
   X(groups_kept_resident) \
+  X(groups_left_at_seal) \
   X(offloads_started) \
   X(offloads_completed) \
   X(offloads_cancelled) \

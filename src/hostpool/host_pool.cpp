@@ -146,22 +146,31 @@ void HostPool::remove_free(std::uint32_t slab, std::size_t offset, std::size_t b
 bool HostPool::request_growth(std::size_t bytes) {
   // After a pinning failure nothing grows; that was warned about and is not a budget problem.
   if (growth_failed_) return true;
-  // A slab already on its way that can hold the block: wait for it rather than pin more.
-  const std::size_t pending_max = std::max(
-      growth_queue_.empty() ? 0 : *std::max_element(growth_queue_.begin(), growth_queue_.end()), inflight_bytes_);
-  if (pending_max >= bytes) return true;
-  const std::uint64_t used = slab_total_ + pending_bytes_;
-  const std::uint64_t room =
-      used >= config_.budget_bytes ? 0 : (config_.budget_bytes - used) / kHostBlockAlignment * kHostBlockAlignment;
-  // A block larger than a slab gets a dedicated slab of its own size; the last slab may be cut short
-  // to what is left of the budget, as long as the block fits.
-  std::size_t size = std::max(bytes, slab_bytes_);
-  if (size > room) size = static_cast<std::size_t>(room);
-  if (size < bytes) return false;
-  growth_queue_.push_back(size);
-  pending_bytes_ += size;
-  work_cv_.notify_one();
-  return true;
+  // Misses come in bursts (a layer's activations, one after the other, in the same forward): each
+  // adds to the shortfall, and slabs are queued until the growth on its way covers it, so that one
+  // burst asks for all it needs at once rather than a slab per forward.
+  unserved_bytes_ += bytes;
+  // Whether a slab on its way (queued or being pinned) can hold this block.
+  bool on_its_way = std::max(growth_queue_.empty() ? 0 : *std::max_element(growth_queue_.begin(), growth_queue_.end()),
+                             inflight_bytes_) >= bytes;
+  bool queued = false;
+  while (!on_its_way || unserved_bytes_ > pending_bytes_) {
+    const std::uint64_t used = slab_total_ + pending_bytes_;
+    const std::uint64_t room =
+        used >= config_.budget_bytes ? 0 : (config_.budget_bytes - used) / kHostBlockAlignment * kHostBlockAlignment;
+    // A block larger than a slab gets a dedicated slab of its own size; the last slab may be cut
+    // short to what is left of the budget, as long as the block fits.
+    std::size_t size = std::max(bytes, slab_bytes_);
+    if (size > room) size = static_cast<std::size_t>(room);
+    // The budget is spent: exhausted unless something already on its way can hold the block.
+    if (size < bytes) break;
+    growth_queue_.push_back(size);
+    pending_bytes_ += size;
+    on_its_way = true;
+    queued = true;
+  }
+  if (queued) work_cv_.notify_one();
+  return on_its_way;
 }
 
 void HostPool::grow_loop() {
@@ -192,9 +201,11 @@ void HostPool::grow_loop() {
       const auto id = static_cast<std::uint32_t>(slabs_.size());
       slabs_.push_back(Slab{static_cast<std::byte*>(*pinned), size, {}});
       slab_total_ += size;
+      unserved_bytes_ -= std::min<std::uint64_t>(unserved_bytes_, size);
       add_free(id, 0, size);
     } else {
       growth_failed_ = true;
+      unserved_bytes_ = 0;
       for (std::size_t queued : growth_queue_) pending_bytes_ -= queued;
       growth_queue_.clear();
       const std::string message = "pinning a host pool slab of " + format_bytes(size) +

@@ -10,9 +10,12 @@
 //   the budget). It never blocks on pinning.
 // - try_allocate(bytes) never blocks on pinning or on the background thread (it takes one short
 //   lock). It returns a block of at least `bytes` (rounded up to 256 bytes; its pointer is 256-byte
-//   aligned) from the existing slabs, best fit, or nullopt. On nullopt it asks the background thread
-//   to add a slab (a dedicated slab of the block's size when the block is larger than a slab), unless
-//   that would pass the budget: then the pool is *exhausted*: one warning ("host pool budget of X
+//   aligned) from the existing slabs, best fit, or nullopt. On nullopt it adds the block to the
+//   pool's shortfall and asks the background thread for slabs (a dedicated slab of the block's size
+//   when the block is larger than a slab) until the growth on its way covers the shortfall: a burst
+//   of misses (one forward's activations) asks for all it needs at once. Slabs that land reduce the
+//   shortfall. When nothing on its way can hold the block and a slab for it would pass the budget,
+//   the pool is *exhausted*: one warning ("host pool budget of X
 //   exhausted: offloading of further activations stops") and exhausted() turns true for good.
 //   The caller treats nullopt as "keep this activation resident". A single request larger than the
 //   whole budget is refused with its own one-time warning and does not make the pool exhausted.
@@ -128,6 +131,7 @@ class HostPool {
   std::deque<std::size_t> growth_queue_;  // slab sizes to pin, in order
   std::uint64_t slab_total_ = 0;
   std::uint64_t pending_bytes_ = 0;       // in growth_queue_ or being pinned now
+  std::uint64_t unserved_bytes_ = 0;      // misses since the last slabs landed, not yet covered by them
   bool growing_ = false;                  // the background thread is pinning a slab now
   std::size_t inflight_bytes_ = 0;        // the size of that slab
   std::uint64_t bytes_in_use_ = 0;

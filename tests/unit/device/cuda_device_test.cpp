@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -303,6 +304,57 @@ TEST_F(FakeDriver, HostPhysicalMemoryPrefersTheNumaNodeAndFallsBack) {
   ACTPAGE_ASSERT_OK(again->create_physical(4 * MiB, MemoryLocation::device));
   EXPECT_EQ(location_type(), CU_MEM_LOCATION_TYPE_DEVICE);
   EXPECT_EQ(control<int (*)()>("fake_cuda_last_location_id")(), 0);
+}
+
+TEST_F(FakeDriver, PinnedMemoryIsRegisteredTouchedMemoryAndUndoneOnFree) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto registered = control<int (*)(void*)>("fake_cuda_host_registered");
+  auto pinned = device->alloc_pinned(6 * MiB);
+  ACTPAGE_ASSERT_OK(pinned);
+  EXPECT_EQ(calls("cuMemHostRegister"), 1);
+  EXPECT_EQ(calls("cuMemHostAlloc"), 0);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(*pinned) % (2 * MiB), 0u) << "not aligned for huge pages";
+  EXPECT_EQ(registered(*pinned), 1);
+  std::memset(*pinned, 0x5a, 6 * MiB);  // the whole block is ordinary writable memory
+  ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
+  EXPECT_EQ(calls("cuMemHostUnregister"), 1);
+  EXPECT_EQ(calls("cuMemFreeHost"), 0);
+  EXPECT_EQ(registered(*pinned), 0);
+}
+
+TEST_F(FakeDriver, PinnedMemoryFallsBackToHostAllocWhenTheRegisterFails) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  fail("cuMemHostRegister", CUDA_ERROR_NOT_SUPPORTED);
+  auto pinned = device->alloc_pinned(4 * MiB);
+  ACTPAGE_ASSERT_OK(pinned);
+  EXPECT_EQ(calls("cuMemHostAlloc"), 1);
+  ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
+  EXPECT_EQ(calls("cuMemFreeHost"), 1);
+  EXPECT_EQ(calls("cuMemHostUnregister"), 0);
+
+  // Both ways failing: the host-alloc error, named.
+  fail("cuMemHostRegister", CUDA_ERROR_NOT_SUPPORTED);
+  fail("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY);
+  auto failed = device->alloc_pinned(4 * MiB);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), ErrorCode::out_of_memory);
+  EXPECT_NE(failed.status().message().find("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
+      << failed.status().message();
+  EXPECT_NE(failed.status().message().find("4 MiB of pinned host memory"), std::string::npos) << failed.status().message();
+}
+
+TEST_F(FakeDriver, AFailedUnregisterIsReportedAndLeavesTheMemoryMapped) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto pinned = device->alloc_pinned(2 * MiB);
+  ACTPAGE_ASSERT_OK(pinned);
+  fail("cuMemHostUnregister", CUDA_ERROR_INVALID_VALUE);
+  Status status = device->free_pinned(*pinned);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("cuMemHostUnregister: CUDA_ERROR_INVALID_VALUE"), std::string::npos) << status.message();
+  static_cast<volatile char*>(*pinned)[0] = 1;  // still mapped: writing does not fault
 }
 
 TEST_F(FakeDriver, EventQueryNotReadyIsNotReady) {

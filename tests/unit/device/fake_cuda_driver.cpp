@@ -249,6 +249,25 @@ CUresult CUDAAPI fake_cuMemFreeHost(void* ptr) {
   std::free(ptr);
   return CUDA_SUCCESS;
 }
+// Registered host ranges (pointer -> bytes): a second register of the same pointer, or an
+// unregister of one never registered, fails as the driver does.
+std::map<void*, std::size_t>& registered_host() {
+  static auto* ranges = new std::map<void*, std::size_t>;
+  return *ranges;
+}
+CUresult CUDAAPI fake_cuMemHostRegister(void* ptr, size_t bytes, unsigned int flags) {
+  FAKE_ENTER("cuMemHostRegister");
+  if (ptr == nullptr || bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  if (!registered_host().emplace(ptr, bytes).second) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  static_cast<volatile char*>(ptr)[bytes - 1] = static_cast<volatile char*>(ptr)[bytes - 1];  // must be mapped
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_cuMemHostUnregister(void* ptr) {
+  FAKE_ENTER("cuMemHostUnregister");
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return registered_host().erase(ptr) == 1 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
 CUresult CUDAAPI fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int) {
   FAKE_ENTER("cuStreamCreateWithPriority");
   if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
@@ -351,6 +370,8 @@ const Entry kEntries[] = {
     {"cuMemPoolTrimTo", reinterpret_cast<void*>(&fake_cuMemPoolTrimTo)},
     {"cuMemHostAlloc", reinterpret_cast<void*>(&fake_cuMemHostAlloc)},
     {"cuMemFreeHost", reinterpret_cast<void*>(&fake_cuMemFreeHost)},
+    {"cuMemHostRegister", reinterpret_cast<void*>(&fake_cuMemHostRegister)},
+    {"cuMemHostUnregister", reinterpret_cast<void*>(&fake_cuMemHostUnregister)},
     {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&fake_cuStreamCreateWithPriority)},
     {"cuStreamDestroy", reinterpret_cast<void*>(&fake_cuStreamDestroy)},
     {"cuStreamWaitEvent", reinterpret_cast<void*>(&fake_cuStreamWaitEvent)},
@@ -422,6 +443,10 @@ FAKE_EXPORT void fake_cuda_fail(const char* name, int result, int times) {
 FAKE_EXPORT void fake_cuda_hide(const char* name) {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().hidden.insert(name);
+}
+FAKE_EXPORT int fake_cuda_host_registered(void* ptr) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return registered_host().count(ptr) == 1 ? 1 : 0;
 }
 FAKE_EXPORT int fake_cuda_calls(const char* name) {
   std::lock_guard<std::mutex> lock(state().mutex);

@@ -188,6 +188,52 @@ TEST(Engine, KeepLastKeepsTheLastLayersResident) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+TEST(Engine, WithTheLastForwardKnownALayerLeavesAtItsOwnEnd) {
+  // keep_last 2 over 5 layers. The first forward holds layer 0 until layer 2 begins (nothing says
+  // two more layers follow); the second knows it from the first and lets layer 0 go at its seal.
+  Options options = testing::small_offload_options();
+  options.keep_last = 2;
+  Rig rig(options);
+  Forward first = run_forward(*rig.job, 5, 1, 2 * kMiB);
+  run_backward(*rig.job, first, 5);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().groups_left_at_seal, 0u);
+  const std::uint64_t offloads_before = rig.engine.stats().offloads_completed;
+
+  SimJob& job = *rig.job;
+  Forward second;
+  job.push("model");
+  std::vector<std::uint64_t> offloaded_after_layer;
+  for (int layer = 0; layer < 5; ++layer) {
+    const std::string layer_name = "model.layers." + std::to_string(layer);
+    job.push(layer_name);
+    const std::string name = layer_name + ".mlp";
+    job.push(name);
+    Tensor tensor = job.allocate(2 * kMiB);
+    job.write(tensor);
+    second.saved[name].push_back(tensor);
+    job.pop();
+    job.pop();
+    rig.engine.quiesce();  // whatever was queued has left
+    offloaded_after_layer.push_back(rig.engine.stats().offloads_completed - offloads_before);
+  }
+  job.pop();
+  // Layers 0-2 leave as each ends; 3 and 4 are the last two and stay.
+  EXPECT_EQ(offloaded_after_layer, (std::vector<std::uint64_t>{1, 2, 3, 3, 3}));
+  EXPECT_EQ(rig.engine.stats().groups_left_at_seal, 3u);
+  for (int layer = 4; layer >= 0; --layer) {
+    const std::string name = "model.layers." + std::to_string(layer) + ".mlp";
+    job.marker("model.layers." + std::to_string(layer) + ".backward");
+    job.marker(name + ".backward");
+    for (const Tensor& tensor : second.saved[name]) job.check(tensor);
+    for (const Tensor& tensor : second.saved[name]) job.free(tensor);
+  }
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(rig.engine.stats().live_owned_bytes, 0u);
+}
+
 TEST(Engine, FreedWhileOffloadedIsDroppedNeverReloaded) {
   Rig rig(testing::small_offload_options());
   Forward forward = run_forward(*rig.job, 3, 2, 2 * kMiB);

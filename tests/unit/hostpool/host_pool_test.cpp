@@ -299,6 +299,57 @@ TEST(HostPool, GrowsOnDemandWhenNothingWasPreallocated) {
   EXPECT_FALSE(pool.exhausted());
 }
 
+TEST(HostPool, ABurstOfMissesAsksForAllItNeedsAtOnce) {
+  SimDevice sim;
+  GatedDevice gated(sim);
+  WarningLog log;
+  HostPool pool(gated, pool_config(16 * kSlab, 0, log));
+  // One forward's worth of activations, none of which fits: 10 quarter-slab blocks while pinning is
+  // held back. The growth asked for covers all of them (3 slabs), not one slab per burst.
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
+  EXPECT_FALSE(pool.exhausted());
+  gated.open();
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  // The next forward finds room for every one of them, and asks for nothing more.
+  std::vector<HostBlock> blocks;
+  for (int i = 0; i < 10; ++i) {
+    auto block = pool.try_allocate(kSlab / 4);
+    ASSERT_TRUE(block.has_value()) << i;
+    blocks.push_back(*block);
+  }
+  EXPECT_EQ(pool.stats().slabs, 3u);
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 0u);
+  // Misses that the landed slabs covered are not asked for again.
+  EXPECT_FALSE(pool.try_allocate(kSlab * 3 / 4).has_value());  // half a slab is left, in pieces at most
+  EXPECT_EQ(pool.stats().pending_growth_bytes, kSlab);
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  for (const HostBlock& block : blocks) pool.free(block);
+  EXPECT_TRUE(log.all().empty());
+}
+
+TEST(HostPool, ABurstNearTheBudgetGetsWhatIsLeftAndOnlyThenExhausts) {
+  SimDevice sim;
+  GatedDevice gated(sim);
+  WarningLog log;
+  HostPool pool(gated, pool_config(2 * kSlab, 0, log));
+  for (int i = 0; i < 8; ++i) pool.try_allocate(kSlab / 2);
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 2 * kSlab) << "the growth stops at the budget";
+  EXPECT_FALSE(pool.exhausted()) << "slabs on their way can still hold such a block";
+  gated.open();
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  std::vector<HostBlock> blocks;
+  for (int i = 0; i < 4; ++i) {
+    auto block = pool.try_allocate(kSlab / 2);
+    ASSERT_TRUE(block.has_value()) << i;
+    blocks.push_back(*block);
+  }
+  EXPECT_FALSE(pool.try_allocate(kSlab / 2).has_value());
+  EXPECT_TRUE(pool.exhausted());
+  EXPECT_EQ(log.all().size(), 1u);
+  for (const HostBlock& block : blocks) pool.free(block);
+}
+
 TEST(HostPool, ABlockLargerThanASlabGetsADedicatedSlab) {
   SimDevice sim;
   WarningLog log;
