@@ -19,6 +19,7 @@ enum class PythonHooks { automatic, on, off };
 enum class PythonHooksScope { blocks, all };
 enum class PythonHooksBackward { layers, hooked };
 enum class PythonHooksCall { hooks, wrap };
+enum class HostPin { host_alloc, register_memory };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
 // One entry of "modules": which ranges' activations are offloaded.

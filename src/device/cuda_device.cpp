@@ -336,7 +336,7 @@ void* map_touched(std::size_t bytes, std::size_t& mapped) {
 Result<void*> CudaDevice::alloc_pinned(std::size_t bytes) {
   const std::string what = "allocating " + format_bytes(bytes) + " of pinned host memory";
   std::size_t mapped = 0;
-  if (void* base = bytes > 0 ? map_touched(bytes, mapped) : nullptr) {
+  if (void* base = pin_by_register_ && bytes > 0 ? map_touched(bytes, mapped) : nullptr) {
     const CUresult result = driver_.cuMemHostRegister_v2(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
     if (result == CUDA_SUCCESS) {
       std::lock_guard<std::mutex> lock(pinned_mutex_);

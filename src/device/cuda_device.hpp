@@ -19,13 +19,13 @@
 // - Streams are non-blocking (CU_STREAM_NON_BLOCKING) with the given priority; events have timing
 //   disabled. StreamHandle/EventHandle/PhysicalHandle hold the driver's CUstream/CUevent/
 //   CUmemGenericAllocationHandle values; StreamHandle{0} is the legacy default stream.
-// - alloc_pinned() maps anonymous memory (transparent huge pages asked for), faults every page in
-//   on the calling thread and registers it with cuMemHostRegister(CU_MEMHOSTREGISTER_PORTABLE):
-//   cuMemHostAlloc holds the driver for the whole pinning (~155 ms per 256 MiB on the H100 machine,
-//   every other thread's driver call waiting, the job's included), the register only for the last
-//   step (~5 ms). When the mapping or the register fails it falls back to
-//   cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE). Either way usable with every context; free_pinned()
-//   undoes whichever it was.
+// - alloc_pinned() is cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), or with set_pin_by_register(true)
+//   (host_pool.pin register) maps anonymous memory (transparent huge pages asked for), faults every
+//   page in on the calling thread and registers it with cuMemHostRegister(PORTABLE): cuMemHostAlloc
+//   holds the driver for the whole pinning (~155 ms per 256 MiB on the H100 machine, every other
+//   thread's driver call waiting, the job's included), the register only for the last step (~5 ms).
+//   A failed mapping or register falls back to cuMemHostAlloc. Either way usable with every
+//   context; free_pinned() undoes whichever it was.
 // - Error messages: "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY (out of memory) while mapping 64 MiB at
 //   0x7f0000000000". CUDA_ERROR_OUT_OF_MEMORY is ErrorCode::out_of_memory; CUDA_ERROR_NOT_READY from
 //   an event query is ErrorCode::not_ready (see error_code_for()).
@@ -51,6 +51,9 @@ class CudaDevice final : public Device {
   static Result<std::unique_ptr<CudaDevice>> create(int ordinal, const DriverApi& driver);
 
   ~CudaDevice() override;
+  // host_pool.pin: alloc_pinned() registers memory it faulted in (true) or uses cuMemHostAlloc
+  // (false, the default). Set before the first alloc_pinned().
+  void set_pin_by_register(bool on) noexcept { pin_by_register_ = on; }
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
 
@@ -118,6 +121,7 @@ class CudaDevice final : public Device {
   // Pinned memory alloc_pinned() registered (pointer -> mapped length); the rest came from cuMemHostAlloc.
   std::mutex pinned_mutex_;
   std::unordered_map<void*, std::size_t> registered_;
+  bool pin_by_register_ = false;
   bool host_numa_supported_ = false;
   bool host_supported_ = false;
   int host_numa_id_ = 0;

@@ -709,7 +709,8 @@ void DeviceEngine::seal(Group& group) {
   // this layer is not among the last keep_last, so it leaves now rather than once a later layer
   // begins (a copy-bound forward starts its copies a layer or two earlier). A forward that turns
   // out shorter than the last only reloads the layer at once.
-  if (options_.keep_last > 0 && group.thread == forward_thread_ && group.position < plan_last_iteration_.size() &&
+  if (options_.keep_last > 0 && options_.keep_last_learned && group.thread == forward_thread_ &&
+      group.position < plan_last_iteration_.size() &&
       plan_last_iteration_[group.position].selected == group.selected &&
       layers_after_last_iteration_[group.position] >= options_.keep_last) {
     ++stats_.groups_left_at_seal;

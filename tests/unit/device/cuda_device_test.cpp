@@ -306,9 +306,21 @@ TEST_F(FakeDriver, HostPhysicalMemoryPrefersTheNumaNodeAndFallsBack) {
   EXPECT_EQ(control<int (*)()>("fake_cuda_last_location_id")(), 0);
 }
 
+TEST_F(FakeDriver, PinnedMemoryIsHostAllocatedByDefault) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto pinned = device->alloc_pinned(4 * MiB);
+  ACTPAGE_ASSERT_OK(pinned);
+  EXPECT_EQ(calls("cuMemHostAlloc"), 1);
+  EXPECT_EQ(calls("cuMemHostRegister"), 0);
+  ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
+  EXPECT_EQ(calls("cuMemFreeHost"), 1);
+}
+
 TEST_F(FakeDriver, PinnedMemoryIsRegisteredTouchedMemoryAndUndoneOnFree) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);
+  device->set_pin_by_register(true);
   auto registered = control<int (*)(void*)>("fake_cuda_host_registered");
   auto pinned = device->alloc_pinned(6 * MiB);
   ACTPAGE_ASSERT_OK(pinned);
@@ -326,6 +338,7 @@ TEST_F(FakeDriver, PinnedMemoryIsRegisteredTouchedMemoryAndUndoneOnFree) {
 TEST_F(FakeDriver, PinnedMemoryFallsBackToHostAllocWhenTheRegisterFails) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);
+  device->set_pin_by_register(true);
   fail("cuMemHostRegister", CUDA_ERROR_NOT_SUPPORTED);
   auto pinned = device->alloc_pinned(4 * MiB);
   ACTPAGE_ASSERT_OK(pinned);
@@ -348,6 +361,7 @@ TEST_F(FakeDriver, PinnedMemoryFallsBackToHostAllocWhenTheRegisterFails) {
 TEST_F(FakeDriver, AFailedUnregisterIsReportedAndLeavesTheMemoryMapped) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);
+  device->set_pin_by_register(true);
   auto pinned = device->alloc_pinned(2 * MiB);
   ACTPAGE_ASSERT_OK(pinned);
   fail("cuMemHostUnregister", CUDA_ERROR_INVALID_VALUE);

@@ -188,11 +188,12 @@ TEST(Engine, KeepLastKeepsTheLastLayersResident) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
-TEST(Engine, WithTheLastForwardKnownALayerLeavesAtItsOwnEnd) {
-  // keep_last 2 over 5 layers. The first forward holds layer 0 until layer 2 begins (nothing says
-  // two more layers follow); the second knows it from the first and lets layer 0 go at its seal.
+// keep_last 2 over 5 layers: a forward, its backward, then a second forward, quiescing after each
+// of its layers. Returns how many offloads had completed after each layer of the second forward.
+std::vector<std::uint64_t> offloads_after_each_layer(bool keep_last_learned, std::uint64_t* left_at_seal) {
   Options options = testing::small_offload_options();
   options.keep_last = 2;
+  options.keep_last_learned = keep_last_learned;
   Rig rig(options);
   Forward first = run_forward(*rig.job, 5, 1, 2 * kMiB);
   run_backward(*rig.job, first, 5);
@@ -218,9 +219,7 @@ TEST(Engine, WithTheLastForwardKnownALayerLeavesAtItsOwnEnd) {
     offloaded_after_layer.push_back(rig.engine.stats().offloads_completed - offloads_before);
   }
   job.pop();
-  // Layers 0-2 leave as each ends; 3 and 4 are the last two and stay.
-  EXPECT_EQ(offloaded_after_layer, (std::vector<std::uint64_t>{1, 2, 3, 3, 3}));
-  EXPECT_EQ(rig.engine.stats().groups_left_at_seal, 3u);
+  *left_at_seal = rig.engine.stats().groups_left_at_seal;
   for (int layer = 4; layer >= 0; --layer) {
     const std::string name = "model.layers." + std::to_string(layer) + ".mlp";
     job.marker("model.layers." + std::to_string(layer) + ".backward");
@@ -232,6 +231,18 @@ TEST(Engine, WithTheLastForwardKnownALayerLeavesAtItsOwnEnd) {
   EXPECT_EQ(rig.job->mismatches(), 0u);
   EXPECT_EQ(rig.device.fault_count(), 0u);
   EXPECT_EQ(rig.engine.stats().live_owned_bytes, 0u);
+  return offloaded_after_layer;
+}
+
+TEST(Engine, WithTheLastForwardKnownALayerLeavesAtItsOwnEnd) {
+  // The first forward holds layer 0 until layer 2 begins (nothing says two more layers follow); the
+  // second knows it from the first: layers 0-2 leave as each ends, 3 and 4 are the last two and stay.
+  std::uint64_t left_at_seal = 0;
+  EXPECT_EQ(offloads_after_each_layer(true, &left_at_seal), (std::vector<std::uint64_t>{1, 2, 3, 3, 3}));
+  EXPECT_EQ(left_at_seal, 3u);
+  // keep_last_learned false: a layer leaves only once the layer keep_last after it begins.
+  EXPECT_EQ(offloads_after_each_layer(false, &left_at_seal), (std::vector<std::uint64_t>{0, 0, 1, 2, 3}));
+  EXPECT_EQ(left_at_seal, 0u);
 }
 
 TEST(Engine, FreedWhileOffloadedIsDroppedNeverReloaded) {

@@ -411,7 +411,7 @@ INSTANTIATE_TEST_SUITE_P(
         UnknownKeyCase{R"({"version": 1, "modlues": []})", "modlues", "modules", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "hostpool": {}})", "hostpool", "host_pool", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "host_pool": {"byts": "1GiB"}})", "host_pool.byts", "bytes",
-                       "host_pool takes bytes, slab_bytes, prealloc_bytes, numa"},
+                       "host_pool takes bytes, slab_bytes, prealloc_bytes, pin, numa"},
         UnknownKeyCase{R"({"version": 1, "trace": {"pth": "x"}})", "trace.pth", "path", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "ahead_bytes": "1GiB"})", "ahead_bytes", "prefetch.ahead_bytes",
                        "unknown key"},
@@ -523,7 +523,7 @@ TEST(Load, RejectsDocumentsThatAreNotPolicies) {
   ASSERT_EQ(result.errors.size(), 1u);
   EXPECT_EQ(result.errors[0].key_path, "host_pool");
   EXPECT_EQ(result.errors[0].reason,
-            "expected an object with keys bytes, slab_bytes, prealloc_bytes, numa, got the string \"32GiB\"");
+            "expected an object with keys bytes, slab_bytes, prealloc_bytes, pin, numa, got the string \"32GiB\"");
 
   result = load_policy("");
   ASSERT_EQ(result.errors.size(), 1u);
@@ -663,6 +663,9 @@ TEST(EnumNames, MatchTheUnitTextOfOptionListDef) {
     }
     if (ident == "python_hooks_call") {
       EXPECT_EQ(enum_choices<PythonHooksCall>(), info.unit);
+    }
+    if (ident == "host_pool_pin") {
+      EXPECT_EQ(enum_choices<HostPin>(), info.unit);
     }
     if (ident == "log_level") {
       EXPECT_EQ(enum_choices<LogLevel>(), info.unit);
