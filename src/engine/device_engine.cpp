@@ -58,6 +58,80 @@ const char* page_state_name(PageState state) {
   return "unknown";
 }
 
+// --- Serialized mode (set_serialized) ----------------------------------------------------------
+
+class DeviceEngine::TurnScope {
+ public:
+  TurnScope(DeviceEngine& engine, Turn who) : engine_(engine), who_(who) {
+    if (engine_.serialized_) engine_.turn_ = who_;
+  }
+  ~TurnScope() { engine_.end_turn(who_); }
+  TurnScope(const TurnScope&) = delete;
+  TurnScope& operator=(const TurnScope&) = delete;
+
+ private:
+  DeviceEngine& engine_;
+  Turn who_;
+};
+
+bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
+
+bool DeviceEngine::vmm_has_work() const {
+  return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || !map_ahead_sizes().empty() ||
+         prefill_due();
+}
+
+bool DeviceEngine::reload_has_work() const {
+  return !reload_queue_.empty() && reload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
+}
+
+bool DeviceEngine::reload_completion_has_work() const { return !reload_inflight_.empty(); }
+
+DeviceEngine::Turn DeviceEngine::next_turn() const {
+  if (vmm_has_work()) return Turn::vmm;
+  if (offload_has_work()) return Turn::offload;
+  if (reload_has_work()) return Turn::reload;
+  if (reload_completion_has_work()) return Turn::reload_completion;
+  return Turn::none;
+}
+
+bool DeviceEngine::may_run(Turn who) const {
+  return !serialized_ || turn_ == who || (turn_ == Turn::none && next_turn() == who);
+}
+
+void DeviceEngine::take_job_turn(std::unique_lock<std::mutex>& lock) {
+  if (!serialized_) return;
+  issued_cv_.wait(lock, [&] { return stopping_ || (turn_ == Turn::none && next_turn() == Turn::none); });
+  turn_ = Turn::job;
+}
+
+void DeviceEngine::end_turn(Turn who) {
+  if (!serialized_ || turn_ != who) return;
+  turn_ = Turn::none;
+  // Whoever comes next may be waiting on any of these.
+  offload_cv_.notify_all();
+  reload_cv_.notify_all();
+  reload_done_cv_.notify_all();
+  issued_cv_.notify_all();
+}
+
+template <class Done>
+void DeviceEngine::wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done) {
+  if (!serialized_) {
+    cv.wait(lock, done);
+    return;
+  }
+  const Turn me = turn_;
+  end_turn(me);
+  cv.wait(lock, [&] {
+    if (stopping_) return true;
+    if (!done() || turn_ != Turn::none) return false;
+    const Turn next = next_turn();
+    return next == Turn::none || next == me;
+  });
+  if (!stopping_) turn_ = me;
+}
+
 DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeClassifier& classifier)
     : device_(device), options_(options), classifier_(classifier), granularity_(device.granularity()) {}
 
@@ -85,6 +159,9 @@ Status DeviceEngine::start() {
   pool_config.slab_bytes = options_.host_pool_slab_bytes;
   pool_config.prealloc_bytes = options_.host_pool_prealloc_bytes;
   host_pool_ = std::make_unique<hostpool::HostPool>(device_, pool_config);
+  // Serialized: whether the first offloads find the preallocated slabs pinned must not depend on
+  // how fast the pool's thread pins them (a miss asks for growth by what is still on its way).
+  if (serialized_) (void)host_pool_->wait_for_growth(std::chrono::seconds(30));
   started_ = true;
   offload_thread_ = std::thread([this] { offload_worker(); });
   vmm_thread_ = std::thread([this] { vmm_worker(); });
@@ -164,6 +241,8 @@ void DeviceEngine::shutdown() {
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_ || stopping_) return 0;
+  take_job_turn(lock);
+  const TurnScope turn(*this, Turn::job);
   const auto thread = std::this_thread::get_id();
   if (in_backward_) {
     // A selected range running during backward on another thread than forward's is a
@@ -372,6 +451,8 @@ void DeviceEngine::maybe_queue_unmap(Window& window) {
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   std::unique_lock<std::mutex> lock(mutex_);
+  take_job_turn(lock);
+  const TurnScope turn(*this, Turn::job);
   auto it = allocations_.find(ptr);
   if (it == allocations_.end()) {
     ACTPAGE_WARN_ONCE("engine.unknown_free", "free of {:#x}, inside actpage's range but not allocated: ignored",
@@ -438,6 +519,8 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
 
 void DeviceEngine::on_pop(ranges::PathId node) {
   std::unique_lock<std::mutex> lock(mutex_);
+  take_job_turn(lock);
+  const TurnScope turn(*this, Turn::job);
   const auto thread = std::this_thread::get_id();
   if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
@@ -492,7 +575,11 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
   const std::uint64_t start = monotonic_ns();
   offload_cv_.notify_all();  // give back what is copied now, without waiting for a batch
   ++flush_requests_;
-  while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
+  if (serialized_) {
+    wait_yielding_turn(lock, issued_cv_, caught_up);  // every turn's end notifies issued_cv_
+  } else {
+    while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
+  }
   --flush_requests_;
   ++stats_.backlog_waits;
   stats_.backlog_wait_ns += monotonic_ns() - start;
@@ -501,6 +588,8 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) return;
+  take_job_turn(lock);
+  const TurnScope turn(*this, Turn::job);
   if (!in_backward_) backward_begins();
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
@@ -563,7 +652,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   };
   if (!ready()) {
     const std::uint64_t start = monotonic_ns();
-    issued_cv_.wait(lock, ready);
+    wait_yielding_turn(lock, issued_cv_, ready);
     const std::uint64_t waited = monotonic_ns() - start;
     ++stats_.stalls;
     stats_.stall_ns += waited;
@@ -599,7 +688,9 @@ void DeviceEngine::quiesce() {
                          reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
                          offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
-                         recycle_pending_.empty() && !prefill_due());
+                         recycle_pending_.empty() && !prefill_due() &&
+                         // Serialized: a cache trim still due would run during the next call.
+                         (!serialized_ || (turn_ == Turn::none && next_turn() == Turn::none)));
   });
   --flush_requests_;
 }
@@ -1130,7 +1221,7 @@ Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::u
   ++grant_waiters_;
   if (!d2h_chunks_.empty()) {
     offload_cv_.notify_all();
-    issued_cv_.wait(lock, [&] { return stopping_ || d2h_chunks_.empty(); });
+    wait_yielding_turn(lock, issued_cv_, [&] { return stopping_ || d2h_chunks_.empty(); });
   }
   lock.unlock();
   Status granted = device_.grant_access(va, bytes);
@@ -1300,8 +1391,9 @@ void DeviceEngine::offload_worker() {
   std::unique_lock<std::mutex> lock(mutex_);
   const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
-    offload_cv_.wait(lock, [&] { return stopping_ || can_issue_d2h() || !d2h_chunks_.empty(); });
+    offload_cv_.wait(lock, [&] { return stopping_ || (offload_has_work() && may_run(Turn::offload)); });
     if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
+    const TurnScope turn(*this, Turn::offload);
     // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order).
     while (can_issue_d2h()) {
       Allocation* copying = nullptr;
@@ -1352,11 +1444,9 @@ void DeviceEngine::vmm_worker() {
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the VMM worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    offload_cv_.wait(lock, [&] {
-      return stopping_ || cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() ||
-             !map_ahead_sizes().empty() || prefill_due();
-    });
+    offload_cv_.wait(lock, [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); });
     if (stopping_) break;
+    const TurnScope turn(*this, Turn::vmm);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
       deferred_releases_.pop_back();
@@ -1951,10 +2041,10 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
 void DeviceEngine::reload_worker() {
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the reload worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
-  const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
-    reload_cv_.wait(lock, [&] { return stopping_ || (!reload_queue_.empty() && reload_inflight_.size() < cap); });
+    reload_cv_.wait(lock, [&] { return stopping_ || (reload_has_work() && may_run(Turn::reload)); });
     if (stopping_) break;
+    const TurnScope turn(*this, Turn::reload);
     Allocation* allocation = reload_queue_.front();
     reload_queue_.pop_front();
     if (allocation->state != PageState::offloaded) {
@@ -2051,11 +2141,14 @@ void DeviceEngine::reload_completion_worker() {
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the reload worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    reload_done_cv_.wait(lock, [&] { return stopping_ || !reload_inflight_.empty(); });
+    reload_done_cv_.wait(lock, [&] {
+      return stopping_ || (reload_completion_has_work() && may_run(Turn::reload_completion));
+    });
     if (reload_inflight_.empty()) {
       if (stopping_) break;
       continue;
     }
+    const TurnScope turn(*this, Turn::reload_completion);
     Allocation* allocation = reload_inflight_.front();
     const EventHandle done = allocation->copy_event;
     lock.unlock();

@@ -70,6 +70,17 @@ class DeviceEngine {
   void quiesce();
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
+  // Replay, before start(): run the workers and the job's calls one at a time ("turns"), in an
+  // order fixed by the engine's state, never by the OS scheduler. Otherwise which worker gets the
+  // lock first decides which windows one unmap gives back, whether a cached range is trimmed
+  // before a reload takes it, what a recycle sees of forward's progress...: the same trace gave
+  // different device calls, and different predictions, from run to run. A job's call takes a turn
+  // only when no worker has work (as after quiesce()) and keeps it to its end, yielding it only
+  // while it waits for the workers; the workers then take turns, each from the moment it leaves
+  // its wait until it goes back to it: the VMM worker first (pages go back as soon as they are
+  // copied, one window at a time), then the offload, reload and reload completion workers. Slow
+  // (no two workers overlap), for the simulated device only; off, nothing changes.
+  void set_serialized(bool serialized) { serialized_ = serialized; }
   EngineStats stats() const;
   // Without the engine's lock: it runs after every engine call of the job's threads.
   void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
@@ -254,6 +265,26 @@ class DeviceEngine {
   void offload_worker();
   void vmm_worker();
   void reload_worker();
+  // Whether each worker has work now (its wait's condition, stopping aside).
+  bool offload_has_work() const;
+  bool vmm_has_work() const;
+  bool reload_has_work() const;
+  bool reload_completion_has_work() const;
+  // set_serialized: who runs now, and who runs next.
+  enum class Turn : std::uint8_t { none, job, vmm, offload, reload, reload_completion };
+  // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
+  Turn next_turn() const;
+  // Whether `who` (a worker) may run now: always when not serialized.
+  bool may_run(Turn who) const;
+  // Holds the turn of a worker or of a job's call for a scope (nothing when not serialized).
+  class TurnScope;
+  // A job's call: waits until no worker has work and takes the turn (nothing when not serialized).
+  void take_job_turn(std::unique_lock<std::mutex>& lock);
+  void end_turn(Turn who);
+  // cv.wait(lock, done), giving up the caller's turn meanwhile; it is taken back once `done` holds
+  // and no other worker has work (set_serialized: the others would otherwise never get to run).
+  template <class Done>
+  void wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done);
   // vmm.trim_job_pool: what a trim of the job's pool gave back, and how long it took.
   struct PoolTrim {
     Result<std::size_t> trimmed;
@@ -287,6 +318,8 @@ class DeviceEngine {
   StreamHandle reload_stream_;
   bool started_ = false;
   std::atomic<bool> wait_for_host_memory_{false};
+  bool serialized_ = false;
+  Turn turn_ = Turn::none;  // set_serialized: who runs now
   std::atomic<std::uint64_t> job_thread_ns_{0};
 
   mutable std::mutex mutex_;

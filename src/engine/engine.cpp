@@ -25,6 +25,7 @@ DeviceEngine* Engine::device_engine(int ordinal) {
   if (status.ok()) {
     engine = std::make_unique<DeviceEngine>(**device, options_, classifier_);
     engine->set_wait_for_host_memory(wait_for_host_memory_);
+    engine->set_serialized(serialized_);
     status = engine->start();
   }
   if (!status.ok()) {

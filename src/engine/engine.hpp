@@ -53,6 +53,10 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // Replay: offloads wait for pinned memory being prepared rather than skip (a prediction must
   // not depend on timing). Applies to device engines created afterwards.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
+  // Replay: the engine's workers and the job's calls run one at a time, in a fixed order (see
+  // DeviceEngine::set_serialized), so that the same calls give the same device calls every run.
+  // Applies to device engines created afterwards.
+  void set_serialized(bool serialized) { serialized_ = serialized; }
   const Options& options() const { return options_; }
 
  private:
@@ -68,6 +72,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   std::array<std::atomic<bool>, kMaxDevices> unavailable_{};
   std::vector<std::unique_ptr<DeviceEngine>> owned_;
   bool wait_for_host_memory_ = false;
+  bool serialized_ = false;
 };
 
 }  // namespace actpage::engine

@@ -749,6 +749,10 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   replay_options_copy.offload_drain_at_layers_end = false;
   Engine engine(replay_options_copy, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   engine.set_wait_for_host_memory(true);
+  // The engine's workers run one at a time in a fixed order: otherwise which of them reaches the
+  // lock first decides calls the model prices (which windows one unmap gives back, whether a
+  // cached range is trimmed before a reload takes it...), and the prediction varies run to run.
+  engine.set_serialized(true);
   ranges::set_listener(&engine);
 
   // Which module names' backward markers need an allocation back: the range that selected it and
