@@ -7,6 +7,8 @@
 
 #include "commands.hpp"
 #include "engine/replay.hpp"
+#include "plan/calibration.hpp"
+#include "trace/reader.hpp"
 #include "trace/builder.hpp"
 
 namespace actpage::engine {
@@ -100,6 +102,62 @@ TEST(Replay, KeepLastRaisesThePeak) {
   // Layers 2 and 3 keep their MLP activations: 4 x 4 + 2 x 8 MiB.
   EXPECT_EQ(result->predicted_peak_bytes, 32 * kMiB);
   EXPECT_EQ(result->stats.groups_kept_resident, 2u);
+}
+
+// What one timed replay predicts, as text: peaks, the model's timing and the engine's counters
+// (not its *_ns stats, wall-clock times measured on the simulated device).
+std::string prediction_of(const ReplayResult& r) {
+  std::ostringstream text;
+  text << "peak " << r.predicted_peak_bytes << " at " << r.predicted_peak_time_ns << ", offloaded there "
+       << r.offloaded_at_peak_bytes << "\n";
+  const ReplayTiming& t = r.timing;
+  for (const auto& [name, value] : std::vector<std::pair<const char*, std::uint64_t>>{
+           {"predicted_ns", t.predicted_ns}, {"added_ns", t.added_ns}, {"stalls", t.stalls},
+           {"stall_ns", t.stall_ns}, {"gpu_waits", t.gpu_waits}, {"gpu_wait_ns", t.gpu_wait_ns},
+           {"job_vmm_calls", t.job_vmm_calls}, {"job_vmm_ns", t.job_vmm_ns}, {"unmaps", t.unmaps},
+           {"unmap_penalty_ns", t.unmap_penalty_ns}, {"offloads_cancelled", t.offloads_cancelled},
+           {"d2h_copies", t.d2h_copies}, {"d2h_busy_ns", t.d2h_busy_ns}, {"h2d_copies", t.h2d_copies},
+           {"h2d_busy_ns", t.h2d_busy_ns}, {"late_offloads", t.late_offloads},
+           {"predicted_iteration_ns", t.predicted_iteration_ns}, {"timed_peak_bytes", t.timed_peak_bytes},
+           {"timed_peak_time_ns", t.timed_peak_time_ns}}) {
+    text << "timing." << name << " " << value << "\n";
+  }
+  auto counter = [&](const char* name, std::uint64_t value) {
+    const std::string n(name);
+    if (n.size() < 3 || n.compare(n.size() - 3, 3, "_ns") != 0) text << "stats." << n << " " << value << "\n";
+  };
+#define ACTPAGE_TEST_STAT(name) counter(#name, r.stats.name);
+  ACTPAGE_ENGINE_STATS(ACTPAGE_TEST_STAT)
+#undef ACTPAGE_TEST_STAT
+  return text.str();
+}
+
+TEST(Replay, SameTraceAndPolicyPredictTheSameEveryRun) {
+  // The shipped H100 trace with the MLPs offloaded: the engine's workers once raced for its lock
+  // within each replayed event (which windows one unmap gave back, trims against reloads...), and
+  // this replay predicted a different slowdown and unmap count nearly every run.
+  auto trace = trace::read_trace_file(std::string(ACTPAGE_SOURCE_DIR) + "/examples/llama-observe.trace");
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  Options options = Options::defaults();
+  options.modules = {ModuleRule{{"model.layers.*.mlp"}, true, std::nullopt}};
+  options.keep_last = 2;
+  options.prefetch_ahead_bytes = 176 * kMiB;
+  const plan::Calibration calibration = plan::Calibration::defaults();
+  ReplayOptions timed;
+  timed.costs = &calibration.costs;
+  std::string first;
+  for (int run = 0; run < 5; ++run) {
+    auto result = replay_trace(*trace, options, timed);
+    ASSERT_TRUE(result.ok()) << result.status().message();
+    ASSERT_TRUE(result->timed);
+    const std::string prediction = prediction_of(*result);
+    if (run == 0) {
+      first = prediction;
+      EXPECT_GT(result->stats.offloads_completed, 0u);
+    } else {
+      ASSERT_EQ(prediction, first) << "run " << run << " differs from the first";
+    }
+  }
 }
 
 TEST(Replay, CommandSaysItIsSimulated) {

@@ -243,7 +243,7 @@ TEST(PlanCommand, ShippedH100TraceForATargetPeak) {
   ASSERT_TRUE(save(Calibration::defaults(), calibration).ok());
   cli::PlanArgs args;
   args.trace_path = trace_path;
-  // 10.5 GiB: the lowest timed peak the search finds is 10.09 GiB. The job's GPU runs up to ~40 ms
+  // 10.5 GiB: the lowest timed peak the search finds is 10.07 GiB. The job's GPU runs up to ~40 ms
   // behind its threads in this trace (the wait at each step's end), so offload copies start that
   // much later and pages leave later than a model with copies starting at the CPU's seal says.
   args.target_peak = "10.5GiB";
