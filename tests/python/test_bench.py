@@ -334,6 +334,29 @@ class BenchReportTest(unittest.TestCase):
         self.assertIn("nothing was off the device", checks["saved_share"]["verdict"])
         self.assertTrue(checks["saved_gib"]["met"] and checks["ratio"]["met"])
 
+    def test_a_time_miss_inside_the_repetitions_spread_says_so(self):
+        # Baseline reps 89 and 105 ms (18% apart): a 1.059x observe run misses 1.010x by less than that.
+        base = {"variant": "none", "ok": 2, "runs": 2, "median_step_ms": 97.3, "step_ms_min": 89.1,
+                "step_ms_max": 105.5, "device_used_peak_mib": 11333}
+        observe = {"variant": "actpage-observe", "ok": 2, "runs": 2, "median_step_ms": 103.1, "step_ms_min": 95.6,
+                   "step_ms_max": 110.6, "device_used_peak_mib": 11301}
+        rows = bench_report.job_rows({"summary": [base, observe], "runs": []})
+        self.assertAlmostEqual(rows[0]["spread"], 105.5 / 89.1 - 1)
+        self.assertAlmostEqual(rows[1]["baseline_spread"], 105.5 / 89.1 - 1)
+        check = [c for c in bench_report.check_targets("qwen", rows) if c["measure"] == "ratio"][0]
+        self.assertFalse(check["met"])  # still a miss, not a pass
+        self.assertIn("within run-to-run noise: repetitions differ by up to 18.4%", check["verdict"])
+        self.assertIn("| 89.1-105.5 |", bench_report.format_table("qwen", rows, []))
+        # A miss larger than the spread gets no such note; one repetition has no spread.
+        base.update(step_ms_min=97.0, step_ms_max=97.6)
+        observe.update(step_ms_min=103.0, step_ms_max=103.2)
+        check = [c for c in bench_report.check_targets("qwen", bench_report.job_rows({"summary": [base, observe]}))
+                 if c["measure"] == "ratio"][0]
+        self.assertNotIn("noise", check["verdict"])
+        self.assertNotIn("within_noise", check)
+        base["ok"] = 1
+        self.assertIsNone(bench_report.job_rows({"summary": [base]})[0]["spread"])
+
     def test_failed_runs_and_missing_measurements_are_reported(self):
         report = self.report(fail=("llama", "actpage-near-free"))
         self.assertEqual(report["problems"], ["llama: actpage-near-free: 1 of 2 runs failed"])
@@ -347,7 +370,7 @@ class BenchReportTest(unittest.TestCase):
     def test_table_and_markdown(self):
         report = self.report()
         text = bench_report.format_text(report)
-        self.assertIn("| `actpage-near-free` | actpage, near-free policy | 2/2 | 174.0 | 1.024 | 19300 | 2.64 | 17600 | 2700 "
+        self.assertIn("| `actpage-near-free` | actpage, near-free policy | 2/2 | 174.0 | - | 1.024 | 19300 | 2.64 | 17600 | 2700 "
                       "| yes | saved 2.64 GiB >= 2.50 GiB: met; time 1.024x <= 1.030x: met; peak fell by/off 100.0% >= 99.0%: met |",
                       text)
         self.assertIn("time 1.588x <= 1.500x: **missed by 0.088x**", text)
