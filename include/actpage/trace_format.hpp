@@ -53,6 +53,8 @@ enum class RecordType : std::uint16_t {
   vmm_call = 16,      // VmmPayload: a VMM call made by the job (observed only)
   message = 17,       // NamePayload-style text: a warning or note actpage printed
   iteration = 18,     // IterationPayload: the engine saw a new training iteration begin
+  wait = 19,          // WaitPayload: the job's thread waited for offload copies (backlog cap, drain)
+  host_pin = 20,      // HostPinPayload: the host pool pinned a slab (on its own thread)
 };
 
 struct RecordHeader {
@@ -141,6 +143,23 @@ struct StallPayload {
   std::uint32_t group;
 };
 
+// WaitPayload::kind: what the job's thread waited for (reload waits are STALL records).
+inline constexpr std::uint32_t kWaitBacklog = 1;  // offload_backlog_bytes: copies fell that far behind
+inline constexpr std::uint32_t kWaitDrain = 2;    // offload_drain_at_layers_end: every sealed activation leaves
+
+struct WaitPayload {
+  std::uint64_t wait_ns;
+  std::uint32_t kind;      // kWait*
+  std::uint32_t reserved;  // 0
+};
+
+struct HostPinPayload {
+  std::uint64_t bytes;
+  std::uint64_t duration_ns;  // how long pinning took (the record is written when it returned)
+  std::uint32_t result;       // 0: pinned; else the pinning failed
+  std::uint32_t reserved;     // 0
+};
+
 struct LostPayload {
   std::uint64_t records;
 };
@@ -154,6 +173,7 @@ static_assert(std::endian::native == std::endian::little, "the trace is written 
 static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 32 &&
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
-              sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8);
+              sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&
+              sizeof(HostPinPayload) == 24);
 
 }  // namespace actpage::trace

@@ -581,8 +581,14 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
     while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
   }
   --flush_requests_;
+  const std::uint64_t waited = monotonic_ns() - start;
   ++stats_.backlog_waits;
-  stats_.backlog_wait_ns += monotonic_ns() - start;
+  stats_.backlog_wait_ns += waited;
+  if (auto* writer = trace::active()) {
+    // Where the job's time went (`actpage dump`): a cap's waits and the drain's are told apart.
+    const std::uint32_t kind = limit == 0 ? trace::kWaitDrain : trace::kWaitBacklog;
+    writer->record(trace::RecordType::wait, trace::WaitPayload{waited, kind, 0});
+  }
 }
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {

@@ -165,6 +165,14 @@ TraceBuilder& TraceBuilder::iteration(std::uint64_t index) {
   return record(RecordType::iteration, IterationPayload{index});
 }
 
+TraceBuilder& TraceBuilder::wait(std::uint64_t wait_ns, std::uint32_t kind) {
+  return record(RecordType::wait, WaitPayload{wait_ns, kind, 0});
+}
+
+TraceBuilder& TraceBuilder::host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result) {
+  return record(RecordType::host_pin, HostPinPayload{bytes, duration_ns, result, 0});
+}
+
 TraceBuilder& TraceBuilder::message(std::uint32_t id, std::string_view text_value) {
   return text(RecordType::message, id, text_value);
 }

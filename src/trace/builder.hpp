@@ -71,6 +71,8 @@ class TraceBuilder {
   TraceBuilder& stall(std::uint64_t wait_ns, std::uint32_t path_id, std::uint32_t group = 0);
   TraceBuilder& lost(std::uint64_t records);
   TraceBuilder& iteration(std::uint64_t index);
+  TraceBuilder& wait(std::uint64_t wait_ns, std::uint32_t kind);
+  TraceBuilder& host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result = 0);
   TraceBuilder& message(std::uint32_t id, std::string_view text);
 
   // The whole file: header, then the records.

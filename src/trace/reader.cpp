@@ -54,6 +54,8 @@ class Decoder {
         return;
       }
       case RecordType::iteration: add(file_.iterations, header, body, offset, index); return;
+      case RecordType::wait: add(file_.waits, header, body, offset, index); return;
+      case RecordType::host_pin: add(file_.host_pins, header, body, offset, index); return;
     }
     ++file_.unknown_records;
     ++unknown_by_type_[static_cast<std::uint16_t>(header.type)];
@@ -271,6 +273,8 @@ const char* record_type_name(RecordType type) noexcept {
     case RecordType::vmm_call: return "vmm_call";
     case RecordType::message: return "message";
     case RecordType::iteration: return "iteration";
+    case RecordType::wait: return "wait";
+    case RecordType::host_pin: return "host_pin";
   }
   return "unknown";
 }

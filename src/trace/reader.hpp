@@ -79,6 +79,8 @@ struct TraceFile {
   std::vector<Timed<StallPayload>> stalls;
   std::vector<Timed<LostPayload>> lost;
   std::vector<Timed<IterationPayload>> iterations;
+  std::vector<Timed<WaitPayload>> waits;
+  std::vector<Timed<HostPinPayload>> host_pins;
   std::vector<Timed<TextPayload>> messages;
 
   // The text of a NAME id; empty when the file never defines it.

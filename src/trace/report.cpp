@@ -140,6 +140,51 @@ nlohmann::ordered_json copies_json(const CopyStats& copies) {
           {"unfinished", copies.unfinished}};
 }
 
+std::string format_duration_or_dash(std::uint64_t ns) { return ns == 0 ? "-" : format_duration(ns); }
+
+// Where the time goes: the steady iterations' medians, then one row per iteration. Waits and
+// pinning are only named when the trace could have recorded them (older traces have no WAIT or
+// HOST_PIN records: their absence says nothing there).
+void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
+  if (time.iterations.empty()) return;
+  const IterationTime& m = time.steady;
+  out << "\nWhere the time goes (median over " << plural(m.index, "iteration", "iterations")
+      << (time.iterations.size() > 1 ? " after the first" : "") << ")\n";
+  out << "  iteration      " << format_duration(m.wall_ns) << ", forward " << format_duration_or_dash(m.forward_ns)
+      << " (to the first backward range)\n";
+  out << "  job's thread   reload stalls " << format_duration(m.reload_stall_ns);
+  if (time.has_waits) {
+    out << ", backlog waits " << format_duration(m.backlog_wait_ns) << ", drain waits "
+        << format_duration(m.drain_wait_ns);
+  }
+  out << ", its own VMM calls " << format_duration(m.job_vmm_ns) << " (" << m.job_vmm_calls << ")\n";
+  out << "  workers        VMM calls " << format_duration(m.worker_vmm_ns) << " (" << m.worker_vmm_calls << ")";
+  if (time.has_host_pins) {
+    out << ", pinning host memory " << format_duration(m.host_pin_ns) << " (" << format_bytes(m.host_pin_bytes)
+        << ")";
+  }
+  out << '\n';
+  out << "  offloads       " << format_bytes(m.offloaded_bytes) << " begun, in flight "
+      << format_duration(m.offload_inflight_ns);
+  if (m.forward_ns > 0) {
+    out << ", " << format_duration(m.offload_inflight_in_forward_ns) << " of it in the forward ("
+        << percent(m.offload_inflight_in_forward_ns, m.forward_ns) << ")";
+  }
+  out << '\n';
+  out << "  reloads        " << format_bytes(m.reloaded_bytes) << " begun, in flight "
+      << format_duration(m.reload_inflight_ns) << '\n';
+  std::vector<std::vector<std::string>> rows{{"iteration", "wall", "forward", "stalls", "backlog", "drain", "job VMM",
+                                              "worker VMM", "pinning", "offloads in flight", "offloaded"}};
+  for (const IterationTime& t : time.iterations) {
+    rows.push_back({std::to_string(t.index), format_duration(t.wall_ns), format_duration_or_dash(t.forward_ns),
+                    format_duration_or_dash(t.reload_stall_ns), format_duration_or_dash(t.backlog_wait_ns),
+                    format_duration_or_dash(t.drain_wait_ns), format_duration_or_dash(t.job_vmm_ns),
+                    format_duration_or_dash(t.worker_vmm_ns), format_duration_or_dash(t.host_pin_ns),
+                    format_duration_or_dash(t.offload_inflight_ns), format_bytes(t.offloaded_bytes)});
+  }
+  write_table(out, rows);
+}
+
 }  // namespace
 
 std::string format_duration(std::uint64_t ns) {
@@ -243,7 +288,31 @@ void write_text_report(const Summary& s, std::ostream& out) {
     out << "VMM time: maps " << format_duration(s.map_ns) << ", unmaps " << format_duration(s.unmap_ns)
         << " (longest " << format_duration(s.max_unmap_ns) << ")\n";
   }
+  write_time_breakdown(out, s.time);
 }
+
+namespace {
+
+nlohmann::ordered_json iteration_time_json(const IterationTime& t) {
+  return {{"wall_ns", t.wall_ns},
+          {"forward_ns", t.forward_ns},
+          {"reload_stall_ns", t.reload_stall_ns},
+          {"backlog_wait_ns", t.backlog_wait_ns},
+          {"drain_wait_ns", t.drain_wait_ns},
+          {"job_vmm_ns", t.job_vmm_ns},
+          {"job_vmm_calls", t.job_vmm_calls},
+          {"worker_vmm_ns", t.worker_vmm_ns},
+          {"worker_vmm_calls", t.worker_vmm_calls},
+          {"host_pin_ns", t.host_pin_ns},
+          {"host_pin_bytes", t.host_pin_bytes},
+          {"offload_inflight_ns", t.offload_inflight_ns},
+          {"offload_inflight_in_forward_ns", t.offload_inflight_in_forward_ns},
+          {"offloaded_bytes", t.offloaded_bytes},
+          {"reload_inflight_ns", t.reload_inflight_ns},
+          {"reloaded_bytes", t.reloaded_bytes}};
+}
+
+}  // namespace
 
 nlohmann::ordered_json json_report(const Summary& s) {
   nlohmann::ordered_json apis = nlohmann::ordered_json::array();
@@ -305,6 +374,15 @@ nlohmann::ordered_json json_report(const Summary& s) {
                      {"map_ns", s.map_ns},
                      {"unmap_ns", s.unmap_ns},
                      {"max_unmap_ns", s.max_unmap_ns}};
+  nlohmann::ordered_json iterations = nlohmann::ordered_json::array();
+  for (const IterationTime& t : s.time.iterations) {
+    nlohmann::ordered_json row = {{"index", t.index}, {"start_ns", t.start_ns}};
+    row.update(iteration_time_json(t));
+    iterations.push_back(std::move(row));
+  }
+  nlohmann::ordered_json steady = {{"iterations", s.time.steady.index}};
+  steady.update(iteration_time_json(s.time.steady));
+  report["time"] = {{"steady_median", steady}, {"iterations", iterations}};
   return report;
 }
 

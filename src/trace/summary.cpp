@@ -488,6 +488,7 @@ Summary summarize(const TraceFile& trace) {
     }
     if (call.type == RecordType::vmm_call) ++summary.vmm_calls;
   }
+  summary.time = time_breakdown(trace);
   return summary;
 }
 

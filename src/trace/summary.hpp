@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "trace/reader.hpp"
+#include "trace/time_breakdown.hpp"
 
 namespace actpage::trace {
 
@@ -160,6 +161,8 @@ struct Summary {
   std::uint64_t map_ns = 0;
   std::uint64_t unmap_ns = 0;
   std::uint64_t max_unmap_ns = 0;
+  // Where each iteration's time went (trace/time_breakdown.hpp); empty without ITERATION records.
+  TimeBreakdown time;
 };
 
 Summary summarize(const TraceFile& trace);

@@ -2,7 +2,10 @@
 // checked, nothing leaked. Random delays on every simulated stream shake out ordering bugs.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <random>
@@ -11,6 +14,8 @@
 #include "engine/engine.hpp"
 #include "engine/forward_pass.hpp"
 #include "sim_job.hpp"
+#include "trace/reader.hpp"
+#include "trace/writer.hpp"
 
 namespace actpage::engine {
 namespace {
@@ -742,6 +747,52 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
       EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * 12u);
     }
   }
+}
+
+TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
+  // What `actpage dump` reads to say where the time went: each wait of the job's thread for the
+  // copies is a WAIT record (the drain's told apart from a cap's) adding up to the engine's own
+  // count, and the host pool's pinning a HOST_PIN record with its size.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("actpage-engine-trace-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  trace::WriterConfig config;
+  config.path = (dir / "engine.trace").string();
+  auto opened = trace::Writer::open(config);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<trace::Writer> writer = std::move(opened).value();
+  trace::set_active(writer.get());
+  EngineStats stats;
+  {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.offload_drain_at_layers_end = true;
+    Rig rig(options, slow_streams(5));
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
+      run_backward(*rig.job, forward, 6);
+      rig.engine.quiesce();
+    }
+    rig.device.synchronize();
+    stats = rig.engine.stats();
+  }
+  trace::set_active(nullptr);
+  writer->close();
+  auto file = trace::read_trace_file(config.path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  ASSERT_GE(stats.backlog_waits, 2u);
+  ASSERT_EQ(file->waits.size(), stats.backlog_waits);
+  std::uint64_t waited = 0;
+  for (const auto& wait : file->waits) {
+    EXPECT_EQ(wait.data.kind, trace::kWaitDrain);  // no cap set: every wait is the drain's
+    waited += wait.data.wait_ns;
+  }
+  EXPECT_EQ(waited, stats.backlog_wait_ns);
+  ASSERT_FALSE(file->host_pins.empty());  // the pool's preallocation at least
+  EXPECT_EQ(file->host_pins.front().data.bytes, testing::small_offload_options().host_pool_prealloc_bytes);
+  EXPECT_EQ(file->host_pins.front().data.result, 0u);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {

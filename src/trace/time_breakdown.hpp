@@ -1,0 +1,62 @@
+// trace::time_breakdown: where each training iteration's time went, from a trace of an offloading
+// run: what held the job's thread (reload stalls, offload backlog and drain waits, its own VMM
+// calls), what the workers did meanwhile (VMM calls, pinning host memory) and how long offloads and
+// reloads were in flight. `actpage dump` prints it; docs/performance.md reads targets' misses off it.
+//
+// Contract:
+// - Iterations are the spans between consecutive ITERATION records (sorted by time); the span after
+//   the last one is not an iteration (the job may have stopped in it). Every record is charged to
+//   the iteration its time falls in.
+// - The job's thread is the thread that wrote the ITERATION records; MAP/UNMAP records of that
+//   thread are its own VMM time, of any other thread the workers'. STALL and WAIT records are the
+//   job thread's by definition.
+// - forward_ns: from the iteration's start to the first push of a backward range (kPathBackward) in
+//   it; 0 when the iteration has none.
+// - Offloads in flight: the union of [OFFLOAD_BEGIN, OFFLOAD_END] of each pointer (paired in time
+//   order), clipped to the iteration, and the part of it inside the forward; the same for reloads.
+//   OFFLOAD_END is written once the pages went back, so an offload in flight is copy plus unmap.
+// - `steady` is the field-wise median over the iterations after the first (all of them when there
+//   is only one): the first pays for growing the pools.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trace/reader.hpp"
+
+namespace actpage::trace {
+
+struct IterationTime {
+  std::uint64_t index = 0;  // the ITERATION record's index
+  std::uint64_t start_ns = 0;
+  std::uint64_t wall_ns = 0;
+  std::uint64_t forward_ns = 0;
+  // The job's thread, held.
+  std::uint64_t reload_stall_ns = 0;
+  std::uint64_t backlog_wait_ns = 0;
+  std::uint64_t drain_wait_ns = 0;
+  std::uint64_t job_vmm_ns = 0;
+  std::uint64_t job_vmm_calls = 0;
+  // Workers.
+  std::uint64_t worker_vmm_ns = 0;
+  std::uint64_t worker_vmm_calls = 0;
+  std::uint64_t host_pin_ns = 0;
+  std::uint64_t host_pin_bytes = 0;
+  // Copies.
+  std::uint64_t offload_inflight_ns = 0;
+  std::uint64_t offload_inflight_in_forward_ns = 0;
+  std::uint64_t offloaded_bytes = 0;  // OFFLOAD_BEGIN bytes in the iteration
+  std::uint64_t reload_inflight_ns = 0;
+  std::uint64_t reloaded_bytes = 0;   // RELOAD_BEGIN bytes
+};
+
+struct TimeBreakdown {
+  std::vector<IterationTime> iterations;
+  IterationTime steady;            // field-wise median (index: how many iterations it is over)
+  bool has_waits = false;          // the trace has WAIT records (older traces lack them)
+  bool has_host_pins = false;      // HOST_PIN records (likewise)
+};
+
+TimeBreakdown time_breakdown(const TraceFile& trace);
+
+}  // namespace actpage::trace

@@ -1,0 +1,152 @@
+// trace::time_breakdown on a hand-built trace: each expected figure is worked out in the comments
+// from the records as written.
+#include "trace/time_breakdown.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "common/units.hpp"
+#include "trace/builder.hpp"
+#include "trace/report.hpp"
+#include "trace/summary.hpp"
+
+namespace actpage::trace {
+namespace {
+
+constexpr std::uint64_t ms = 1000000;
+constexpr std::uint32_t kJob = 1, kWorker = 2, kPool = 3;
+
+// Iterations begin at 0, 100 and 180 ms, and a fourth at 300 ms (after it, nothing is an iteration).
+//   iteration 0 [0, 100): forward range at 1; offloads p1 10-40, p2 30-50 (union 10-50: 40 in flight,
+//     all in the forward); the job maps at 20 (2 ms), a worker unmaps at 45 (5 ms), the pool pins
+//     256 MiB at 25 (15 ms); a backlog wait at 35 (4 ms), a drain wait at 55 (3 ms); the first backward
+//     range at 60 (forward 60); reload p1 70-80; a reload stall at 75 (2 ms).
+//   iteration 1 [100, 180): offload p3 110-200 (70 ms here, 40 of them before the backward range at
+//     150); a failed pin of 1 GiB at 120 (7 ms, no bytes).
+//   iteration 2 [180, 300): p3's last 20 ms; the backward range at 230 (forward 50); reload p4 from
+//     250, never ended: in flight to the trace's end (320), 50 ms of it here.
+//   after 300: a stall at 310 belongs to no iteration.
+TraceBuilder built() {
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  const std::uint32_t mlp = b.path("model/model.layers.0/model.layers.0.mlp");
+  const std::uint32_t back = b.path("model.layers.0.mlp.backward", kPathBackward);
+  b.at(1 * ms, kJob).range_push(mlp);
+  b.at(10 * ms, kWorker).page(RecordType::offload_begin, 0x1000, 64 * MiB, mlp);
+  b.at(20 * ms, kJob).vmm(RecordType::map, 0x9000, 2 * MiB, 0, 0, 0, 0, 2 * ms);
+  b.at(25 * ms, kPool).host_pin(256 * MiB, 15 * ms);
+  b.at(30 * ms, kWorker).page(RecordType::offload_begin, 0x2000, 32 * MiB, mlp);
+  b.at(35 * ms, kJob).wait(4 * ms, kWaitBacklog);
+  b.at(40 * ms, kWorker).page(RecordType::offload_end, 0x1000, 64 * MiB, mlp);
+  b.at(45 * ms, kWorker).vmm(RecordType::unmap, 0x1000, 64 * MiB, 0, 0, 0, 0, 5 * ms);
+  b.at(50 * ms, kWorker).page(RecordType::offload_end, 0x2000, 32 * MiB, mlp);
+  b.at(55 * ms, kJob).wait(3 * ms, kWaitDrain);
+  b.at(60 * ms, kJob).range_push(back);
+  b.at(70 * ms, kWorker).page(RecordType::reload_begin, 0x1000, 64 * MiB, mlp);
+  b.at(75 * ms, kJob).stall(2 * ms, mlp);
+  b.at(80 * ms, kWorker).page(RecordType::reload_end, 0x1000, 64 * MiB, mlp);
+  b.at(100 * ms, kJob).iteration(2);
+  b.at(110 * ms, kWorker).page(RecordType::offload_begin, 0x3000, 16 * MiB, mlp);
+  b.at(120 * ms, kPool).host_pin(GiB, 7 * ms, 1);
+  b.at(150 * ms, kJob).range_push(back);
+  b.at(180 * ms, kJob).iteration(3);
+  b.at(200 * ms, kWorker).page(RecordType::offload_end, 0x3000, 16 * MiB, mlp);
+  b.at(230 * ms, kJob).range_push(back);
+  b.at(250 * ms, kWorker).page(RecordType::reload_begin, 0x4000, 8 * MiB, mlp);
+  b.at(300 * ms, kJob).iteration(4);
+  b.at(310 * ms, kJob).stall(9 * ms, mlp);
+  b.at(320 * ms, kJob).mem_sample(GiB, 80 * GiB);
+  return b;
+}
+
+TEST(TimeBreakdown, ChargesEachRecordToItsIteration) {
+  auto file = read_trace_bytes(built().bytes(), "built");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const TimeBreakdown time = time_breakdown(*file);
+  ASSERT_EQ(time.iterations.size(), 3u);  // the span after the last ITERATION record is not one
+  EXPECT_TRUE(time.has_waits);
+  EXPECT_TRUE(time.has_host_pins);
+
+  const IterationTime& first = time.iterations[0];
+  EXPECT_EQ(first.index, 1u);
+  EXPECT_EQ(first.wall_ns, 100 * ms);
+  EXPECT_EQ(first.forward_ns, 60 * ms);
+  EXPECT_EQ(first.reload_stall_ns, 2 * ms);
+  EXPECT_EQ(first.backlog_wait_ns, 4 * ms);
+  EXPECT_EQ(first.drain_wait_ns, 3 * ms);
+  EXPECT_EQ(first.job_vmm_ns, 2 * ms);
+  EXPECT_EQ(first.job_vmm_calls, 1u);
+  EXPECT_EQ(first.worker_vmm_ns, 5 * ms);
+  EXPECT_EQ(first.worker_vmm_calls, 1u);
+  EXPECT_EQ(first.host_pin_ns, 15 * ms);
+  EXPECT_EQ(first.host_pin_bytes, 256 * MiB);
+  EXPECT_EQ(first.offload_inflight_ns, 40 * ms);  // 10-50, the two copies overlapping 30-40
+  EXPECT_EQ(first.offload_inflight_in_forward_ns, 40 * ms);
+  EXPECT_EQ(first.offloaded_bytes, 96 * MiB);
+  EXPECT_EQ(first.reload_inflight_ns, 10 * ms);
+  EXPECT_EQ(first.reloaded_bytes, 64 * MiB);
+
+  const IterationTime& second = time.iterations[1];
+  EXPECT_EQ(second.wall_ns, 80 * ms);
+  EXPECT_EQ(second.forward_ns, 50 * ms);
+  EXPECT_EQ(second.offload_inflight_ns, 70 * ms);
+  EXPECT_EQ(second.offload_inflight_in_forward_ns, 40 * ms);
+  EXPECT_EQ(second.host_pin_ns, 7 * ms);
+  EXPECT_EQ(second.host_pin_bytes, 0u);  // the pinning failed
+  EXPECT_EQ(second.reload_stall_ns, 0u);
+
+  const IterationTime& third = time.iterations[2];
+  EXPECT_EQ(third.wall_ns, 120 * ms);
+  EXPECT_EQ(third.forward_ns, 50 * ms);
+  EXPECT_EQ(third.offload_inflight_ns, 20 * ms);
+  EXPECT_EQ(third.reload_inflight_ns, 50 * ms);  // never ended: in flight to the trace's end
+  EXPECT_EQ(third.reload_stall_ns, 0u);          // the stall at 310 is after the last iteration
+
+  // Steady: the lower middle of iterations 2 and 3.
+  EXPECT_EQ(time.steady.index, 2u);
+  EXPECT_EQ(time.steady.wall_ns, 80 * ms);
+  EXPECT_EQ(time.steady.forward_ns, 50 * ms);
+  EXPECT_EQ(time.steady.offload_inflight_ns, 20 * ms);
+  EXPECT_EQ(time.steady.host_pin_ns, 0u);
+}
+
+TEST(TimeBreakdown, NeedsTwoIterationMarks) {
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  b.at(5 * ms, kJob).stall(2 * ms, 0);
+  auto file = read_trace_bytes(b.bytes(), "one");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE(time_breakdown(*file).iterations.empty());
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  EXPECT_EQ(out.str().find("Where the time goes"), std::string::npos) << out.str();
+}
+
+TEST(TimeBreakdown, TheReportNamesWaitsAndPinningOnlyWhenTheTraceRecordsThem) {
+  auto file = read_trace_bytes(built().bytes(), "built");
+  ASSERT_TRUE(file.ok());
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("Where the time goes (median over 2 iterations after the first)"), std::string::npos) << text;
+  EXPECT_NE(text.find("backlog waits 0 ns, drain waits 0 ns"), std::string::npos) << text;
+  EXPECT_NE(text.find("pinning host memory"), std::string::npos) << text;
+  EXPECT_NE(text.find("of it in the forward (40.0%)"), std::string::npos) << text;  // 20 of 50 ms
+
+  // The same run as an older actpage wrote it: no WAIT or HOST_PIN records.
+  TraceBuilder old;
+  old.at(0, kJob).iteration(1);
+  old.at(10 * ms, kJob).stall(2 * ms, 0);
+  old.at(100 * ms, kJob).iteration(2);
+  auto old_file = read_trace_bytes(old.bytes(), "old");
+  ASSERT_TRUE(old_file.ok());
+  std::ostringstream old_out;
+  write_text_report(summarize(*old_file), old_out);
+  EXPECT_NE(old_out.str().find("reload stalls 2"), std::string::npos) << old_out.str();
+  EXPECT_EQ(old_out.str().find("backlog waits"), std::string::npos) << old_out.str();
+  EXPECT_EQ(old_out.str().find("pinning host memory"), std::string::npos) << old_out.str();
+}
+
+}  // namespace
+}  // namespace actpage::trace
