@@ -620,6 +620,9 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
     }
   }
   if (needed.empty()) return;
+  // For the STALL record: the module waited for (`actpage dump` charges the stall to it).
+  const ranges::PathId waited_for = needed.front().second->group->selected;
+  const std::uint32_t waited_group = needed.front().second->group->id;
   prefetch_before(first_position, forward_pass);
 
   auto alive = [&](const std::pair<DevPtr, const Allocation*>& entry) -> Allocation* {
@@ -665,6 +668,8 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
     if (auto* writer = trace::active()) {
       trace::StallPayload payload{};
       payload.wait_ns = waited;
+      payload.path_id = waited_for;
+      payload.group = waited_group;
       writer->record(trace::RecordType::stall, payload);
     }
   }

@@ -752,7 +752,8 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
 TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
   // What `actpage dump` reads to say where the time went: each wait of the job's thread for the
   // copies is a WAIT record (the drain's told apart from a cap's) adding up to the engine's own
-  // count, and the host pool's pinning a HOST_PIN record with its size.
+  // count, each wait for a reload a STALL record naming the module, and the host pool's pinning a
+  // HOST_PIN record with its size.
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
                                     ("actpage-engine-trace-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -791,6 +792,13 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
   ASSERT_FALSE(file->host_pins.empty());  // the pool's preallocation at least
   EXPECT_EQ(file->host_pins.front().data.bytes, testing::small_offload_options().host_pool_prealloc_bytes);
   EXPECT_EQ(file->host_pins.front().data.result, 0u);
+  // Each reload stall names the module waited for (the MLP's range), so that dump charges it there.
+  ASSERT_GE(stats.stalls, 1u);  // slow copies: backward catches up with its reloads
+  ASSERT_EQ(file->stalls.size(), stats.stalls);
+  for (const auto& stall : file->stalls) {
+    EXPECT_NE(stall.data.path_id, 0u);
+    EXPECT_NE(stall.data.group, 0u);
+  }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }
