@@ -9,23 +9,36 @@ namespace {
 
 using Interval = std::pair<std::uint64_t, std::uint64_t>;  // [begin, end)
 
-// Pairs BEGIN and END records of one kind by pointer in time order; a BEGIN without an END runs to
-// the end of the trace. Returns the union of the intervals, sorted and disjoint.
+// Pairs BEGIN and END records of one kind by pointer in time order. A BEGIN whose END never comes
+// ends where the pointer's story moves on: its FREE (the job freed it during the copy), a reload of
+// it, or its next BEGIN; only one with none of those runs to the end of the trace. (An offload that
+// backward overtook, or whose allocation the job freed, writes no END: run to the trace's end, one
+// such offload would count as in flight for every later iteration.) Returns the union of the
+// intervals, sorted and disjoint.
 std::vector<Interval> in_flight(const TraceFile& trace, RecordType begin, RecordType end) {
-  std::vector<const Timed<PagePayload>*> records;
+  struct Event {
+    std::uint64_t time;
+    std::uint64_t index;  // file order, for ties
+    std::uint64_t ptr;
+    int kind;             // 0 begin, 1 end, 2 something else that ends an open one
+  };
+  std::vector<Event> events;
   for (const auto& page : trace.pages) {
-    if (page.type == begin || page.type == end) records.push_back(&page);
+    const int kind = page.type == begin ? 0 : page.type == end ? 1 : 2;
+    events.push_back({page.time_ns, page.index, page.data.ptr, kind});
   }
-  std::stable_sort(records.begin(), records.end(), [](auto* a, auto* b) { return a->time_ns < b->time_ns; });
+  for (const auto& free : trace.frees) events.push_back({free.time_ns, free.index, free.data.ptr, 2});
+  std::sort(events.begin(), events.end(),
+            [](const Event& a, const Event& b) { return a.time != b.time ? a.time < b.time : a.index < b.index; });
   std::unordered_map<std::uint64_t, std::uint64_t> open;  // ptr -> begin time
   std::vector<Interval> intervals;
-  for (const auto* record : records) {
-    if (record->type == begin) {
-      open[record->data.ptr] = record->time_ns;
-    } else if (auto it = open.find(record->data.ptr); it != open.end()) {
-      intervals.emplace_back(it->second, record->time_ns);
+  for (const Event& event : events) {
+    auto it = open.find(event.ptr);
+    if (it != open.end()) {
+      intervals.emplace_back(it->second, event.time);
       open.erase(it);
     }
+    if (event.kind == 0) open[event.ptr] = event.time;
   }
   for (const auto& [ptr, start] : open) intervals.emplace_back(start, std::max(start, trace.last_time_ns));
   std::sort(intervals.begin(), intervals.end());

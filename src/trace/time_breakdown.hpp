@@ -15,6 +15,9 @@
 // - Offloads in flight: the union of [OFFLOAD_BEGIN, OFFLOAD_END] of each pointer (paired in time
 //   order), clipped to the iteration, and the part of it inside the forward; the same for reloads.
 //   OFFLOAD_END is written once the pages went back, so an offload in flight is copy plus unmap.
+//   An offload with no END (backward overtook it and its pages stayed, or the job freed it during
+//   the copy) counts until its pointer's FREE, reload or next BEGIN, whichever comes first; only one
+//   with none of those runs to the end of the trace.
 // - `steady` is the field-wise median over the iterations after the first (all of them when there
 //   is only one): the first pays for growing the pools.
 #pragma once

@@ -24,8 +24,9 @@ constexpr std::uint32_t kJob = 1, kWorker = 2, kPool = 3;
 //     range at 60 (forward 60); reload p1 70-80; a reload stall at 75 (2 ms).
 //   iteration 1 [100, 180): offload p3 110-200 (70 ms here, 40 of them before the backward range at
 //     150); a failed pin of 1 GiB at 120 (7 ms, no bytes).
-//   iteration 2 [180, 300): p3's last 20 ms; the backward range at 230 (forward 50); reload p4 from
-//     250, never ended: in flight to the trace's end (320), 50 ms of it here.
+//   iteration 2 [180, 300): p3's last 20 ms; the backward range at 230 (forward 50); offload p5 from
+//     240 has no END, the job frees p5 at 260: in flight 20 ms (not to the trace's end); reload p4
+//     from 250, never ended and never freed: in flight to the trace's end (320), 50 ms of it here.
 //   after 300: a stall at 310 belongs to no iteration.
 TraceBuilder built() {
   TraceBuilder b;
@@ -53,7 +54,9 @@ TraceBuilder built() {
   b.at(180 * ms, kJob).iteration(3);
   b.at(200 * ms, kWorker).page(RecordType::offload_end, 0x3000, 16 * MiB, mlp);
   b.at(230 * ms, kJob).range_push(back);
+  b.at(240 * ms, kWorker).page(RecordType::offload_begin, 0x5000, 4 * MiB, mlp);
   b.at(250 * ms, kWorker).page(RecordType::reload_begin, 0x4000, 8 * MiB, mlp);
+  b.at(260 * ms, kJob).free(0x5000, mlp);
   b.at(300 * ms, kJob).iteration(4);
   b.at(310 * ms, kJob).stall(9 * ms, mlp);
   b.at(320 * ms, kJob).mem_sample(GiB, 80 * GiB);
@@ -99,7 +102,7 @@ TEST(TimeBreakdown, ChargesEachRecordToItsIteration) {
   const IterationTime& third = time.iterations[2];
   EXPECT_EQ(third.wall_ns, 120 * ms);
   EXPECT_EQ(third.forward_ns, 50 * ms);
-  EXPECT_EQ(third.offload_inflight_ns, 20 * ms);
+  EXPECT_EQ(third.offload_inflight_ns, 40 * ms);  // p3's 180-200 and p5's 240-260
   EXPECT_EQ(third.reload_inflight_ns, 50 * ms);  // never ended: in flight to the trace's end
   EXPECT_EQ(third.reload_stall_ns, 0u);          // the stall at 310 is after the last iteration
 
@@ -107,7 +110,7 @@ TEST(TimeBreakdown, ChargesEachRecordToItsIteration) {
   EXPECT_EQ(time.steady.index, 2u);
   EXPECT_EQ(time.steady.wall_ns, 80 * ms);
   EXPECT_EQ(time.steady.forward_ns, 50 * ms);
-  EXPECT_EQ(time.steady.offload_inflight_ns, 20 * ms);
+  EXPECT_EQ(time.steady.offload_inflight_ns, 40 * ms);
   EXPECT_EQ(time.steady.host_pin_ns, 0u);
 }
 
