@@ -175,7 +175,18 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
       << format_duration(m.reload_inflight_ns) << '\n';
   std::vector<std::vector<std::string>> rows{{"iteration", "wall", "forward", "stalls", "backlog", "drain", "job VMM",
                                               "worker VMM", "pinning", "offloads in flight", "offloaded"}};
-  for (const IterationTime& t : time.iterations) {
+  // A long run's middle is left out: the first and last rows show warm-up and steady state, and
+  // --json has every one.
+  constexpr std::size_t kRowsEachEnd = 20;
+  const std::size_t count = time.iterations.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    if (count > 2 * kRowsEachEnd && i == kRowsEachEnd) {
+      const std::size_t skipped = count - 2 * kRowsEachEnd;
+      rows.push_back({"(" + std::to_string(skipped) + " more)", "", "", "", "", "", "", "", "", "", ""});
+      i = count - kRowsEachEnd - 1;
+      continue;
+    }
+    const IterationTime& t = time.iterations[i];
     rows.push_back({std::to_string(t.index), format_duration(t.wall_ns), format_duration_or_dash(t.forward_ns),
                     format_duration_or_dash(t.reload_stall_ns), format_duration_or_dash(t.backlog_wait_ns),
                     format_duration_or_dash(t.drain_wait_ns), format_duration_or_dash(t.job_vmm_ns),

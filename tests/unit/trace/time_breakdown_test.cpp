@@ -151,5 +151,21 @@ TEST(TimeBreakdown, TheReportNamesWaitsAndPinningOnlyWhenTheTraceRecordsThem) {
   EXPECT_EQ(old_out.str().find("pinning host memory"), std::string::npos) << old_out.str();
 }
 
+TEST(TimeBreakdown, ALongRunsTableShowsItsEndsAndSaysHowManyRowsItLeftOut) {
+  TraceBuilder b;
+  for (std::uint64_t i = 0; i < 51; ++i) b.at(i * 10 * ms, kJob).iteration(i + 1);  // 50 iterations
+  auto file = read_trace_bytes(b.bytes(), "long");
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ(time_breakdown(*file).iterations.size(), 50u);
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("\n  20 "), std::string::npos) << text;  // the first 20 rows
+  EXPECT_EQ(text.find("\n  21 "), std::string::npos) << text;
+  EXPECT_NE(text.find("(10 more)"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  31 "), std::string::npos) << text;  // the last 20 rows
+  EXPECT_NE(text.find("\n  50 "), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace actpage::trace
