@@ -305,22 +305,9 @@ void write_text_report(const Summary& s, std::ostream& out) {
 namespace {
 
 nlohmann::ordered_json iteration_time_json(const IterationTime& t) {
-  return {{"wall_ns", t.wall_ns},
-          {"forward_ns", t.forward_ns},
-          {"reload_stall_ns", t.reload_stall_ns},
-          {"backlog_wait_ns", t.backlog_wait_ns},
-          {"drain_wait_ns", t.drain_wait_ns},
-          {"job_vmm_ns", t.job_vmm_ns},
-          {"job_vmm_calls", t.job_vmm_calls},
-          {"worker_vmm_ns", t.worker_vmm_ns},
-          {"worker_vmm_calls", t.worker_vmm_calls},
-          {"host_pin_ns", t.host_pin_ns},
-          {"host_pin_bytes", t.host_pin_bytes},
-          {"offload_inflight_ns", t.offload_inflight_ns},
-          {"offload_inflight_in_forward_ns", t.offload_inflight_in_forward_ns},
-          {"offloaded_bytes", t.offloaded_bytes},
-          {"reload_inflight_ns", t.reload_inflight_ns},
-          {"reloaded_bytes", t.reloaded_bytes}};
+  nlohmann::ordered_json fields;
+  for (const IterationTimeField& f : kIterationTimeFields) fields[f.name] = t.*f.member;
+  return fields;
 }
 
 }  // namespace

@@ -157,14 +157,7 @@ TimeBreakdown time_breakdown(const TraceFile& trace) {
   };
   IterationTime& s = result.steady;
   s.index = result.iterations.size() - first;
-  for (auto member : {&IterationTime::wall_ns, &IterationTime::forward_ns, &IterationTime::reload_stall_ns,
-                      &IterationTime::backlog_wait_ns, &IterationTime::drain_wait_ns, &IterationTime::job_vmm_ns,
-                      &IterationTime::job_vmm_calls, &IterationTime::worker_vmm_ns, &IterationTime::worker_vmm_calls,
-                      &IterationTime::host_pin_ns, &IterationTime::host_pin_bytes, &IterationTime::offload_inflight_ns,
-                      &IterationTime::offload_inflight_in_forward_ns, &IterationTime::offloaded_bytes,
-                      &IterationTime::reload_inflight_ns, &IterationTime::reloaded_bytes}) {
-    s.*member = field(member);
-  }
+  for (const IterationTimeField& f : kIterationTimeFields) s.*f.member = field(f.member);
   return result;
 }
 

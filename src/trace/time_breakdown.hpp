@@ -53,6 +53,31 @@ struct IterationTime {
   std::uint64_t reloaded_bytes = 0;   // RELOAD_BEGIN bytes
 };
 
+// Every measured field of IterationTime with its JSON name: the steady median is taken over these,
+// and `dump --json` writes them, so that a field added to the struct is added here once.
+struct IterationTimeField {
+  const char* name;
+  std::uint64_t IterationTime::*member;
+};
+inline constexpr IterationTimeField kIterationTimeFields[] = {
+    {"wall_ns", &IterationTime::wall_ns},
+    {"forward_ns", &IterationTime::forward_ns},
+    {"reload_stall_ns", &IterationTime::reload_stall_ns},
+    {"backlog_wait_ns", &IterationTime::backlog_wait_ns},
+    {"drain_wait_ns", &IterationTime::drain_wait_ns},
+    {"job_vmm_ns", &IterationTime::job_vmm_ns},
+    {"job_vmm_calls", &IterationTime::job_vmm_calls},
+    {"worker_vmm_ns", &IterationTime::worker_vmm_ns},
+    {"worker_vmm_calls", &IterationTime::worker_vmm_calls},
+    {"host_pin_ns", &IterationTime::host_pin_ns},
+    {"host_pin_bytes", &IterationTime::host_pin_bytes},
+    {"offload_inflight_ns", &IterationTime::offload_inflight_ns},
+    {"offload_inflight_in_forward_ns", &IterationTime::offload_inflight_in_forward_ns},
+    {"offloaded_bytes", &IterationTime::offloaded_bytes},
+    {"reload_inflight_ns", &IterationTime::reload_inflight_ns},
+    {"reloaded_bytes", &IterationTime::reloaded_bytes},
+};
+
 struct TimeBreakdown {
   std::vector<IterationTime> iterations;
   IterationTime steady;            // field-wise median (index: how many iterations it is over)
