@@ -23,7 +23,8 @@
 #            each allocator (OBSERVE_ALLOCATORS, default "async native expandable")
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
-#            where the time and the memory go (docs/performance.md)
+#            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
+#            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #   plan     actpage calibrate; per job (Llama 16 layers, Qwen3-MoE 8 layers): an observe-only trace,
 #            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
@@ -329,8 +330,14 @@ PY
       done
       ;;
     nearfree)
-      say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
-      job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
+      # NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead of the Llama one.
+      if [[ ${NF_JOB:-llama} == qwen ]]; then
+        say "nearfree: Qwen3-MoE 8 layers, policies and engine settings, traced"
+        job=("$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
+      else
+        say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
+        job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
+      fi
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}"
       # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV (comma-separated VAR=VALUE): policies written here, so
       # that one run compares them. NF_VARIANTS replaces the list (variants separated by spaces).

@@ -1216,10 +1216,10 @@ bool DeviceEngine::d2h_paused() const {
 }
 
 bool DeviceEngine::can_issue_d2h() const {
-  // Two chunks queued keep the copy engine busy (the worker issues the next while one runs) and
-  // let the queue drain within two chunks' time when access must be granted.
-  constexpr std::size_t kChunksQueued = 2;
-  if (d2h_paused() || d2h_chunks_.size() >= kChunksQueued) return false;
+  // Two chunks queued (the default) keep the copy engine busy (the worker issues the next while one
+  // runs) and let the queue drain within two chunks' time when access must be granted.
+  const std::size_t chunks_queued = std::max<std::uint64_t>(1, options_.copy_chunks_queued);
+  if (d2h_paused() || d2h_chunks_.size() >= chunks_queued) return false;
   for (const Allocation* allocation : offload_inflight_) {
     if (allocation->copy_issued < allocation->bytes) return true;
   }

@@ -63,6 +63,10 @@ bool check_number_limits(const Field& field, std::uint64_t value, std::size_t of
     errors.add(field.key_path, offset, "must be at least 1: with no copy in flight nothing is ever paged");
     return false;
   }
+  if (field.ident == "copy_chunks_queued" && value == 0) {
+    errors.add(field.key_path, offset, "must be at least 1: with no chunk queued no offload copy is ever issued");
+    return false;
+  }
   if (field.ident == "host_pool_slab_bytes" && value == 0) {
     errors.add(field.key_path, offset, "must be at least 1 byte: the host pool grows by slabs");
     return false;

@@ -805,11 +805,19 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
 
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
   // 3 MiB activations in 1 MiB chunks: three device-to-host copies each, the allocation given back
-  // only after the last; with chunking off, one copy each.
-  for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{kMiB}}) {
+  // only after the last; with chunking off, one copy each. One chunk queued at a time, the default
+  // two, and more chunks queued than an allocation has.
+  struct Case {
+    std::uint64_t chunk;
+    std::uint64_t queued;
+  };
+  for (Case c : {Case{0, 2}, Case{kMiB, 1}, Case{kMiB, 2}, Case{kMiB, 8}}) {
+    const std::uint64_t chunk = c.chunk;
+    SCOPED_TRACE("copy_chunks_queued " + std::to_string(c.queued));
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.copy_chunk_bytes = chunk;
+    options.copy_chunks_queued = c.queued;
     Rig rig(options);
     const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
     Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);

@@ -548,6 +548,11 @@ TEST(Load, NumbersInTheFile) {
   result = load_policy(R"({"version": 1, "max_inflight_copies": 0})");
   ASSERT_EQ(result.errors.size(), 1u);
   EXPECT_THAT(result.errors[0].reason, HasSubstr("at least 1"));
+  result = load_policy(R"({"version": 1, "copy_chunks_queued": 0})");
+  ASSERT_EQ(result.errors.size(), 1u);
+  EXPECT_EQ(result.errors[0].key_path, "copy_chunks_queued");
+  EXPECT_THAT(result.errors[0].reason, HasSubstr("no chunk queued"));
+  EXPECT_EQ(load_policy(R"({"version": 1, "copy_chunks_queued": 6})").options.copy_chunks_queued, 6u);
   EXPECT_TRUE(load_policy(R"({"version": 1, "trace": {"sample_ms": 0}})").ok());
 }
 
