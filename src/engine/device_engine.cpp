@@ -1115,10 +1115,7 @@ bool DeviceEngine::start_offload(Allocation& allocation) {
     keep_resident(allocation);
     return false;
   }
-  EventHandle release{};
-  for (const auto& [stream, event] : allocation.group->release_events) {
-    if (stream == allocation.stream) release = event;
-  }
+  const EventHandle release = release_event_of(allocation);
   if (Status status = device_.stream_wait_event(copy_stream_, release); !status.ok()) {
     // Nothing was enqueued; the data is where it was. Stay resident.
     host_pool_->free(*block);
@@ -1137,6 +1134,23 @@ bool DeviceEngine::start_offload(Allocation& allocation) {
   trace_page(trace::RecordType::offload_begin, allocation.va, allocation.bytes,
              allocation.group->selected, allocation.group->id);
   return true;
+}
+
+EventHandle DeviceEngine::release_event_of(const Allocation& allocation) const {
+  EventHandle release{};
+  for (const auto& [stream, event] : allocation.group->release_events) {
+    if (stream == allocation.stream) release = event;
+  }
+  return release;
+}
+
+bool DeviceEngine::release_reached(const Allocation& allocation) {
+  if (!options_.vmm_grant_when_idle || serialized_ || options_.stray_access == StrayAccess::host_mapped) return true;
+  const EventHandle release = release_event_of(allocation);
+  if (release.value == 0) return true;
+  // Any answer but "not yet" (an error included) lets the copy go out ordered after the event, as
+  // it always is.
+  return device_.query_event(release).code() != ErrorCode::not_ready;
 }
 
 bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
@@ -1406,6 +1420,7 @@ void DeviceEngine::offload_worker() {
     if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
     const TurnScope turn(*this, Turn::offload);
     // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order).
+    bool waited_for_release = false;
     while (can_issue_d2h()) {
       Allocation* copying = nullptr;
       for (Allocation* allocation : offload_inflight_) {
@@ -1420,6 +1435,22 @@ void DeviceEngine::offload_worker() {
       }
       if (offload_queue_.empty() || offload_inflight_.size() >= cap) break;
       Allocation* allocation = offload_queue_.front();
+      if (allocation->state == PageState::pending && !stopping_ && !waited_for_release &&
+          !release_reached(*allocation)) {
+        // The GPU has not finished the module yet. Chunks queued: wait for the front one (below)
+        // and look again. None: wait here for the release point, with nothing on the copy stream
+        // for a grant to wait behind; then the copy goes out (also when the wait failed: it is
+        // ordered after the release point on the device anyway).
+        if (!d2h_chunks_.empty()) break;
+        const EventHandle release = release_event_of(*allocation);
+        lock.unlock();
+        const Status waited = device_.synchronize_event(release);
+        lock.lock();
+        if (!waited.ok()) note_failure("waiting for an offload's release point", waited);
+        waited_for_release = true;
+        continue;
+      }
+      waited_for_release = false;
       offload_queue_.pop_front();
       if (allocation->state != PageState::pending) continue;
       if (options_.stray_access == StrayAccess::host_mapped) {

@@ -240,6 +240,16 @@ class DeviceEngine {
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
   // out in chunks (issue_chunk). false: the allocation stays resident.
   bool start_offload(Allocation& allocation);
+  // The event after which the job is done with `allocation` (its module's end on its stream);
+  // {} when none was recorded.
+  EventHandle release_event_of(const Allocation& allocation) const;
+  // Whether a new offload may go on the copy stream now: its release point has been reached on the
+  // device. Only then does a queued copy run at once, so that the queue drains within its chunks'
+  // copy time when access must be granted (vmm.grant_when_idle); a copy queued ahead of its
+  // release point waits there for the job's kernels, and the grant with it (6 ms in the Qwen3-MoE
+  // forward, docs/performance.md). True without grant_when_idle, in host_mapped mode and in a
+  // serialized replay (which must not depend on timing), and when the event cannot be asked.
+  bool release_reached(const Allocation& allocation);
   // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
   // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
   bool issue_chunk(Allocation& allocation, bool whole);

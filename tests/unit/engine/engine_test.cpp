@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <functional>
 #include <map>
 #include <random>
@@ -1094,6 +1095,55 @@ TEST(Engine, ABacklogCapHoldsTheJobAtALayersEndUntilTheCopiesCatchUp) {
     EXPECT_EQ(rig.job->mismatches(), 0u) << "cap " << cap;
     EXPECT_EQ(rig.device.fault_count(), 0u) << "cap " << cap;
   }
+}
+
+TEST(Engine, OffloadCopiesWaitOffTheCopyStreamUntilTheGpuFinishesTheirModule) {
+  // The job's stream is held at a gate: the GPU is behind the job, no module has finished on the
+  // device. Copies queued on the copy stream now would wait there for their release points, and a
+  // grant (vmm.grant_when_idle) for the job's next mapping would wait behind them until the gate
+  // opens. The engine keeps them off the stream until their module is done on the device: the
+  // job's thread maps (every allocation misses the empty cache) and runs its whole forward pass
+  // while the gate holds, and no copy has gone out.
+  Options options = testing::small_offload_options();
+  options.vmm_grant_when_idle = true;
+  Rig rig(options);
+  auto gate = rig.device.hold_stream(rig.stream);
+  ASSERT_TRUE(gate.ok());
+  const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
+  // As run_forward, without the temporaries (whose frees wait for the device in SimJob).
+  auto forward_done = std::async(std::launch::async, [&] {
+    Forward forward;
+    rig.job->push("model");
+    for (int layer = 0; layer < 6; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      rig.job->push(name);
+      rig.job->push(name + ".mlp");
+      for (int i = 0; i < 2; ++i) {
+        Tensor tensor = rig.job->allocate(4 * kMiB);
+        rig.job->write(tensor);
+        forward.saved[name + ".mlp"].push_back(tensor);
+      }
+      rig.job->pop();
+      rig.job->pop();
+    }
+    rig.job->pop();
+    return forward;
+  });
+  const bool finished = forward_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  const std::uint64_t copies_while_held = rig.device.call_count(device::SimOp::copy_to_host) - copies_before;
+  ASSERT_TRUE(rig.device.release_stream(*gate).ok());  // (also frees a forward stuck behind it)
+  Forward forward = forward_done.get();
+  EXPECT_TRUE(finished) << "the forward pass waited for the gated stream";
+  EXPECT_EQ(copies_while_held, 0u);
+  EXPECT_GE(rig.engine.stats().job_thread_vmm_calls, 12u);  // it mapped while the gate held
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloads_completed, 12u);
+  run_backward(*rig.job, forward, 6);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 12u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
