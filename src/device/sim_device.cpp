@@ -388,12 +388,14 @@ Status SimDevice::grant_access(DevPtr va, std::size_t bytes) {
                 "CUDA_ERROR_INVALID_VALUE (the range is not exactly one or more whole mappings)", what());
   }
   for (auto grant = covered->first; grant != covered->second; ++grant) grant->second.accessible = true;
+  if (copies_to_host_pending_.load() > 0) grants_behind_copies_.fetch_add(1);
   return {};
 }
 
 Status SimDevice::map_impl(DevPtr va, std::size_t bytes, PhysicalHandle handle, bool accessible) {
   auto what = [&] { return "mapping " + format_bytes(bytes) + " at " + hex(va); };
   if (auto error = enter(SimOp::map, what)) return *error;
+  if (config_.map_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(config_.map_delay_us));
   auto invalid = [&](const std::string& why) {
     return fail(SimOp::map, ErrorCode::invalid_argument, "CUDA_ERROR_INVALID_VALUE (" + why + ")", what());
   };
@@ -856,7 +858,8 @@ Status SimDevice::copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamH
                 what());
   }
   const std::string context = "copy_to_host on " + stream_text(stream);
-  return enqueue(
+  copies_to_host_pending_.fetch_add(1);
+  Status status = enqueue(
       stream,
       [this, dst, src, bytes, context] {
         (void)access(
@@ -865,8 +868,11 @@ Status SimDevice::copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamH
               if (memory != nullptr) std::memcpy(static_cast<std::byte*>(dst) + done, memory, n);
             },
             "read", context);
+        copies_to_host_pending_.fetch_sub(1);
       },
       SimOp::copy_to_host);
+  if (!status.ok()) copies_to_host_pending_.fetch_sub(1);
+  return status;
 }
 
 Status SimDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) {

@@ -74,6 +74,8 @@ struct SimDeviceConfig {
   std::uint64_t seed = 1;
   // Host time one alloc_pinned() takes, to model slow pinning (~0.45 s per GiB on real machines).
   std::uint32_t alloc_pinned_delay_us = 0;
+  // Host time one map()/map_without_access() takes (~30-100 us with cuMemSetAccess on the H100).
+  std::uint32_t map_delay_us = 0;
   // Byte pattern that fresh physical memory is filled with, so that data that was never copied back
   // shows; nullopt leaves it untouched (large simulated handles then cost no host memory until used).
   std::optional<std::uint8_t> fresh_memory_pattern = std::uint8_t{0xa5};
@@ -182,6 +184,10 @@ class SimDevice final : public Device {
   std::uint64_t call_count(SimOp op) const noexcept;
 
   std::uint64_t fault_count() const noexcept;
+  // grant_access() calls made while a device-to-host copy was enqueued on some
+  // stream and had not run yet. On the H100 such a cuMemSetAccess waits until those copies end
+  // (docs/performance.md, "Granting access waits for the copies"); here it only counts.
+  std::uint64_t grants_behind_copies() const noexcept { return grants_behind_copies_.load(); }
   // Descriptions of the first faults ("read of 64 bytes at 0x7f0000200000: 0x7f0000200000 is not
   // mapped (copy_to_host on stream 3)").
   std::vector<std::string> faults() const;
@@ -253,6 +259,9 @@ class SimDevice final : public Device {
   std::vector<std::shared_ptr<Stream>> retired_streams_;
   std::uint64_t next_stream_ = 1;
   std::atomic<std::uint64_t> operations_executed_{0};
+  // Device-to-host copies enqueued and not yet run, and the grants made meanwhile.
+  std::atomic<std::uint64_t> copies_to_host_pending_{0};
+  std::atomic<std::uint64_t> grants_behind_copies_{0};
 
   // Events.
   mutable std::mutex events_mutex_;

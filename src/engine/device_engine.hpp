@@ -262,6 +262,11 @@ class DeviceEngine {
   // back, waits for the copy queue to drain, grants, lets the chunks go again (without
   // grant_when_idle: grants at once). Called and returns with `lock` unlocked.
   Status grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock);
+  // The two halves of it, for several grants in a row: hold_copies() stops new chunks and waits for
+  // the queue to drain; release_copies() lets them go again. Both called and return with `lock`
+  // unlocked; nothing without grant_when_idle.
+  void hold_copies(std::unique_lock<std::mutex>& lock);
+  void release_copies(std::unique_lock<std::mutex>& lock);
   // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
   bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is

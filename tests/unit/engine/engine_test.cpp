@@ -1146,6 +1146,53 @@ TEST(Engine, OffloadCopiesWaitOffTheCopyStreamUntilTheGpuFinishesTheirModule) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+TEST(Engine, NoGrantInTheForwardWaitsBehindAnOffloadCopy) {
+  // vmm.grant_when_idle: every grant of access in the forward pass (the job's own maps, the pages
+  // the VMM worker recycles for the cache) is made with no device-to-host copy on the stream, since
+  // on the GPU such a grant waits for those copies. Slow copies in small chunks keep the copy
+  // stream busy throughout the forward; three iterations, so that the later ones recycle.
+  Options options = testing::small_offload_options();
+  options.vmm_grant_when_idle = true;
+  options.copy_chunk_bytes = 256 * 1024;
+  options.vmm_cache_bytes = 16 * kMiB;  // short of a forward's 48 MiB: pages are recycled for it
+  SimDeviceConfig config = sim_config(7, 300);
+  config.map_delay_us = 300;  // the worker's maps take a while, as on a GPU: copies go out meanwhile
+  Rig rig(options, config);
+  std::uint64_t behind_in_forward = 0;
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    const std::uint64_t before = rig.device.grants_behind_copies();
+    // The job computes for a while in each layer, as on a GPU, so that its allocations come while
+    // the copies of earlier layers run.
+    Forward forward;
+    rig.job->push("model");
+    for (int layer = 0; layer < 6; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      rig.job->push(name);
+      rig.job->push(name + ".mlp");
+      for (int i = 0; i < 2; ++i) {
+        Tensor tensor = rig.job->allocate(3 * kMiB);
+        rig.job->write(tensor);
+        forward.saved[name + ".mlp"].push_back(tensor);
+      }
+      rig.job->pop();
+      rig.job->pop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    rig.job->pop();
+    rig.engine.quiesce();
+    behind_in_forward += rig.device.grants_behind_copies() - before;
+    run_backward(*rig.job, forward, 6);
+    rig.engine.quiesce();
+  }
+  rig.device.synchronize();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GT(stats.ranges_recycled, 0u);
+  EXPECT_GT(stats.job_thread_vmm_calls, 0u);
+  EXPECT_EQ(behind_in_forward, 0u) << stats.ranges_recycled << " recycled, " << stats.recycle_grants << " grants";
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
   Options options = testing::small_offload_options();
   options.host_pool_bytes = 4 * kMiB;
