@@ -1145,7 +1145,10 @@ EventHandle DeviceEngine::release_event_of(const Allocation& allocation) const {
 }
 
 bool DeviceEngine::release_reached(const Allocation& allocation) {
-  if (!options_.vmm_grant_when_idle || serialized_ || options_.stray_access == StrayAccess::host_mapped) return true;
+  if (!options_.copy_at_release || !options_.vmm_grant_when_idle || serialized_ ||
+      options_.stray_access == StrayAccess::host_mapped) {
+    return true;
+  }
   const EventHandle release = release_event_of(allocation);
   if (release.value == 0) return true;
   // Any answer but "not yet" (an error included) lets the copy go out ordered after the event, as

@@ -1104,8 +1104,11 @@ TEST(Engine, OffloadCopiesWaitOffTheCopyStreamUntilTheGpuFinishesTheirModule) {
   // opens. The engine keeps them off the stream until their module is done on the device: the
   // job's thread maps (every allocation misses the empty cache) and runs its whole forward pass
   // while the gate holds, and no copy has gone out.
+  // With copy_at_release off (copies queued at once behind their release points), the forward
+  // waits for the gate and copies are queued: the test's expectations fail.
   Options options = testing::small_offload_options();
   options.vmm_grant_when_idle = true;
+  options.copy_at_release = true;
   Rig rig(options);
   auto gate = rig.device.hold_stream(rig.stream);
   ASSERT_TRUE(gate.ok());
