@@ -249,7 +249,7 @@ class DeviceEngine {
   // release point waits there for the job's kernels, and the grant with it (6 ms in the Qwen3-MoE
   // forward, docs/performance.md). True without grant_when_idle, in host_mapped mode and in a
   // serialized replay (which must not depend on timing), and when the event cannot be asked;
-  // true always with copy_at_release off.
+  // true always with copy_at_release off (the default).
   bool release_reached(const Allocation& allocation);
   // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
   // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
