@@ -1158,6 +1158,7 @@ TEST(Engine, NoGrantInTheForwardWaitsBehindAnOffloadCopy) {
   options.vmm_grant_when_idle = true;
   options.copy_chunk_bytes = 256 * 1024;
   options.vmm_cache_bytes = 16 * kMiB;  // short of a forward's 48 MiB: pages are recycled for it
+  options.vmm_recycle_holds_copies = true;  // false fails the test in most runs
   SimDeviceConfig config = sim_config(7, 300);
   config.map_delay_us = 300;  // the worker's maps take a while, as on a GPU: copies go out meanwhile
   Rig rig(options, config);
