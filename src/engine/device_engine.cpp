@@ -1786,9 +1786,9 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   // issuing chunks meanwhile, and a grant waits for every copy on the stream: hold them (on the
   // H100 the Qwen3-MoE forward's recycle grants took 3-5 ms behind a layer's copies, and the job's
   // own maps waited with them).
-  const bool any_mapped = options_.vmm_recycle_holds_copies &&
-                          std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
-  if (any_mapped) hold_copies(lock);  // (with vmm.recycle_holds_copies)
+  const bool hold = options_.vmm_recycle_holds_copies &&
+                    std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
+  if (hold) hold_copies(lock);
   for (std::size_t first = 0; first < items.size();) {
     if (!items[first].mapped) {
       ++first;
@@ -1825,7 +1825,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     }
     first = last + 1;
   }
-  if (any_mapped) release_copies(lock);
+  if (hold) release_copies(lock);
   for (Item& item : items) {
     if (item.granted) continue;
     ++calls;
