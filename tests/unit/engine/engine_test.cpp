@@ -114,6 +114,30 @@ Forward run_forward(SimJob& job, int layers, int per_module, std::size_t bytes) 
   return forward;
 }
 
+// Forward with MLP modules only and no temporaries (a temporary's free waits for the device in
+// SimJob, which tests that hold the job's stream cannot have): per layer `per_module` activations
+// kept for backward; `at_layer_end` runs after each layer's range closed.
+Forward run_mlp_forward(SimJob& job, int layers, int per_module, std::size_t bytes,
+                        const std::function<void()>& at_layer_end = {}) {
+  Forward forward;
+  job.push("model");
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::string name = "model.layers." + std::to_string(layer);
+    job.push(name);
+    job.push(name + ".mlp");
+    for (int i = 0; i < per_module; ++i) {
+      Tensor tensor = job.allocate(bytes);
+      job.write(tensor);
+      forward.saved[name + ".mlp"].push_back(tensor);
+    }
+    job.pop();
+    job.pop();  // the layer's end: the MLP's activations are released here
+    if (at_layer_end) at_layer_end();
+  }
+  job.pop();
+  return forward;
+}
+
 // Backward on another thread, as autograd does: markers for layer then modules, in reverse. Each
 // module's saved tensors are read, then `after_reads` runs (its reloads are then mapped), then they
 // are freed.
@@ -1058,24 +1082,11 @@ TEST(Engine, ABacklogCapHoldsTheJobAtALayersEndUntilTheCopiesCatchUp) {
         (void)rig.device.release_stream(*gate);
       });
     }
-    Forward forward;
     std::uint64_t most_on_device = 0;
-    rig.job->push("model");
-    for (int layer = 0; layer < 6; ++layer) {
-      const std::string name = "model.layers." + std::to_string(layer);
-      rig.job->push(name);
-      rig.job->push(name + ".mlp");
-      for (int i = 0; i < 2; ++i) {
-        Tensor tensor = rig.job->allocate(4 * kMiB);
-        rig.job->write(tensor);
-        forward.saved[name + ".mlp"].push_back(tensor);
-      }
-      rig.job->pop();
-      rig.job->pop();  // the layer's end: the MLP's activations are released here
+    Forward forward = run_mlp_forward(*rig.job, 6, 2, 4 * kMiB, [&] {
       const EngineStats now = rig.engine.stats();
       most_on_device = std::max(most_on_device, now.live_owned_bytes - now.offloaded_bytes_now);
-    }
-    rig.job->pop();
+    });
     const EngineStats forward_stats = rig.engine.stats();
     if (cap > 0) {
       opener.join();
@@ -1113,25 +1124,7 @@ TEST(Engine, OffloadCopiesWaitOffTheCopyStreamUntilTheGpuFinishesTheirModule) {
   auto gate = rig.device.hold_stream(rig.stream);
   ASSERT_TRUE(gate.ok());
   const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
-  // As run_forward, without the temporaries (whose frees wait for the device in SimJob).
-  auto forward_done = std::async(std::launch::async, [&] {
-    Forward forward;
-    rig.job->push("model");
-    for (int layer = 0; layer < 6; ++layer) {
-      const std::string name = "model.layers." + std::to_string(layer);
-      rig.job->push(name);
-      rig.job->push(name + ".mlp");
-      for (int i = 0; i < 2; ++i) {
-        Tensor tensor = rig.job->allocate(4 * kMiB);
-        rig.job->write(tensor);
-        forward.saved[name + ".mlp"].push_back(tensor);
-      }
-      rig.job->pop();
-      rig.job->pop();
-    }
-    rig.job->pop();
-    return forward;
-  });
+  auto forward_done = std::async(std::launch::async, [&] { return run_mlp_forward(*rig.job, 6, 2, 4 * kMiB); });
   const bool finished = forward_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
   const std::uint64_t copies_while_held = rig.device.call_count(device::SimOp::copy_to_host) - copies_before;
   ASSERT_TRUE(rig.device.release_stream(*gate).ok());  // (also frees a forward stuck behind it)
@@ -1167,22 +1160,8 @@ TEST(Engine, NoGrantInTheForwardWaitsBehindAnOffloadCopy) {
     const std::uint64_t before = rig.device.grants_behind_copies();
     // The job computes for a while in each layer, as on a GPU, so that its allocations come while
     // the copies of earlier layers run.
-    Forward forward;
-    rig.job->push("model");
-    for (int layer = 0; layer < 6; ++layer) {
-      const std::string name = "model.layers." + std::to_string(layer);
-      rig.job->push(name);
-      rig.job->push(name + ".mlp");
-      for (int i = 0; i < 2; ++i) {
-        Tensor tensor = rig.job->allocate(3 * kMiB);
-        rig.job->write(tensor);
-        forward.saved[name + ".mlp"].push_back(tensor);
-      }
-      rig.job->pop();
-      rig.job->pop();
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    rig.job->pop();
+    Forward forward = run_mlp_forward(*rig.job, 6, 2, 3 * kMiB,
+                                      [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
     rig.engine.quiesce();
     behind_in_forward += rig.device.grants_behind_copies() - before;
     run_backward(*rig.job, forward, 6);
