@@ -1,21 +1,13 @@
 #include "interpose/event_sink.hpp"
 
-#include <atomic>
-
 #include "trace/writer.hpp"
 
 namespace actpage::interpose {
 
-namespace {
-// Paused by actpage_set_recording(0): a measurement switch (examples/common.py
-// --alternate-actpage), read once per hooked call.
-std::atomic<bool> g_recording{true};
-}  // namespace
-
-bool set_recording(bool on) noexcept { return g_recording.exchange(on, std::memory_order_relaxed); }
+bool set_recording(bool on) noexcept { return trace::set_recording(on); }
 
 bool TraceEventSink::enabled() const noexcept {
-  return g_recording.load(std::memory_order_relaxed) && trace::active() != nullptr;
+  return trace::recording() && trace::active() != nullptr;
 }
 
 void TraceEventSink::alloc(const trace::AllocPayload& record) noexcept {

@@ -658,4 +658,12 @@ Writer* active() noexcept { return g_active.load(std::memory_order_acquire); }
 
 void set_active(Writer* writer) noexcept { g_active.store(writer, std::memory_order_release); }
 
+namespace {
+std::atomic<bool> g_recording{true};  // read once per hooked call and per memory sample
+}  // namespace
+
+bool set_recording(bool on) noexcept { return g_recording.exchange(on, std::memory_order_relaxed); }
+
+bool recording() noexcept { return g_recording.load(std::memory_order_relaxed); }
+
 }  // namespace actpage::trace

@@ -88,4 +88,12 @@ class Writer {
 Writer* active() noexcept;
 void set_active(Writer* writer) noexcept;
 
+// A measurement switch for the whole process (actpage_set_recording, examples/common.py
+// --alternate-actpage): while off, the hooks' allocation and VMM records and the engine's
+// device-memory samples are not taken, so that steps with and without them can be compared inside
+// one process. Returns the previous setting. The writer itself, and the engine's paging records,
+// go on.
+bool set_recording(bool on) noexcept;
+bool recording() noexcept;
+
 }  // namespace actpage::trace

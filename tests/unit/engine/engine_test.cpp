@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "common/clock.hpp"
 #include "engine/engine.hpp"
 #include "engine/forward_pass.hpp"
 #include "sim_job.hpp"
@@ -772,6 +773,65 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
       EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * 12u);
     }
   }
+}
+
+TEST(Engine, MemorySamplesPauseWithTheRecording) {
+  // The in-process observe-only comparison (examples/common.py --alternate-actpage) pauses the
+  // recording every other step: the sampler's driver call (cudaMemGetInfo every trace.sample_ms)
+  // must stop with it, or the comparison cannot see what it costs.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("actpage-engine-samples-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  trace::WriterConfig config;
+  config.path = (dir / "samples.trace").string();
+  auto opened = trace::Writer::open(config);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<trace::Writer> writer = std::move(opened).value();
+  trace::set_active(writer.get());
+  std::uint64_t paused_at = 0;
+  std::uint64_t resumed_at = 0;
+  {
+    Options options = testing::small_offload_options();
+    options.trace_sample_ms = 1;
+    Rig rig(options);
+    Forward forward = run_forward(*rig.job, 2, 1, 2 * kMiB);  // starts the device's engine
+    run_backward(*rig.job, forward, 2);
+    rig.engine.quiesce();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(trace::set_recording(false));
+    paused_at = monotonic_ns();
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    resumed_at = monotonic_ns();
+    EXPECT_FALSE(trace::set_recording(true));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  trace::set_active(nullptr);
+  writer->close();
+  auto file = trace::read_trace_file(config.path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  std::size_t before = 0;
+  std::size_t during = 0;
+  std::size_t after = 0;
+  // A sample taken just before the pause may carry a time a little after it (it is stamped once
+  // the driver answered): allow 2 ms at the pause's start.
+  paused_at -= file->header.start_mono_ns;
+  resumed_at -= file->header.start_mono_ns;
+  for (const auto& sample : file->mem_samples) {
+    if (sample.time_ns < paused_at) {
+      ++before;
+    } else if (sample.time_ns < paused_at + 2'000'000) {
+      continue;
+    } else if (sample.time_ns < resumed_at) {
+      ++during;
+    } else {
+      ++after;
+    }
+  }
+  EXPECT_GE(before, 3u);
+  EXPECT_EQ(during, 0u);
+  EXPECT_GE(after, 3u);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
