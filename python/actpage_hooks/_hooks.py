@@ -179,12 +179,32 @@ class ModuleHooks:
         self._names_lock = threading.Lock()
         self._local = threading.local()
         self._handles = []
-        self.active = False
-        self.paused = False  # set_paused(): no new ranges until resumed (a measurement switch)
-        self.decided = False
-        self.pushing = False
+        # live: active, decided, pushing and not paused, kept by the four flags' setters so that a
+        # forward wrapper asks one attribute on its fast path.
+        self.live = False
+        self._active = False
+        self._paused = False  # set_paused(): no new ranges until resumed (a measurement switch)
+        self._decided = False
+        self._pushing = False
         self.disabled_reason = None
         self._compiling = _compiling_probe()
+
+    # ---- the flags behind `live` ---------------------------------------------------------------
+    def _flag(attr):  # noqa: N805 (a property factory used in the class body)
+        def get(self):
+            return getattr(self, attr)
+
+        def set_(self, value):
+            setattr(self, attr, value)
+            self.live = self._active and self._decided and self._pushing and not self._paused
+
+        return property(get, set_)
+
+    active = _flag("_active")
+    paused = _flag("_paused")
+    decided = _flag("_decided")
+    pushing = _flag("_pushing")
+    del _flag
 
     # ---- copies of hooked modules -------------------------------------------------------------
     # A hooked module holds bound methods of this object (its torch hooks): copy.deepcopy(model)
@@ -345,14 +365,63 @@ class ModuleHooks:
         return True
 
     def _make_wrapper(self, original):
+        """The forward wrapper of one class's forward. Its fast path (ranges on, not compiling, the
+        module on top of the stack when it returns) does the hooks' work inline: a Python call into
+        _pre_hook and _post_hook each, and their flag checks, cost as much as the push and pop
+        (bench/python/hooks_overhead.py). Everything else goes through the hooks themselves."""
+        hooks = self
+        local = self._local
+        compiling = self._compiling
+        is_grad_enabled = torch.is_grad_enabled
         pre_hook, post_hook = self._pre_hook, self._post_hook
 
         def forward(module, *args, **kwargs):
-            pre_hook(module, args)
+            if not hooks.live:
+                if hooks.decided or not hooks.active:
+                    return original(module, *args, **kwargs)
+                return slow_forward(module, args, kwargs)  # the first hooked call decides
+            if compiling():
+                return original(module, *args, **kwargs)
+            attrs = module.__dict__
+            name = attrs.get(_NAME_ATTR) or hooks.name_of(module)
+            try:
+                stack = local.stack
+            except AttributeError:
+                stack = hooks._stack()
+            if not stack and hooks._begin_pass is not None:
+                local.forward_pass = hooks._begin_pass()  # an outermost call: a new micro-batch
+            try:
+                hooks._push(name)
+            except Exception as error:
+                hooks.deactivate("pushing a range failed")
+                _log.warn_once("push", "pushing an NVTX range failed, module ranges are off: %r" % (error,))
+                return original(module, *args, **kwargs)
+            stack.append(module)
             try:
                 output = original(module, *args, **kwargs)
             except BaseException:
                 post_hook(module, args, None)  # what always_call gives the hooks: balance on raise
+                raise
+            if stack and stack[-1] is module:
+                stack.pop()
+                try:
+                    hooks._pop()
+                    if attrs.get(_MARK_ATTR) and is_grad_enabled():
+                        hooks._hook_backward(name, output)
+                except Exception as error:
+                    _log.warn_once("post-hook", "forward hook failed (ignored): %r" % (error,))
+                if not stack:
+                    local.nodes = {}
+            else:
+                post_hook(module, args, output)  # inner calls left ranges open: the hook pops them
+            return output
+
+        def slow_forward(module, args, kwargs):
+            pre_hook(module, args)
+            try:
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                post_hook(module, args, None)
                 raise
             post_hook(module, args, output)
             return output
