@@ -1,0 +1,183 @@
+"""Where actpage's Python side spends a training step's time, on a real model: forward+backward of
+the Qwen3-MoE example model (or, with --fake, a small stack of torch modules on the CPU) with the
+module hooks paused, on, on with no-op range functions (the hooks' own Python work alone) and on
+without backward markers, the four rotated step by step in one process so that drift cancels out.
+Prints how many module calls were hooked and markers fired per step, and per variant the median
+forward and step time and the median of the paired ratios against the paused steps.
+
+Run it under `actpage run` so that the hooks are the ones the job gets and their ranges reach
+libactpage.so:
+    actpage run --policy config/observe.json -- python3 bench/python/hooks_profile.py --layers 4
+    python3 bench/python/hooks_profile.py --fake            # CPU, installs the hooks itself
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "..", "..", "examples"))
+sys.path.insert(0, os.path.join(_HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import actpage_hooks  # noqa: E402
+from actpage_hooks import _hooks  # noqa: E402
+
+VARIANTS = ("paused", "on", "noop-ranges", "no-markers")
+
+
+def build_fake(layers):
+    """A decoder-shaped stack (ModuleList of layers with attention, MLP and norms) on the CPU."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(width, width)
+            self.o_proj = torch.nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.o_proj(torch.softmax(self.q_proj(x), dim=-1))
+
+    class Layer(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.input_layernorm = torch.nn.LayerNorm(width)
+            self.self_attn = Attention(width)
+            self.post_attention_layernorm = torch.nn.LayerNorm(width)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.SiLU(),
+                                           torch.nn.Linear(2 * width, width))
+
+        def forward(self, x):
+            x = x + self.self_attn(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Model(torch.nn.Module):
+        def __init__(self, width=16):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Layer(width) for _ in range(layers))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = Model()
+    batch = torch.randn(4, 16)
+    return model, lambda: model(batch).float().pow(2).mean(), torch.device("cpu")
+
+
+def build_qwen(layers, seq, batch_size):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    import hf_models
+
+    device = torch.device("cuda")
+    torch.manual_seed(1234)
+    config_kwargs = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=768,
+                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                         num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
+                         mlp_only_layers=[], output_router_logits=False, max_position_embeddings=4096,
+                         rms_norm_eps=1e-6)
+    model, _ = hf_models.build_causal_lm(Qwen3MoeConfig, Qwen3MoeForCausalLM, config_kwargs, torch.bfloat16, device)
+    ids = torch.randint(0, 32000, (batch_size, seq), device=device)
+    batch = {"input_ids": ids, "labels": ids}
+    return model, lambda: hf_models.causal_lm_loss(model, batch), device
+
+
+class Counting:
+    """Range functions that count (and pass on to `push`/`pop`)."""
+
+    def __init__(self, push, pop):
+        self.push_fn, self.pop_fn = push, pop
+        self.pushes = 0
+        self.markers = 0
+
+    def push(self, name):
+        self.pushes += 1
+        if name.endswith(".backward"):
+            self.markers += 1
+        self.push_fn(name)
+
+    def pop(self):
+        self.pop_fn()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fake", action="store_true", help="a small CPU model instead of Qwen3-MoE")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the four variants")
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+
+    hooks = actpage_hooks.installed()
+    if hooks is None:  # not under `actpage run`: install them here, ranges going nowhere
+        hooks = actpage_hooks.install(mode="on", push=lambda name: None, pop=lambda: None)
+    model, compute_loss, device = build_fake(args.layers) if args.fake else build_qwen(args.layers, args.seq, args.batch)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    real_push, real_pop = hooks._push, hooks._pop
+    custom = hooks._custom_functions
+
+    def set_variant(variant):
+        actpage_hooks.set_paused(variant == "paused")
+        if variant == "noop-ranges":
+            hooks.set_range_functions(lambda name: None, lambda: None)
+        else:
+            hooks._push, hooks._pop, hooks._custom_functions = real_push, real_pop, custom
+        marks = variant != "no-markers"
+        for module in list(hooks.hooked):
+            saved = module.__dict__.setdefault("_actpage_profile_marks", module.__dict__.get(_hooks._MARK_ATTR, False))
+            module.__dict__[_hooks._MARK_ATTR] = saved and marks
+
+    def step():
+        sync()
+        start = time.perf_counter()
+        loss = compute_loss()
+        forward_done = time.perf_counter()
+        loss.backward()
+        sync()
+        end = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        return (forward_done - start) * 1e3, (end - start) * 1e3
+
+    # What one step hooks: counted with counting range functions (one step, not timed).
+    set_variant("on")
+    for _ in range(args.warmup):
+        step()
+    counting = Counting(real_push, real_pop)
+    hooks.set_range_functions(counting.push, counting.pop)
+    step()
+    set_variant("on")
+    print("hooked modules %d (wrapped %d), ranges pushed per step %d, of them backward markers %d"
+          % (len(hooks.hooked), len(hooks.wrapped), counting.pushes, counting.markers))
+
+    forward = {v: [] for v in VARIANTS}
+    total = {v: [] for v in VARIANTS}
+    for round_index in range(args.rounds):
+        order = VARIANTS[round_index % 4:] + VARIANTS[:round_index % 4]  # rotated: no fixed position
+        for variant in order:
+            set_variant(variant)
+            fwd_ms, step_ms = step()
+            forward[variant].append(fwd_ms)
+            total[variant].append(step_ms)
+    set_variant("on")
+
+    print("%-12s %10s %10s %14s %14s" % ("variant", "fwd ms", "step ms", "fwd x paused", "step x paused"))
+    for variant in VARIANTS:
+        fwd_ratio = statistics.median(a / b for a, b in zip(forward[variant], forward["paused"]))
+        step_ratio = statistics.median(a / b for a, b in zip(total[variant], total["paused"]))
+        print("%-12s %10.3f %10.3f %14.4f %14.4f" % (variant, statistics.median(forward[variant]),
+                                                      statistics.median(total[variant]), fwd_ratio, step_ratio))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
