@@ -62,6 +62,13 @@ struct MemInfo {
   std::uint64_t total_bytes = 0;
 };
 
+// The job's stream-ordered pool as the driver counts it: what it holds from the device (reserved)
+// and what of that its allocations use.
+struct PoolUsage {
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t used_bytes = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -105,6 +112,11 @@ class Device {
   // driver releases whole blocks of the pool: the result may be a little more or less than asked.
   // Default: a device without such a pool.
   virtual Result<std::size_t> trim_job_pool(std::size_t /*bytes*/) { return std::size_t{0}; }
+  // How much that pool holds and uses now (for the trace's memory samples: device memory in use
+  // is the pool's reserve plus actpage's pages plus the context). Default: not_supported.
+  virtual Result<PoolUsage> job_pool_usage() {
+    return Status(ErrorCode::not_supported, "this device has no stream-ordered pool to read");
+  }
 
   // --- Pinned (page-locked) host memory, the destination of offload copies
   virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;

@@ -55,6 +55,7 @@ enum class RecordType : std::uint16_t {
   iteration = 18,     // IterationPayload: the engine saw a new training iteration begin
   wait = 19,          // WaitPayload: the job's thread waited for offload copies (backlog cap, drain)
   host_pin = 20,      // HostPinPayload: the host pool pinned a slab (on its own thread)
+  engine_memory = 21, // EngineMemoryPayload: what holds device memory, taken with each MEM_SAMPLE
 };
 
 struct RecordHeader {
@@ -137,6 +138,21 @@ struct MemSamplePayload {
   std::uint32_t reserved;
 };
 
+// Taken by the engine's sampler right after each MEM_SAMPLE of its device, so that device memory in
+// use (total - free) can be split: the job's stream-ordered pool (its reserve, and what of it the
+// job's allocations use), actpage's activations on the device and its range cache; the rest is the
+// context and whatever neither counts.
+inline constexpr std::uint32_t kEngineMemoryPoolKnown = 1u << 0;  // job_pool_* were read (else 0)
+
+struct EngineMemoryPayload {
+  std::uint64_t job_pool_reserved;  // the device's current cudaMallocAsync pool: bytes it holds
+  std::uint64_t job_pool_used;      // of them, in the job's allocations
+  std::uint64_t resident_bytes;     // actpage-served allocations alive with their pages on the device
+  std::uint64_t cached_bytes;       // mapped ranges in actpage's range cache, waiting for reuse
+  std::int32_t device;
+  std::uint32_t flags;              // kEngineMemory*
+};
+
 struct StallPayload {
   std::uint64_t wait_ns;
   std::uint32_t path_id;
@@ -174,6 +190,6 @@ static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(Al
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&
-              sizeof(HostPinPayload) == 24);
+              sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40);
 
 }  // namespace actpage::trace

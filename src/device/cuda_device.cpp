@@ -268,7 +268,7 @@ Status CudaDevice::unmap(DevPtr va, std::size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // The job's stream-ordered pool
 
-Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
+Result<PoolUsage> CudaDevice::job_pool_usage() {
   // The current pool, asked each time: a job may set another one (cudaDeviceSetMemPool).
   CUmemoryPool pool = nullptr;
   if (Status s = driver_.check(driver_.cuDeviceGetMemPool(&pool, device_), "cuDeviceGetMemPool",
@@ -289,18 +289,32 @@ Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
   if (!reserved.ok()) return reserved.status();
   auto used = attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "bytes in use");
   if (!used.ok()) return used.status();
-  if (*reserved <= *used || bytes == 0) return std::size_t{0};
+  return PoolUsage{*reserved, *used};
+}
+
+Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
+  auto usage = job_pool_usage();
+  if (!usage.ok()) return usage.status();
+  const std::uint64_t reserved = usage->reserved_bytes;
+  const std::uint64_t used = usage->used_bytes;
+  if (reserved <= used || bytes == 0) return std::size_t{0};
+  CUmemoryPool pool = nullptr;
+  if (Status s = driver_.check(driver_.cuDeviceGetMemPool(&pool, device_), "cuDeviceGetMemPool",
+                               "finding the memory pool of " + device_text(ordinal_));
+      !s.ok()) {
+    return s;
+  }
   // cuMemPoolTrimTo releases unused blocks until the reserve is below what it is told to keep.
-  const std::uint64_t unused = *reserved - *used;
-  const std::uint64_t keep = *reserved - std::min<std::uint64_t>(bytes, unused);
+  const std::uint64_t unused = reserved - used;
+  const std::uint64_t keep = reserved - std::min<std::uint64_t>(bytes, unused);
   if (Status s = driver_.check(driver_.cuMemPoolTrimTo(pool, keep), "cuMemPoolTrimTo",
                                "trimming the memory pool of " + device_text(ordinal_) + " to " + format_bytes(keep));
       !s.ok()) {
     return s;
   }
-  auto after = attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, "reserve");
+  auto after = job_pool_usage();
   if (!after.ok()) return after.status();
-  return static_cast<std::size_t>(*reserved > *after ? *reserved - *after : 0);
+  return static_cast<std::size_t>(reserved > after->reserved_bytes ? reserved - after->reserved_bytes : 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -224,6 +224,11 @@ void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {
   job_pool_used_ = std::min(used, reserved);
 }
 
+Result<PoolUsage> SimDevice::job_pool_usage() {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  return PoolUsage{job_pool_reserved_, job_pool_used_};
+}
+
 std::uint64_t SimDevice::job_pool_reserved() const {
   std::lock_guard<std::mutex> lock(memory_mutex_);
   return job_pool_reserved_;

@@ -178,6 +178,7 @@ class SimDevice final : public Device {
   // The job's pool: `reserved` bytes held, `used` of them in allocations (see the model above).
   void set_job_pool(std::uint64_t reserved, std::uint64_t used);
   std::uint64_t job_pool_reserved() const;
+  Result<PoolUsage> job_pool_usage() override;
   // Replaces the fault plan; call counts keep running (reset_call_counts() restarts them).
   void set_fault_plan(SimFaultPlan plan);
   void reset_call_counts();

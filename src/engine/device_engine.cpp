@@ -2241,6 +2241,20 @@ void DeviceEngine::sampler_worker() {
           payload.total_bytes = info->total_bytes;
           payload.device = device_.ordinal();
           writer->record(trace::RecordType::mem_sample, payload);
+          // What holds that memory, read right after: `actpage dump` splits the peak with it.
+          trace::EngineMemoryPayload held{};
+          held.device = device_.ordinal();
+          if (auto pool = device_.job_pool_usage(); pool.ok()) {
+            held.job_pool_reserved = pool->reserved_bytes;
+            held.job_pool_used = pool->used_bytes;
+            held.flags |= trace::kEngineMemoryPoolKnown;
+          }
+          {
+            std::lock_guard<std::mutex> counts(mutex_);
+            held.resident_bytes = stats_.live_owned_bytes - std::min(stats_.live_owned_bytes, stats_.offloaded_bytes_now);
+            held.cached_bytes = cache_.bytes();
+          }
+          writer->record(trace::RecordType::engine_memory, held);
         }
       }
     }

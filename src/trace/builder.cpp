@@ -169,6 +169,10 @@ TraceBuilder& TraceBuilder::wait(std::uint64_t wait_ns, std::uint32_t kind) {
   return record(RecordType::wait, WaitPayload{wait_ns, kind, 0});
 }
 
+TraceBuilder& TraceBuilder::engine_memory(const EngineMemoryPayload& payload) {
+  return record(RecordType::engine_memory, payload);
+}
+
 TraceBuilder& TraceBuilder::host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result) {
   return record(RecordType::host_pin, HostPinPayload{bytes, duration_ns, result, 0});
 }

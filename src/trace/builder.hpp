@@ -72,6 +72,7 @@ class TraceBuilder {
   TraceBuilder& lost(std::uint64_t records);
   TraceBuilder& iteration(std::uint64_t index);
   TraceBuilder& wait(std::uint64_t wait_ns, std::uint32_t kind);
+  TraceBuilder& engine_memory(const EngineMemoryPayload& payload);
   TraceBuilder& host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result = 0);
   TraceBuilder& message(std::uint32_t id, std::string_view text);
 

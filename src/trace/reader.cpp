@@ -56,6 +56,7 @@ class Decoder {
       case RecordType::iteration: add(file_.iterations, header, body, offset, index); return;
       case RecordType::wait: add(file_.waits, header, body, offset, index); return;
       case RecordType::host_pin: add(file_.host_pins, header, body, offset, index); return;
+      case RecordType::engine_memory: add(file_.engine_memory, header, body, offset, index); return;
     }
     ++file_.unknown_records;
     ++unknown_by_type_[static_cast<std::uint16_t>(header.type)];
@@ -275,6 +276,7 @@ const char* record_type_name(RecordType type) noexcept {
     case RecordType::iteration: return "iteration";
     case RecordType::wait: return "wait";
     case RecordType::host_pin: return "host_pin";
+    case RecordType::engine_memory: return "engine_memory";
   }
   return "unknown";
 }

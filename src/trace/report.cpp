@@ -290,6 +290,26 @@ void write_text_report(const Summary& s, std::ostream& out) {
       out << "  off the device at the peak " << format_bytes(s.memory.offloaded_at_peak_bytes) << " (at most "
           << format_bytes(s.memory.peak_offloaded_bytes) << ")\n";
     }
+    if (s.memory.peak_split_known) {
+      // Device memory in use = the job's pool + actpage's pages + the rest (context, other users).
+      const EngineMemoryPayload& held = s.memory.at_peak;
+      const bool pool_known = (held.flags & kEngineMemoryPoolKnown) != 0;
+      const std::uint64_t counted = (pool_known ? held.job_pool_reserved : 0) + held.resident_bytes + held.cached_bytes;
+      out << "  at the peak: the job's pool ";
+      if (pool_known) {
+        out << format_bytes(held.job_pool_reserved) << " (" << format_bytes(held.job_pool_used) << " in use)";
+      } else {
+        out << "unknown";
+      }
+      out << ", actpage's activations on the device " << format_bytes(held.resident_bytes) << ", its range cache "
+          << format_bytes(held.cached_bytes) << ", the rest ";
+      if (counted <= s.memory.peak_used_bytes) {
+        out << format_bytes(s.memory.peak_used_bytes - counted);
+      } else {
+        out << "-" << format_bytes(counted - s.memory.peak_used_bytes);
+      }
+      out << (pool_known ? " (context, pages in transit, other users)" : " (with the pool)") << '\n';
+    }
   }
   out << "\nOther: " << plural(s.iterations, "iteration", "iterations") << ", "
       << plural(s.messages, "message", "messages") << ", " << plural(s.range_pushes, "range push", "range pushes")

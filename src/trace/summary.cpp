@@ -426,6 +426,16 @@ Summary summarize(const TraceFile& trace) {
     }
     ++summary.memory.samples;
   }
+  if (summary.memory.samples != 0) {
+    // The sampler writes its ENGINE_MEMORY right after the MEM_SAMPLE: the first at or after the peak.
+    for (const auto& held : trace.engine_memory) {
+      if (held.time_ns >= summary.memory.peak_used_time_ns && held.data.device == summary.memory.peak_device) {
+        summary.memory.peak_split_known = true;
+        summary.memory.at_peak = held.data;
+        break;
+      }
+    }
+  }
 
   // Bytes off the device over time: from OFFLOAD_END until RELOAD_BEGIN or the free of the pointer.
   {

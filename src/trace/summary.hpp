@@ -95,6 +95,10 @@ struct MemoryStats {
   // at the time of the peak use: what the peak would have held without offloading.
   std::uint64_t offloaded_at_peak_bytes = 0;
   std::uint64_t peak_offloaded_bytes = 0;  // the most ever off the device at once
+  // What held the peak: the ENGINE_MEMORY record the sampler wrote with the peak's sample (traces
+  // of offloading runs since session 11; absent in older ones and in observe-only runs).
+  bool peak_split_known = false;
+  EngineMemoryPayload at_peak{};
 };
 
 struct Summary {

@@ -790,6 +790,9 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
   trace::set_active(writer.get());
   std::uint64_t paused_at = 0;
   std::uint64_t resumed_at = 0;
+  std::uint64_t resident = 0;
+  std::uint64_t cached = 0;
+  std::uint64_t ended_at = 0;
   {
     Options options = testing::small_offload_options();
     options.trace_sample_ms = 1;
@@ -797,6 +800,8 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
     Forward forward = run_forward(*rig.job, 2, 1, 2 * kMiB);  // starts the device's engine
     run_backward(*rig.job, forward, 2);
     rig.engine.quiesce();
+    resident = rig.engine.stats().live_owned_bytes - rig.engine.stats().offloaded_bytes_now;
+    cached = rig.engine.stats().cached_bytes;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_TRUE(trace::set_recording(false));
     paused_at = monotonic_ns();
@@ -804,6 +809,7 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
     resumed_at = monotonic_ns();
     EXPECT_FALSE(trace::set_recording(true));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ended_at = monotonic_ns();
   }
   trace::set_active(nullptr);
   writer->close();
@@ -830,6 +836,19 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
   EXPECT_GE(before, 3u);
   EXPECT_EQ(during, 0u);
   EXPECT_GE(after, 3u);
+  // Each sample comes with what held the memory: the simulated job pool is readable.
+  ASSERT_EQ(file->engine_memory.size(), file->mem_samples.size());
+  ended_at -= file->header.start_mono_ns;
+  std::size_t checked = 0;
+  for (const auto& held : file->engine_memory) {
+    EXPECT_NE(held.data.flags & trace::kEngineMemoryPoolKnown, 0u);
+    if (held.time_ns < resumed_at || held.time_ns > ended_at) continue;  // the run, and the shutdown
+    ++checked;
+    // Sampled after quiesce: the engine's own counts, which no longer change.
+    EXPECT_EQ(held.data.resident_bytes, resident);
+    EXPECT_EQ(held.data.cached_bytes, cached);
+  }
+  EXPECT_GE(checked, 3u);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

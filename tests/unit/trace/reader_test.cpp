@@ -31,6 +31,7 @@ TraceBuilder every_type() {
   builder.at(60).vmm(RecordType::map, 0x200000, 2u << 20);
   builder.at(70).range_pop(mlp);
   builder.at(80, 101).mem_sample(1000, 5000, 2);
+  builder.at(85, 101).engine_memory(EngineMemoryPayload{3000, 2000, 500, 300, 2, kEngineMemoryPoolKnown});
   builder.at(90).stall(15, mlp, 1);
   builder.at(100).page(RecordType::reload_begin, 0x1000, 4096, mlp, 1);
   builder.at(110).page(RecordType::reload_end, 0x1000, 4096, mlp, 1);
@@ -47,7 +48,7 @@ TraceBuilder every_type() {
 std::uint64_t decoded(const TraceFile& file) {
   return file.names.size() + file.path_nodes.size() + file.allocs.size() + file.frees.size() + file.ranges.size() +
          file.pages.size() + file.vmm.size() + file.mem_samples.size() + file.stalls.size() + file.lost.size() +
-         file.iterations.size() + file.messages.size();
+         file.iterations.size() + file.messages.size() + file.engine_memory.size();
 }
 
 TEST(TraceReader, ReadsEveryTypeAndTheHeader) {
@@ -76,6 +77,14 @@ TEST(TraceReader, ReadsEveryTypeAndTheHeader) {
   EXPECT_EQ(path->depth, 3u);
   EXPECT_FALSE(path->backward);
   EXPECT_EQ(file->mem_samples.at(0).tid, 101u);
+  ASSERT_EQ(file->engine_memory.size(), 1u);
+  EXPECT_EQ(file->engine_memory[0].time_ns, 85u);
+  EXPECT_EQ(file->engine_memory[0].data.job_pool_reserved, 3000u);
+  EXPECT_EQ(file->engine_memory[0].data.job_pool_used, 2000u);
+  EXPECT_EQ(file->engine_memory[0].data.resident_bytes, 500u);
+  EXPECT_EQ(file->engine_memory[0].data.cached_bytes, 300u);
+  EXPECT_EQ(file->engine_memory[0].data.device, 2);
+  EXPECT_EQ(file->engine_memory[0].data.flags, kEngineMemoryPoolKnown);
   EXPECT_EQ(file->messages.at(0).data.text, "a note");
 }
 

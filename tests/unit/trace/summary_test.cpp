@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 
 #include "common/units.hpp"
 #include "trace/builder.hpp"
+#include "trace/report.hpp"
 
 namespace actpage::trace {
 namespace {
@@ -257,6 +259,36 @@ TEST(TraceSummary, BytesOffTheDeviceAtThePeakOfUse) {
   EXPECT_EQ(s.memory.peak_used_bytes, 10 * 1024 * kMiB);
   EXPECT_EQ(s.memory.offloaded_at_peak_bytes, 96 * kMiB);  // 64 + 32: the 16 MiB one was freed
   EXPECT_EQ(s.memory.peak_offloaded_bytes, 112 * kMiB);
+}
+
+TEST(TraceSummary, ThePeakIsSplitByWhatHeldIt) {
+  // The sampler's ENGINE_MEMORY right after the peak's MEM_SAMPLE says what held the memory; the
+  // report prints the split, the rest being what neither the job's pool nor actpage counts.
+  constexpr std::uint64_t kMiB = 1ull << 20;
+  TraceBuilder b;
+  b.at(30, 8).mem_sample(70 * 1024 * kMiB, 80 * 1024 * kMiB, 0);  // 10 GiB used: the peak
+  b.at(31, 8).engine_memory(EngineMemoryPayload{6 * 1024 * kMiB, 5 * 1024 * kMiB, 2 * 1024 * kMiB, 1024 * kMiB, 0,
+                                                kEngineMemoryPoolKnown});
+  b.at(50, 8).mem_sample(75 * 1024 * kMiB, 80 * 1024 * kMiB, 0);
+  b.at(51, 8).engine_memory(EngineMemoryPayload{1, 1, 1, 1, 0, kEngineMemoryPoolKnown});
+  const Summary s = summarize_built(b);
+  ASSERT_TRUE(s.memory.peak_split_known);
+  EXPECT_EQ(s.memory.at_peak.job_pool_reserved, 6 * 1024 * kMiB);
+  EXPECT_EQ(s.memory.at_peak.cached_bytes, 1024 * kMiB);
+  std::ostringstream text;
+  write_text_report(s, text);
+  EXPECT_NE(text.str().find("at the peak: the job's pool 6 GiB (5 GiB in use), actpage's activations on the device "
+                            "2 GiB, its range cache 1 GiB, the rest 1 GiB"),
+            std::string::npos)
+      << text.str();
+
+  TraceBuilder old;  // a trace without ENGINE_MEMORY records: no split
+  old.at(30, 8).mem_sample(70 * 1024 * kMiB, 80 * 1024 * kMiB, 0);
+  const Summary without = summarize_built(old);
+  EXPECT_FALSE(without.memory.peak_split_known);
+  std::ostringstream old_text;
+  write_text_report(without, old_text);
+  EXPECT_EQ(old_text.str().find("at the peak:"), std::string::npos);
 }
 
 TEST(TraceSummary, LayersInModelOrderAndKindsSummedOverLayers) {
