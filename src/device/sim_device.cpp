@@ -867,6 +867,10 @@ Status SimDevice::copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamH
   Status status = enqueue(
       stream,
       [this, dst, src, bytes, context] {
+        if (config_.copy_to_host_us_per_mib > 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(
+              static_cast<std::uint64_t>(config_.copy_to_host_us_per_mib) * bytes / (std::size_t{1} << 20)));
+        }
         (void)access(
             src, bytes,
             [dst](std::byte* memory, std::size_t done, std::size_t n) {

@@ -76,6 +76,9 @@ struct SimDeviceConfig {
   std::uint32_t alloc_pinned_delay_us = 0;
   // Host time one map()/map_without_access() takes (~30-100 us with cuMemSetAccess on the H100).
   std::uint32_t map_delay_us = 0;
+  // Device time a device-to-host copy takes per MiB on its stream (a link of 1/us_per_mib TB/s),
+  // to make a forward copy-bound (the copy stream busy throughout); 0: no delay beyond the above.
+  std::uint32_t copy_to_host_us_per_mib = 0;
   // Byte pattern that fresh physical memory is filled with, so that data that was never copied back
   // shows; nullopt leaves it untouched (large simulated handles then cost no host memory until used).
   std::optional<std::uint8_t> fresh_memory_pattern = std::uint8_t{0xa5};

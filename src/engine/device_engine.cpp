@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -227,6 +228,7 @@ void DeviceEngine::shutdown() {
   }
   for (const PendingPages& pages : recycle_pending_) (void)device_.release_physical(pages.physical);
   recycle_pending_.clear();
+  note_recycle_pending();
   stats_.cached_bytes = 0;
   for (EventHandle event : free_events_) (void)device_.destroy_event(event);
   free_events_.clear();
@@ -1507,7 +1509,11 @@ void DeviceEngine::vmm_worker() {
       release_range(lock, range);
     }
     if (unmap_due()) unmap_ready_windows(lock);
-    if (recycle_due()) recycle_pending_pages(lock);
+    if (recycle_due()) {
+      recycle_pending_pages(lock);
+    } else {
+      release_unwanted_pending(lock);
+    }
     if (!map_ahead_sizes().empty()) map_ahead(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
@@ -1647,14 +1653,32 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   };
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
+  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
+  std::unordered_map<std::size_t, std::size_t> held_count;
+  std::uint64_t held_bytes = 0;
+  for (const PendingPages& pages : recycle_pending_) {
+    ++held_count[pages.bytes];
+    held_bytes += pages.bytes;
+  }
   for (Window* window : batch) {
     window->unmap_queued = false;
     window->unmapping = true;
     Plan plan{window, false, false, Status{}, 0, 0};
     // When forward will soon ask for this size again, keep the pages, to be mapped elsewhere for it.
     // Not in backward: there, the ranges the job frees refill the cache with what the next forward
-    // asks for.
-    plan.recycle = !in_backward_ && cache_.wants(window->bytes, demand(), options_.vmm_cache_bytes);
+    // asks for. Pages already kept (earlier windows, this batch's) count as held: without them,
+    // each copied window of a size the rest of the forward asks for was kept, though the cache
+    // (prefilled) already held those ranges, and a copy-bound forward, whose recycle waits for an
+    // idle copy stream, held them all until backward (4.2 GiB at the peak of the Llama job's
+    // every-MLP policy on the H100, session 11).
+    if (!in_backward_) {
+      auto& count = held_count[window->bytes];
+      plan.recycle = cache_.wants(window->bytes, wanted, options_.vmm_cache_bytes, count, held_bytes);
+      if (plan.recycle) {
+        ++count;
+        held_bytes += window->bytes;
+      }
+    }
     plans.push_back(plan);
     // Frees of allocations in the window: their last reads may still be queued (rule 5).
     points.insert(points.end(), window->free_points.begin(), window->free_points.end());
@@ -1728,6 +1752,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // If the unmap failed the pages are still mapped: a reload then just copies back.
     for (Allocation* allocation : allocations) offload_done(*allocation);
   }
+  note_recycle_pending();
   if (recycle_due()) recycle_pending_pages(lock);
   issued_cv_.notify_all();
 }
@@ -1741,9 +1766,53 @@ bool DeviceEngine::recycle_due() const {
   return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_;
 }
 
+void DeviceEngine::note_recycle_pending() {
+  std::uint64_t bytes = 0;
+  for (const PendingPages& pages : recycle_pending_) bytes += pages.bytes;
+  stats_.recycle_pending_bytes = bytes;
+  stats_.peak_recycle_pending_bytes = std::max(stats_.peak_recycle_pending_bytes, bytes);
+}
+
+void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) {
+  // Kept pages wait for the recycle while copies run; meanwhile the forward goes on and asks for
+  // fewer ranges: those the rest of it no longer wants (the cache holds them) go back now instead
+  // of holding device memory until backward.
+  if (recycle_pending_.empty()) return;
+  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
+  std::unordered_map<std::size_t, std::size_t> held_count;
+  std::uint64_t held_bytes = 0;
+  std::vector<PendingPages> keep;
+  std::vector<PendingPages> release;
+  for (const PendingPages& pages : recycle_pending_) {
+    auto& count = held_count[pages.bytes];
+    if (!in_backward_ && cache_.wants(pages.bytes, wanted, options_.vmm_cache_bytes, count, held_bytes)) {
+      ++count;
+      held_bytes += pages.bytes;
+      keep.push_back(pages);
+    } else {
+      release.push_back(pages);
+    }
+  }
+  if (release.empty()) return;
+  recycle_pending_ = std::move(keep);
+  note_recycle_pending();
+  ++unmapping_;
+  lock.unlock();
+  std::vector<Status> failures;
+  for (const PendingPages& pages : release) {
+    if (Status status = device_.release_physical(pages.physical); !status.ok()) failures.push_back(status);
+  }
+  lock.lock();
+  --unmapping_;
+  stats_.worker_vmm_calls += release.size();
+  for (const Status& status : failures) note_failure("giving back copied pages the cache no longer wants", status);
+  issued_cv_.notify_all();
+}
+
 void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   std::vector<PendingPages> pages = std::move(recycle_pending_);
   recycle_pending_.clear();
+  note_recycle_pending();
   struct Item {
     PendingPages pages;
     DevPtr va = 0;  // 0: no address (arena full, or backward began): the pages go back

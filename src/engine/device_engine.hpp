@@ -191,6 +191,9 @@ class DeviceEngine {
   // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
   // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
   void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
+  // Gives back the kept pages that the rest of the forward no longer asks for (see the .cpp).
+  void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
+  void note_recycle_pending();  // stats_.recycle_pending_bytes (and its peak) from recycle_pending_
   // Whether the pending pages should be recycled now: no offload copy runs (granting access then
   // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
   bool recycle_due() const;

@@ -36,6 +36,8 @@ namespace actpage::engine {
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
 //   cached_bytes: mapped ranges kept for reuse
+//   recycle_pending_bytes, peak_recycle_pending_bytes: copied pages kept to be mapped at a cache
+//     address (device memory held outside the cache until the recycle runs), now and at most
 //   failures: internal errors that fell back to pass-through/resident
 //   job_thread_ns: time the job's threads spent inside the engine
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
@@ -78,6 +80,8 @@ namespace actpage::engine {
   X(offloaded_bytes_now) \
   X(peak_offloaded_bytes) \
   X(cached_bytes) \
+  X(recycle_pending_bytes) \
+  X(peak_recycle_pending_bytes) \
   X(failures) \
   X(job_thread_ns)
 

@@ -80,10 +80,11 @@ std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::ui
   return out;
 }
 
-bool RangeCache::wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const {
+bool RangeCache::wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit, std::size_t held_count,
+                       std::uint64_t held_bytes) const {
   auto wanted = demand.find(mapped_bytes);
-  if (wanted == demand.end() || bytes_ + mapped_bytes > limit) return false;
-  return count(mapped_bytes) < wanted->second;
+  if (wanted == demand.end() || bytes_ + held_bytes + mapped_bytes > limit) return false;
+  return count(mapped_bytes) + held_count < wanted->second;
 }
 
 std::size_t RangeCache::count(std::size_t mapped_bytes) const {

@@ -48,7 +48,10 @@ class RangeCache {
   std::vector<std::size_t> sizes() const;     // of every range held
   void put(const Range& range);
   std::vector<Range> surplus(const Demand& demand, std::uint64_t limit);
-  bool wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit) const;
+  // `held_count` ranges of this size and `held_bytes` in all are already kept for the cache outside
+  // it (pages waiting to be mapped at a cache address): they count as if in it.
+  bool wants(std::size_t mapped_bytes, const Demand& demand, std::uint64_t limit, std::size_t held_count = 0,
+             std::uint64_t held_bytes = 0) const;
   std::vector<Range> take_all();
 
   std::uint64_t bytes() const { return bytes_; }

@@ -692,6 +692,51 @@ TEST(Engine, PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants) {
   EXPECT_GT(counts[1].prefilled, 0u);
 }
 
+TEST(Engine, PagesKeptForTheCacheAreNoMoreThanTheForwardStillLacks) {
+  // Copied pages of a size the rest of the forward asks for are kept, to be mapped at a cache
+  // address when the copy stream is idle; while copies run (a copy-bound forward) they wait, and
+  // hold device memory meanwhile. They must not exceed what the cache lacks for the rest of the
+  // forward: here the prefill, held to what the job's pool gives back (48 of the forward's 64 MiB),
+  // leaves the cache short by 16 MiB. Before the fix the kept pages did not count as held, and every
+  // copied window was kept while the cache still had ranges: 40 MiB, nearly all the forward had
+  // offloaded (on the H100, 4.2 GiB at the peak of the Llama job's every-MLP policy).
+  Options options = testing::small_offload_options();
+  options.keep_last = 0;
+  options.vmm_cache_bytes = 1ull << 30;
+  options.vmm_prefill_cache = true;
+  options.vmm_trim_job_pool = true;
+  options.offload_backlog_bytes = 8 * kMiB;  // the forward keeps pace with its copies, as on the GPU
+  SimDeviceConfig config = sim_config(13, 0);
+  config.copy_to_host_us_per_mib = 400;  // ~2.5 GB/s: the copy stream is busy all forward long
+  Rig rig(options, config);
+  constexpr int kLayers = 8;
+  std::uint64_t kept_at_all = 0;
+  for (int iteration = 0; iteration < 4; ++iteration) {
+    const EngineStats start = rig.engine.stats();
+    std::uint64_t most_kept = 0;
+    Forward forward = run_mlp_forward(*rig.job, kLayers, 2, 4 * kMiB, [&] {
+      most_kept = std::max(most_kept, rig.engine.stats().recycle_pending_bytes);
+    });
+    const std::uint64_t served = rig.engine.stats().bytes_served - start.bytes_served;
+    if (iteration >= 2) {  // steady: the cache was prefilled at the end of the last backward
+      ASSERT_GT(start.cached_bytes, 0u) << "iteration " << iteration;
+      const std::uint64_t lacking = served > start.cached_bytes ? served - start.cached_bytes : 0;
+      EXPECT_LE(most_kept, lacking) << "iteration " << iteration << ": " << (most_kept >> 20) << " MiB kept, the cache lacked "
+                                    << (lacking >> 20) << " MiB";
+      kept_at_all += most_kept;
+    }
+    rig.device.set_job_pool(48 * kMiB, 0);  // what the prefill may create at the end of backward
+    run_backward(*rig.job, forward, kLayers);
+    rig.engine.quiesce();
+  }
+  rig.device.synchronize();
+  EXPECT_GT(kept_at_all, 0u);  // pages were kept for what the cache lacked
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
+}
+
 TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
   // Pages created at the end of backward stack on the job's pool, which keeps the reserve it grew
   // to. With vmm.trim_job_pool the prefill first trims the pool and creates no more than the trim
