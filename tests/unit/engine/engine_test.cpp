@@ -737,6 +737,30 @@ TEST(Engine, PagesKeptForTheCacheAreNoMoreThanTheForwardStillLacks) {
   EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
 }
 
+TEST(Engine, TheJobsPoolIsTrimmedWhereTheLayersEnd) {
+  // vmm.trim_job_pool_at_layers_end: when the range holding the selected modules' layers ends (the
+  // head and the loss come next, and the step's peak with them), the job's thread gives back what
+  // the job's pool holds unused; without the option the pool keeps its reserve.
+  for (bool trim : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_trim_job_pool_at_layers_end = trim;
+    Rig rig(options);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      rig.device.set_job_pool(64 * kMiB, 8 * kMiB);  // reserve left by the last backward
+      const EngineStats before = rig.engine.stats();
+      Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+      EXPECT_EQ(rig.device.job_pool_reserved(), trim ? 8 * kMiB : 64 * kMiB)
+          << "trim " << trim << " iteration " << iteration;
+      EXPECT_EQ(rig.engine.stats().pool_trims - before.pool_trims, trim ? 1u : 0u) << "iteration " << iteration;
+      run_backward(*rig.job, forward, 4);
+      rig.engine.quiesce();
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "trim " << trim;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "trim " << trim;
+  }
+}
+
 TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
   // Pages created at the end of backward stack on the job's pool, which keeps the reserve it grew
   // to. With vmm.trim_job_pool the prefill first trims the pool and creates no more than the trim

@@ -77,13 +77,14 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
   options.vmm_prefill_cache = pick(0, 1) == 1;
   options.offload_drain_at_layers_end = pick(0, 2) == 0;
+  options.vmm_trim_job_pool_at_layers_end = pick(0, 2) == 0;
   options.copy_chunks_queued = pick(1, 4);
   options.copy_at_release = pick(0, 1) == 1;
   options.vmm_recycle_holds_copies = pick(0, 1) == 1;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     // Every engine option the case picked, to replay a failure with the same settings.
-    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d\n",
+    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d\n",
                  static_cast<unsigned long long>(seed), options.vmm_group_windows ? 1 : 0,
                  (unsigned long long)options.vmm_unmap_batch_bytes, (unsigned long long)options.copy_chunk_bytes,
                  options.vmm_grant_when_idle ? 1 : 0, options.vmm_map_ahead ? 1 : 0,
@@ -91,7 +92,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
                  options.vmm_trim_job_pool ? 1 : 0, (unsigned long long)options.offload_backlog_bytes,
                  options.vmm_prefill_cache ? 1 : 0, options.offload_drain_at_layers_end ? 1 : 0,
                  (unsigned long long)options.copy_chunks_queued, options.copy_at_release ? 1 : 0,
-                 options.vmm_recycle_holds_copies ? 1 : 0);
+                 options.vmm_recycle_holds_copies ? 1 : 0, options.vmm_trim_job_pool_at_layers_end ? 1 : 0);
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,
                  (unsigned long long)options.keep_last, (unsigned long long)options.max_inflight_copies,
