@@ -383,13 +383,17 @@ class ModuleHooks:
             if compiling():
                 return original(module, *args, **kwargs)
             attrs = module.__dict__
-            name = attrs.get(_NAME_ATTR) or hooks.name_of(module)
             try:
-                stack = local.stack
-            except AttributeError:
-                stack = hooks._stack()
-            if not stack and hooks._begin_pass is not None:
-                local.forward_pass = hooks._begin_pass()  # an outermost call: a new micro-batch
+                name = attrs.get(_NAME_ATTR) or hooks.name_of(module)
+                try:
+                    stack = local.stack
+                except AttributeError:
+                    stack = hooks._stack()
+                if not stack and hooks._begin_pass is not None:
+                    local.forward_pass = hooks._begin_pass()  # an outermost call: a new micro-batch
+            except Exception as error:  # nothing here may break the job: run it without a range
+                _log.warn_once("pre-hook", "forward pre-hook failed (ignored): %r" % (error,))
+                return original(module, *args, **kwargs)
             try:
                 hooks._push(name)
             except Exception as error:

@@ -447,6 +447,32 @@ class BlocksScopeTest(unittest.TestCase):
     def tearDown(self):
         self.hooks.remove()
 
+    def test_a_failing_name_lookup_runs_the_module_without_its_range(self):
+        # The wrapper's fast path does the pre-hook's work inline: a failure there (here the name
+        # lookup of a module that lost its cached name) must still run the module, unchanged, and
+        # leave every other range balanced.
+        self.install()
+        model = Tiny()
+        x = torch.randn(5, 4)
+        model(x)  # names and hooks the tree
+        expected = model(x)
+        self.rec = RangeRecorder()
+        self.hooks.set_range_functions(self.rec.push, self.rec.pop)
+        del model.layers[1].mlp.__dict__[_hooks._NAME_ATTR]
+
+        def broken_name_of(module):
+            raise RuntimeError("no name")
+
+        self.hooks.name_of = broken_name_of
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            out = model(x)
+        self.assertTrue(torch.equal(out, expected))
+        self.assertEqual(self.rec.forward_names(), ["Tiny", "layers.0", "layers.0.norm", "layers.0.mlp", "layers.1",
+                                                    "layers.1.norm"])
+        self.assertEqual((self.rec.depth, self.rec.underflows), (0, 0))
+        self.assertIn("no name", stderr.getvalue())
+
     def test_layers_and_their_children_are_named_leaves_below_are_not(self):
         self.install(backward=_mode.HOOKED)
         Tiny()(torch.randn(5, 4)).sum().backward()
