@@ -87,7 +87,7 @@ class DeviceEngine {
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
   // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and
-  // offload_drain_at_layers_end is on. Without the engine's lock.
+  // offload_drain_at_layers_end or vmm.trim_job_pool_at_layers_end is on. Without the engine's lock.
   bool drains_at(ranges::PathId node) const noexcept {
     return node != ranges::kNoPath && drain_node_.load(std::memory_order_relaxed) == node;
   }
