@@ -2,8 +2,8 @@
 #include "actpage/c_api.h"
 
 #include "engine/forward_pass.hpp"
-#include "interpose/event_sink.hpp"
 #include "interpose/runtime.hpp"
+#include "trace/writer.hpp"
 
 #define ACTPAGE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -17,4 +17,4 @@ ACTPAGE_EXPORT int actpage_module_rule_matches(const char* name) { return actpag
 ACTPAGE_EXPORT void actpage_flush_trace(void) { actpage::interpose::flush_trace(); }
 ACTPAGE_EXPORT unsigned long long actpage_begin_forward_pass(void) { return actpage::engine::forward_pass::begin(); }
 ACTPAGE_EXPORT void actpage_set_backward_pass(unsigned long long id) { actpage::engine::forward_pass::set_backward(id); }
-ACTPAGE_EXPORT int actpage_set_recording(int on) { return actpage::interpose::set_recording(on != 0) ? 1 : 0; }
+ACTPAGE_EXPORT int actpage_set_recording(int on) { return actpage::trace::set_recording(on != 0) ? 1 : 0; }

@@ -4,8 +4,6 @@
 
 namespace actpage::interpose {
 
-bool set_recording(bool on) noexcept { return trace::set_recording(on); }
-
 bool TraceEventSink::enabled() const noexcept {
   return trace::recording() && trace::active() != nullptr;
 }

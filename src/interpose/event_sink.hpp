@@ -18,11 +18,8 @@ class EventSink {
   virtual void vmm_call(const trace::VmmPayload& record) noexcept = 0;
 };
 
-// Pauses (false) or resumes (true) the allocation and VMM records of TraceEventSink, for the whole
-// process; returns the previous setting. Only the records stop: calls are routed as before.
-bool set_recording(bool on) noexcept;
-
-// Writes into the process's trace writer (trace::active()) while one is open; drops records otherwise.
+// Writes into the process's trace writer (trace::active()) while one is open and the recording is on
+// (trace::set_recording); drops records otherwise. Only the records stop: calls are routed as before.
 class TraceEventSink final : public EventSink {
  public:
   bool enabled() const noexcept override;
