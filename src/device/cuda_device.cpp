@@ -268,14 +268,17 @@ Status CudaDevice::unmap(DevPtr va, std::size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // The job's stream-ordered pool
 
-Result<PoolUsage> CudaDevice::job_pool_usage() {
-  // The current pool, asked each time: a job may set another one (cudaDeviceSetMemPool).
+Result<CUmemoryPool> CudaDevice::current_pool() {
   CUmemoryPool pool = nullptr;
   if (Status s = driver_.check(driver_.cuDeviceGetMemPool(&pool, device_), "cuDeviceGetMemPool",
                                "finding the memory pool of " + device_text(ordinal_));
       !s.ok()) {
     return s;
   }
+  return pool;
+}
+
+Result<PoolUsage> CudaDevice::usage_of(CUmemoryPool pool) {
   auto attribute = [&](CUmemPool_attribute which, const char* what) -> Result<std::uint64_t> {
     cuuint64_t value = 0;
     if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(pool, which, &value), "cuMemPoolGetAttribute",
@@ -292,27 +295,29 @@ Result<PoolUsage> CudaDevice::job_pool_usage() {
   return PoolUsage{*reserved, *used};
 }
 
+Result<PoolUsage> CudaDevice::job_pool_usage() {
+  auto pool = current_pool();
+  if (!pool.ok()) return pool.status();
+  return usage_of(*pool);
+}
+
 Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
-  auto usage = job_pool_usage();
+  auto pool = current_pool();
+  if (!pool.ok()) return pool.status();
+  auto usage = usage_of(*pool);
   if (!usage.ok()) return usage.status();
   const std::uint64_t reserved = usage->reserved_bytes;
   const std::uint64_t used = usage->used_bytes;
   if (reserved <= used || bytes == 0) return std::size_t{0};
-  CUmemoryPool pool = nullptr;
-  if (Status s = driver_.check(driver_.cuDeviceGetMemPool(&pool, device_), "cuDeviceGetMemPool",
-                               "finding the memory pool of " + device_text(ordinal_));
-      !s.ok()) {
-    return s;
-  }
   // cuMemPoolTrimTo releases unused blocks until the reserve is below what it is told to keep.
   const std::uint64_t unused = reserved - used;
   const std::uint64_t keep = reserved - std::min<std::uint64_t>(bytes, unused);
-  if (Status s = driver_.check(driver_.cuMemPoolTrimTo(pool, keep), "cuMemPoolTrimTo",
+  if (Status s = driver_.check(driver_.cuMemPoolTrimTo(*pool, keep), "cuMemPoolTrimTo",
                                "trimming the memory pool of " + device_text(ordinal_) + " to " + format_bytes(keep));
       !s.ok()) {
     return s;
   }
-  auto after = job_pool_usage();
+  auto after = usage_of(*pool);
   if (!after.ok()) return after.status();
   return static_cast<std::size_t>(reserved > after->reserved_bytes ? reserved - after->reserved_bytes : 0);
 }

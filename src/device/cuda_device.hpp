@@ -112,6 +112,9 @@ class CudaDevice final : public Device {
   // Runs `make` (a driver call creating a stream or an event) with this device's context current.
   template <class Fn>
   CUresult in_own_context(Fn&& make);
+  // The device's current pool, asked each time: a job may set another one (cudaDeviceSetMemPool).
+  Result<CUmemoryPool> current_pool();
+  Result<PoolUsage> usage_of(CUmemoryPool pool);
 
   const DriverApi& driver_;
   int ordinal_ = 0;
