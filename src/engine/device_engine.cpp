@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <unordered_map>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -1665,12 +1664,8 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
   const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
-  std::unordered_map<std::size_t, std::size_t> held_count;
-  std::uint64_t held_bytes = 0;
-  for (const PendingPages& pages : recycle_pending_) {
-    ++held_count[pages.bytes];
-    held_bytes += pages.bytes;
-  }
+  HeldForCache held;
+  for (const PendingPages& pages : recycle_pending_) held.add(pages.bytes);
   for (Window* window : batch) {
     window->unmap_queued = false;
     window->unmapping = true;
@@ -1682,14 +1677,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // (prefilled) already held those ranges, and a copy-bound forward, whose recycle waits for an
     // idle copy stream, held them all until backward (4.2 GiB at the peak of the Llama job's
     // every-MLP policy on the H100, session 11).
-    if (!in_backward_) {
-      auto& count = held_count[window->bytes];
-      plan.recycle = cache_.wants(window->bytes, wanted, options_.vmm_cache_bytes, count, held_bytes);
-      if (plan.recycle) {
-        ++count;
-        held_bytes += window->bytes;
-      }
-    }
+    plan.recycle = !in_backward_ && keep_for_cache(window->bytes, wanted, held);
     plans.push_back(plan);
     // Frees of allocations in the window: their last reads may still be queued (rule 5).
     points.insert(points.end(), window->free_points.begin(), window->free_points.end());
@@ -1777,6 +1765,12 @@ bool DeviceEngine::recycle_due() const {
   return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_;
 }
 
+bool DeviceEngine::keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const {
+  if (!cache_.wants(bytes, wanted, options_.vmm_cache_bytes, held.count[bytes], held.bytes)) return false;
+  held.add(bytes);
+  return true;
+}
+
 void DeviceEngine::note_recycle_pending() {
   std::uint64_t bytes = 0;
   for (const PendingPages& pages : recycle_pending_) bytes += pages.bytes;
@@ -1790,15 +1784,11 @@ void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) 
   // of holding device memory until backward.
   if (recycle_pending_.empty()) return;
   const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
-  std::unordered_map<std::size_t, std::size_t> held_count;
-  std::uint64_t held_bytes = 0;
+  HeldForCache held;
   std::vector<PendingPages> keep;
   std::vector<PendingPages> release;
   for (const PendingPages& pages : recycle_pending_) {
-    auto& count = held_count[pages.bytes];
-    if (!in_backward_ && cache_.wants(pages.bytes, wanted, options_.vmm_cache_bytes, count, held_bytes)) {
-      ++count;
-      held_bytes += pages.bytes;
+    if (!in_backward_ && keep_for_cache(pages.bytes, wanted, held)) {
       keep.push_back(pages);
     } else {
       release.push_back(pages);

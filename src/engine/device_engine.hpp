@@ -191,6 +191,19 @@ class DeviceEngine {
   // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
   // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
   void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
+  // Pages kept for the cache outside it (recycle_pending_, and those a decision adds): they count
+  // against the demand as if in the cache.
+  struct HeldForCache {
+    std::unordered_map<std::size_t, std::size_t> count;  // by mapped size
+    std::uint64_t bytes = 0;
+    void add(std::size_t size) {
+      ++count[size];
+      bytes += size;
+    }
+  };
+  // Whether pages of `bytes` are worth keeping for the cache with `held` kept already; if so,
+  // counts them in `held`.
+  bool keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const;
   // Gives back the kept pages that the rest of the forward no longer asks for (see the .cpp).
   void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
   void note_recycle_pending();  // stats_.recycle_pending_bytes (and its peak) from recycle_pending_
