@@ -844,19 +844,49 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
   }
 }
 
+// A trace file in a temporary folder, the process's active writer while it lives: the engine's
+// records go there. read() stops the writing and reads the file; the folder goes with the object.
+class ActiveTraceFile {
+ public:
+  explicit ActiveTraceFile(const std::string& name)
+      : dir_(std::filesystem::path(::testing::TempDir()) / ("actpage-engine-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(dir_);
+    config_.path = (dir_ / (name + ".trace")).string();
+    auto opened = trace::Writer::open(config_);
+    EXPECT_TRUE(opened.ok()) << opened.status().message();
+    if (opened.ok()) {
+      writer_ = std::move(opened).value();
+      trace::set_active(writer_.get());
+    }
+  }
+  ~ActiveTraceFile() {
+    stop();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  Result<trace::TraceFile> read() {
+    stop();
+    return trace::read_trace_file(config_.path);
+  }
+
+ private:
+  void stop() {
+    if (writer_ == nullptr) return;
+    trace::set_active(nullptr);
+    writer_->close();
+    writer_.reset();
+  }
+
+  std::filesystem::path dir_;
+  trace::WriterConfig config_;
+  std::unique_ptr<trace::Writer> writer_;
+};
+
 TEST(Engine, MemorySamplesPauseWithTheRecording) {
   // The in-process observe-only comparison (examples/common.py --alternate-actpage) pauses the
   // recording every other step: the sampler's driver call (cudaMemGetInfo every trace.sample_ms)
   // must stop with it, or the comparison cannot see what it costs.
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("actpage-engine-samples-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  trace::WriterConfig config;
-  config.path = (dir / "samples.trace").string();
-  auto opened = trace::Writer::open(config);
-  ASSERT_TRUE(opened.ok()) << opened.status().message();
-  std::unique_ptr<trace::Writer> writer = std::move(opened).value();
-  trace::set_active(writer.get());
+  ActiveTraceFile trace_file("samples");
   std::uint64_t paused_at = 0;
   std::uint64_t resumed_at = 0;
   std::uint64_t resident = 0;
@@ -880,9 +910,7 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ended_at = monotonic_ns();
   }
-  trace::set_active(nullptr);
-  writer->close();
-  auto file = trace::read_trace_file(config.path);
+  auto file = trace_file.read();
   ASSERT_TRUE(file.ok()) << file.status().message();
   std::size_t before = 0;
   std::size_t during = 0;
@@ -918,8 +946,6 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
     EXPECT_EQ(held.data.cached_bytes, cached);
   }
   EXPECT_GE(checked, 3u);
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
@@ -927,15 +953,7 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
   // copies is a WAIT record (the drain's told apart from a cap's) adding up to the engine's own
   // count, each wait for a reload a STALL record naming the module, and the host pool's pinning a
   // HOST_PIN record with its size.
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("actpage-engine-trace-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  trace::WriterConfig config;
-  config.path = (dir / "engine.trace").string();
-  auto opened = trace::Writer::open(config);
-  ASSERT_TRUE(opened.ok()) << opened.status().message();
-  std::unique_ptr<trace::Writer> writer = std::move(opened).value();
-  trace::set_active(writer.get());
+  ActiveTraceFile trace_file("trace");
   EngineStats stats;
   {
     Options options = testing::small_offload_options();
@@ -950,9 +968,7 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
     rig.device.synchronize();
     stats = rig.engine.stats();
   }
-  trace::set_active(nullptr);
-  writer->close();
-  auto file = trace::read_trace_file(config.path);
+  auto file = trace_file.read();
   ASSERT_TRUE(file.ok()) << file.status().message();
   ASSERT_GE(stats.backlog_waits, 2u);
   ASSERT_EQ(file->waits.size(), stats.backlog_waits);
@@ -972,8 +988,6 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
     EXPECT_NE(stall.data.path_id, 0u);
     EXPECT_NE(stall.data.group, 0u);
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
