@@ -19,6 +19,7 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_HERE, "..", "..", "examples"))
 sys.path.insert(0, os.path.join(_HERE, "..", "..", "python"))
+sys.path.insert(0, _HERE)  # hooks_overhead's model, for --fake
 
 import torch  # noqa: E402
 
@@ -29,42 +30,12 @@ VARIANTS = ("paused", "on", "noop-ranges", "no-markers")
 
 
 def build_fake(layers):
-    """A decoder-shaped stack (ModuleList of layers with attention, MLP and norms) on the CPU."""
+    """hooks_overhead.py's decoder-shaped stack (a ModuleList of layers with attention, MLP and
+    norms) on the CPU."""
+    import hooks_overhead
 
-    class Attention(torch.nn.Module):
-        def __init__(self, width):
-            super().__init__()
-            self.q_proj = torch.nn.Linear(width, width)
-            self.o_proj = torch.nn.Linear(width, width)
-
-        def forward(self, x):
-            return self.o_proj(torch.softmax(self.q_proj(x), dim=-1))
-
-    class Layer(torch.nn.Module):
-        def __init__(self, width):
-            super().__init__()
-            self.input_layernorm = torch.nn.LayerNorm(width)
-            self.self_attn = Attention(width)
-            self.post_attention_layernorm = torch.nn.LayerNorm(width)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.SiLU(),
-                                           torch.nn.Linear(2 * width, width))
-
-        def forward(self, x):
-            x = x + self.self_attn(self.input_layernorm(x))
-            return x + self.mlp(self.post_attention_layernorm(x))
-
-    class Model(torch.nn.Module):
-        def __init__(self, width=16):
-            super().__init__()
-            self.layers = torch.nn.ModuleList(Layer(width) for _ in range(layers))
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
-
-    model = Model()
-    batch = torch.randn(4, 16)
+    model = hooks_overhead.Model(layers)
+    batch = torch.randn(4, 8)
     return model, lambda: model(batch).float().pow(2).mean(), torch.device("cpu")
 
 
