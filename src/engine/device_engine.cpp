@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <utility>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -79,7 +80,7 @@ bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chu
 
 bool DeviceEngine::vmm_has_work() const {
   return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || !map_ahead_sizes().empty() ||
-         prefill_due();
+         prefill_due() || pool_watch_due();
 }
 
 bool DeviceEngine::reload_has_work() const {
@@ -860,6 +861,8 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
+  pool_watch_credit_ = 0;
+  if (options_.vmm_trim_job_pool_in_backward) open_pool_watch(PoolWatch::backward);
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
@@ -1509,10 +1512,19 @@ void DeviceEngine::vmm_worker() {
   // that may wait (for a job's free, for the device) and must not hold up the copy stream.
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the VMM worker", status);
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto ready = [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); };
   while (true) {
-    offload_cv_.wait(lock, [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); });
+    if (pool_watch_ != PoolWatch::none && !serialized_) {
+      // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
+      const std::uint64_t now = monotonic_ns();
+      const std::uint64_t wait_ns = pool_watch_next_ns_ > now ? pool_watch_next_ns_ - now : 0;
+      if (!offload_cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
+    } else {
+      offload_cv_.wait(lock, ready);
+    }
     if (stopping_) break;
     const TurnScope turn(*this, Turn::vmm);
+    if (pool_watch_due()) watch_job_pool(lock);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
       deferred_releases_.pop_back();
@@ -1981,13 +1993,16 @@ void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
   prefilled_ = true;  // one try per backward, whatever comes of it
   const std::vector<std::size_t> sizes = prefill_sizes();
   if (sizes.empty()) return;
-  const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
+  // What backward's watch on the job's pool gave back is this prefill's to create too.
+  const std::uint64_t credit = std::exchange(pool_watch_credit_, 0);
+  const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock, credit);
   stats_.ranges_prefilled += mapped.mapped;
   stats_.bytes_prefilled += mapped.bytes;
 }
 
 DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std::size_t>& sizes,
-                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock) {
+                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock,
+                                                          std::uint64_t extra_budget) {
   MappedRanges result;
   std::size_t total = 0;
   for (std::size_t size : sizes) total += size;
@@ -2012,7 +2027,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   std::uint64_t budget = total;
   if (trim_job_pool) {
     trim = trim_job_pool_by(total);
-    budget = trim && trim->trimmed.ok() ? *trim->trimmed : 0;
+    budget = (trim && trim->trimmed.ok() ? *trim->trimmed : 0) + extra_budget;
   }
   for (std::size_t size : sizes) {
     if (size > budget) break;  // the rest of the span goes back to the arena below
@@ -2117,6 +2132,8 @@ void DeviceEngine::start_iteration() {
   cursor_ = 0;
   map_ahead_failed_ = false;
   prefilled_ = false;
+  pool_watch_credit_ = 0;
+  open_pool_watch(options_.vmm_trim_job_pool_at_forward_start ? PoolWatch::forward_start : PoolWatch::none);
   ++iteration_;
   ++stats_.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
@@ -2137,6 +2154,69 @@ std::optional<DeviceEngine::PoolTrim> DeviceEngine::trim_job_pool_by(std::size_t
   const std::uint64_t started = monotonic_ns();
   Result<std::size_t> trimmed = device_.trim_job_pool(bytes);
   return PoolTrim{std::move(trimmed), monotonic_ns() - started};
+}
+
+// --- Watching the job's pool (vmm.trim_job_pool_at_forward_start, vmm.trim_job_pool_in_backward) --
+
+namespace {
+// How often an open watch looks at the job's pool: each look is two cuMemPoolGetAttribute calls.
+constexpr std::uint64_t kPoolWatchIntervalNs = 1'000'000;
+// The forward's watch looks this many times: long enough for the device to run the frees the
+// optimizer step queued (the job's thread may be that far ahead), short next to a forward pass.
+constexpr std::uint32_t kForwardPoolWatchLooks = 8;
+// A trim gives back no less than this (beyond the slack): smaller ones are not worth the call, and
+// a pool that hovers at the slack would be trimmed on every look.
+constexpr std::uint64_t kPoolWatchMinTrimBytes = std::uint64_t{64} << 20;
+}  // namespace
+
+void DeviceEngine::open_pool_watch(PoolWatch kind) {
+  pool_watch_ = pool_trim_failed_.load(std::memory_order_relaxed) ? PoolWatch::none : kind;
+  pool_watch_looks_left_ = kForwardPoolWatchLooks;
+  pool_watch_next_ns_ = 0;  // the first look at once
+  if (pool_watch_ != PoolWatch::none) offload_cv_.notify_all();
+}
+
+bool DeviceEngine::pool_watch_due() const {
+  if (pool_watch_ == PoolWatch::none) return false;
+  return serialized_ || monotonic_ns() >= pool_watch_next_ns_;
+}
+
+void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
+  const PoolWatch kind = pool_watch_;
+  if (serialized_ || (kind == PoolWatch::forward_start && --pool_watch_looks_left_ == 0)) {
+    pool_watch_ = PoolWatch::none;
+  }
+  ++trimming_;  // quiesce() waits for the look to end
+  lock.unlock();
+  const std::uint64_t slack = options_.vmm_job_pool_slack_bytes;
+  Result<PoolUsage> usage = device_.job_pool_usage();
+  std::optional<PoolTrim> trim;
+  if (usage.ok() && usage->reserved_bytes > usage->used_bytes &&
+      usage->reserved_bytes - usage->used_bytes > slack + kPoolWatchMinTrimBytes) {
+    trim = trim_job_pool_by(usage->reserved_bytes - usage->used_bytes - slack);
+  }
+  lock.lock();
+  --trimming_;
+  pool_watch_next_ns_ = monotonic_ns() + kPoolWatchIntervalNs;
+  ++stats_.pool_watch_polls;
+  if (!usage.ok()) {
+    // No pool to read (a driver without memory pools): nothing to watch, this run.
+    // trim_job_pool reads the same attributes first: it would fail too.
+    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}", device_.ordinal(),
+                      usage.status().message());
+    pool_trim_failed_.store(true, std::memory_order_relaxed);
+    pool_watch_ = PoolWatch::none;
+    return;
+  }
+  if (!trim) return;
+  record_pool_trim(*trim);
+  if (!trim->trimmed.ok()) {
+    pool_watch_ = PoolWatch::none;
+    return;
+  }
+  ++stats_.pool_watch_trims;
+  stats_.pool_watch_trimmed_bytes += *trim->trimmed;
+  if (kind == PoolWatch::backward && in_backward_) pool_watch_credit_ += *trim->trimmed;
 }
 
 void DeviceEngine::record_pool_trim(const PoolTrim& trim) {

@@ -23,8 +23,12 @@ namespace actpage::engine {
 //   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
 //   ranges_prefilled, bytes_prefilled: ranges the VMM worker created for the next forward at the
 //     end of backward (vmm.prefill_cache), and their bytes
-//   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool before a
-//     reload created pages (vmm.trim_job_pool), the bytes its reserve fell by, the time they took
+//   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool (before a
+//     reload or the prefill created pages, vmm.trim_job_pool; and those below), the bytes its reserve
+//     fell by, the time they took
+//   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
+//     pool at a forward's start and through backward (vmm.trim_job_pool_at_forward_start,
+//     vmm.trim_job_pool_in_backward), the trims they made and what those gave back
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
 //     time those cuMemCreate calls took
 //   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
@@ -72,6 +76,9 @@ namespace actpage::engine {
   X(pool_trims) \
   X(pool_trimmed_bytes) \
   X(pool_trim_ns) \
+  X(pool_watch_polls) \
+  X(pool_watch_trims) \
+  X(pool_watch_trimmed_bytes) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
   X(host_pool_misses) \

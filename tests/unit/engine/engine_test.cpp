@@ -761,6 +761,146 @@ TEST(Engine, TheJobsPoolIsTrimmedWhereTheLayersEnd) {
   }
 }
 
+// Polls `done` for up to two seconds: the VMM worker looks at the job's pool every millisecond while
+// a watch is open.
+bool eventually(const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(Engine, TheJobsPoolGivesBackItsReserveWhereTheForwardBegins) {
+  // vmm.trim_job_pool_at_forward_start: when a forward pass begins, the VMM worker gives back what
+  // the job's pool holds unused beyond the slack (on the H100, the reserve backward and the optimizer
+  // step left, next to the range cache prefilled for the forward); without it the pool keeps it.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (bool watch : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_trim_job_pool = false;  // only the watch trims here
+    options.vmm_trim_job_pool_at_forward_start = watch;
+    options.vmm_job_pool_slack_bytes = 256 * kMiB;
+    Rig rig(options);
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      rig.device.set_job_pool(4 * kGiB, kGiB);
+      Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+      if (watch) {
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == kGiB + 256 * kMiB; }))
+            << "iteration " << iteration << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved";
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        EXPECT_EQ(rig.device.job_pool_reserved(), 4 * kGiB) << "iteration " << iteration;
+      }
+      run_backward(*rig.job, forward, 4);
+      rig.engine.quiesce();
+    }
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.pool_watch_trims, watch ? 3u : 0u);
+    EXPECT_EQ(stats.pool_watch_trimmed_bytes, watch ? 3 * (3 * kGiB - 256 * kMiB) : 0u);
+    // The forward's watch closes after a few looks.
+    EXPECT_LE(stats.pool_watch_polls, watch ? 3u * 8u : 0u);
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "watch " << watch;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "watch " << watch;
+  }
+}
+
+TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
+  // vmm.trim_job_pool_in_backward: backward frees what the loss grew the job's pool to, and the pool
+  // keeps it reserved while reloads map pages beside it. With the watch, its reserve follows its use
+  // down (within the slack) all backward long; without, it stays.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (bool watch : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_trim_job_pool = false;  // only the watch trims here
+    options.vmm_trim_job_pool_in_backward = watch;
+    options.vmm_job_pool_slack_bytes = 256 * kMiB;
+    Rig rig(options);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      // The loss's peak: all but 128 MiB in use, less than a watch trims.
+      rig.device.set_job_pool(3 * kGiB, 3 * kGiB - 128 * kMiB);
+      Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+      int module_calls = 0;
+      run_backward(*rig.job, forward, 4, [&] {
+        ++module_calls;
+        std::uint64_t expected = rig.device.job_pool_reserved();
+        if (module_calls == 1) {
+          rig.device.set_job_pool(3 * kGiB, kGiB);  // the loss's transients freed
+          expected = watch ? kGiB + 256 * kMiB : 3 * kGiB;
+        } else if (module_calls == 5) {
+          rig.device.set_job_pool(expected, 512 * kMiB);  // two layers' backward later
+          expected = watch ? 768 * kMiB : expected;
+        } else {
+          return;
+        }
+        if (watch) {
+          EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == expected; }))
+              << "iteration " << iteration << " call " << module_calls << ": "
+              << (rig.device.job_pool_reserved() >> 20) << " MiB reserved";
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          EXPECT_EQ(rig.device.job_pool_reserved(), expected) << "iteration " << iteration;
+        }
+      });
+      rig.engine.quiesce();
+    }
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.pool_watch_trims, watch ? 4u : 0u);
+    EXPECT_EQ(stats.pool_watch_trimmed_bytes, watch ? 2 * (2 * kGiB - 256 * kMiB + 512 * kMiB) : 0u);
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "watch " << watch;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "watch " << watch;
+  }
+}
+
+TEST(Engine, ThePrefillCreatesWhatBackwardsWatchGaveBack) {
+  // The prefill creates no more than the job's pool gives back (PrefillCreatesNoMoreThanTheJobsPool-
+  // GivesBack). What backward's watch gave back earlier in the same backward counts too: here the
+  // watch takes 100 MiB before the prefill and leaves the pool nothing unused for the prefill's own
+  // trim. Without the watch the same pool gives the prefill nothing.
+  for (bool watch : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.vmm_cache_bytes = 1ull << 30;
+    options.vmm_prefill_cache = true;
+    options.vmm_trim_job_pool = true;
+    options.vmm_trim_job_pool_in_backward = watch;
+    options.vmm_job_pool_slack_bytes = 0;
+    Rig rig(options);
+    constexpr int kLayers = 6;
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      rig.device.set_job_pool(0, 0);
+      Forward forward = run_forward(*rig.job, kLayers, 2, 3 * kMiB);
+      int module_calls = 0;
+      EngineStats before_prefill;
+      run_backward(*rig.job, forward, kLayers, [&] {
+        // Layer 0's MLP is read (every reload done) and about to be freed, the last selected module:
+        // the prefill comes after its frees.
+        if (++module_calls != 2 * kLayers - 1) return;
+        before_prefill = rig.engine.stats();
+        rig.device.set_job_pool(150 * kMiB, 50 * kMiB);
+        if (watch) {
+          EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << "iteration " << iteration;
+        }
+        rig.device.set_job_pool(50 * kMiB, 50 * kMiB);  // nothing unused left for the prefill's trim
+      });
+      rig.engine.quiesce();
+      const std::uint64_t prefilled = rig.engine.stats().bytes_prefilled - before_prefill.bytes_prefilled;
+      if (watch) {
+        EXPECT_GT(prefilled, 0u) << "iteration " << iteration;
+        EXPECT_LE(prefilled, 100 * kMiB) << "iteration " << iteration;
+      } else {
+        EXPECT_EQ(prefilled, 0u) << "iteration " << iteration;
+      }
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "watch " << watch;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "watch " << watch;
+  }
+}
+
 TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
   // Pages created at the end of backward stack on the job's pool, which keeps the reserve it grew
   // to. With vmm.trim_job_pool the prefill first trims the pool and creates no more than the trim

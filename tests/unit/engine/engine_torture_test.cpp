@@ -81,10 +81,13 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.copy_chunks_queued = pick(1, 4);
   options.copy_at_release = pick(0, 1) == 1;
   options.vmm_recycle_holds_copies = pick(0, 1) == 1;
+  options.vmm_trim_job_pool_at_forward_start = pick(0, 2) == 0;
+  options.vmm_trim_job_pool_in_backward = pick(0, 2) == 0;
+  options.vmm_job_pool_slack_bytes = pick(0, 2) * (small ? 64 * kKiB : 4 * kMiB);
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     // Every engine option the case picked, to replay a failure with the same settings.
-    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d\n",
+    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d trim_at_forward_start %d trim_in_backward %d slack %llu\n",
                  static_cast<unsigned long long>(seed), options.vmm_group_windows ? 1 : 0,
                  (unsigned long long)options.vmm_unmap_batch_bytes, (unsigned long long)options.copy_chunk_bytes,
                  options.vmm_grant_when_idle ? 1 : 0, options.vmm_map_ahead ? 1 : 0,
@@ -92,7 +95,9 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
                  options.vmm_trim_job_pool ? 1 : 0, (unsigned long long)options.offload_backlog_bytes,
                  options.vmm_prefill_cache ? 1 : 0, options.offload_drain_at_layers_end ? 1 : 0,
                  (unsigned long long)options.copy_chunks_queued, options.copy_at_release ? 1 : 0,
-                 options.vmm_recycle_holds_copies ? 1 : 0, options.vmm_trim_job_pool_at_layers_end ? 1 : 0);
+                 options.vmm_recycle_holds_copies ? 1 : 0, options.vmm_trim_job_pool_at_layers_end ? 1 : 0,
+                 options.vmm_trim_job_pool_at_forward_start ? 1 : 0, options.vmm_trim_job_pool_in_backward ? 1 : 0,
+                 (unsigned long long)options.vmm_job_pool_slack_bytes);
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,
                  (unsigned long long)options.keep_last, (unsigned long long)options.max_inflight_copies,
@@ -106,9 +111,10 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   config.capacity_bytes = 16ull << 30;
   if (small) config.granularity = 64 * kKiB;
   SimDevice device(config);
-  // The job's own pool, partly unused, for the reloads' trims to give back (vmm.trim_job_pool).
-  if (options.vmm_trim_job_pool) {
-    const std::uint64_t reserved = pick(0, 64) * kMiB;
+  // The job's own pool, partly unused, for the trims to give back (vmm.trim_job_pool, and the
+  // watches, which trim only beyond the slack and 64 MiB).
+  if (options.vmm_trim_job_pool || options.vmm_trim_job_pool_at_forward_start || options.vmm_trim_job_pool_in_backward) {
+    const std::uint64_t reserved = pick(0, 256) * kMiB;
     device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
   }
   Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
@@ -249,9 +255,10 @@ TortureTotals run_threaded_case(std::uint64_t seed) {
   config.capacity_bytes = 16ull << 30;
   config.granularity = 64 * kKiB;
   SimDevice device(config);
-  // The job's own pool, partly unused, for the reloads' trims to give back (vmm.trim_job_pool).
-  if (options.vmm_trim_job_pool) {
-    const std::uint64_t reserved = pick(0, 64) * kMiB;
+  // The job's own pool, partly unused, for the trims to give back (vmm.trim_job_pool, and the
+  // watches, which trim only beyond the slack and 64 MiB).
+  if (options.vmm_trim_job_pool || options.vmm_trim_job_pool_at_forward_start || options.vmm_trim_job_pool_in_backward) {
+    const std::uint64_t reserved = pick(0, 256) * kMiB;
     device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
   }
   Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
