@@ -230,11 +230,10 @@ class DeviceEngine {
   };
   // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
   // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
-  // pool by their total and creates only as many bytes as it gave back (and `extra_budget`, what the
-  // pool gave back earlier for them). Stops at the first failure
+  // pool by their total and creates only as many bytes as it gave back. Stops at the first failure
   // and gives back what came after. Unlocks.
   MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
-                                std::unique_lock<std::mutex>& lock, std::uint64_t extra_budget = 0);
+                                std::unique_lock<std::mutex>& lock);
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
@@ -331,8 +330,10 @@ class DeviceEngine {
   // vmm.trim_job_pool_at_forward_start / vmm.trim_job_pool_in_backward: while a watch is open the
   // VMM worker looks at the job's pool every kPoolWatchIntervalNs and gives back what it holds
   // unused beyond vmm.job_pool_slack_bytes. The forward's watch closes after a few looks (the pool's
-  // use only grows in a forward); backward's stays open until the next forward. Serialized (a
-  // replay, which must not depend on time), each watch looks once.
+  // use only grows in a forward); backward's stays open until the next forward. With
+  // vmm.prefill_cache, what the forward's watch gives back tops the range cache up (the prefill at
+  // the end of backward created only what the pool gave back before the optimizer step). Serialized
+  // (a replay, which must not depend on time), each watch looks once.
   enum class PoolWatch : std::uint8_t { none, forward_start, backward };
   void open_pool_watch(PoolWatch kind);
   bool pool_watch_due() const;
@@ -421,9 +422,6 @@ class DeviceEngine {
   PoolWatch pool_watch_ = PoolWatch::none;
   std::uint32_t pool_watch_looks_left_ = 0;  // the forward's watch closes after these
   std::uint64_t pool_watch_next_ns_ = 0;     // monotonic_ns() of the next look
-  // What backward's watch gave back since backward began: the prefill may create as many bytes on
-  // top of what its own trim gives (device memory in use then stays below backward's start).
-  std::uint64_t pool_watch_credit_ = 0;
   // offload_drain_at_layers_end: the range enclosing the newest group's layer (its parent), where
   // the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

@@ -29,6 +29,8 @@ namespace actpage::engine {
 //   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
 //     pool at a forward's start and through backward (vmm.trim_job_pool_at_forward_start,
 //     vmm.trim_job_pool_in_backward), the trims they made and what those gave back
+//   bytes_topped_up: ranges created for the cache with what the forward's watch gave back (with
+//     vmm.prefill_cache; counted in ranges_prefilled and bytes_prefilled too)
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
 //     time those cuMemCreate calls took
 //   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
@@ -79,6 +81,7 @@ namespace actpage::engine {
   X(pool_watch_polls) \
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
+  X(bytes_topped_up) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
   X(host_pool_misses) \

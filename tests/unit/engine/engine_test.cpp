@@ -855,48 +855,50 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   }
 }
 
-TEST(Engine, ThePrefillCreatesWhatBackwardsWatchGaveBack) {
-  // The prefill creates no more than the job's pool gives back (PrefillCreatesNoMoreThanTheJobsPool-
-  // GivesBack). What backward's watch gave back earlier in the same backward counts too: here the
-  // watch takes 100 MiB before the prefill and leaves the pool nothing unused for the prefill's own
-  // trim. Without the watch the same pool gives the prefill nothing.
+TEST(Engine, TheForwardsWatchTopsTheCacheUpWithWhatThePoolGaveBack) {
+  // The prefill at the end of backward creates no more than the job's pool gives back then
+  // (PrefillCreatesNoMoreThanTheJobsPoolGivesBack): here nothing. The optimizer step frees more
+  // after it; with vmm.trim_job_pool_at_forward_start what the pool gives back when the forward
+  // begins (100 MiB) tops the range cache up, within what the trim gave; without, nothing is created.
   for (bool watch : {false, true}) {
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.vmm_cache_bytes = 1ull << 30;
     options.vmm_prefill_cache = true;
     options.vmm_trim_job_pool = true;
-    options.vmm_trim_job_pool_in_backward = watch;
+    options.vmm_trim_job_pool_at_forward_start = watch;
     options.vmm_job_pool_slack_bytes = 0;
     Rig rig(options);
     constexpr int kLayers = 6;
+    std::uint64_t topped_up = 0;
     for (int iteration = 0; iteration < 3; ++iteration) {
-      rig.device.set_job_pool(0, 0);
+      rig.device.set_job_pool(150 * kMiB, 50 * kMiB);  // what the optimizer step left unused
+      const EngineStats before = rig.engine.stats();
       Forward forward = run_forward(*rig.job, kLayers, 2, 3 * kMiB);
-      int module_calls = 0;
-      EngineStats before_prefill;
-      run_backward(*rig.job, forward, kLayers, [&] {
-        // Layer 0's MLP is read (every reload done) and about to be freed, the last selected module:
-        // the prefill comes after its frees.
-        if (++module_calls != 2 * kLayers - 1) return;
-        before_prefill = rig.engine.stats();
-        rig.device.set_job_pool(150 * kMiB, 50 * kMiB);
-        if (watch) {
-          EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << "iteration " << iteration;
-        }
-        rig.device.set_job_pool(50 * kMiB, 50 * kMiB);  // nothing unused left for the prefill's trim
-      });
-      rig.engine.quiesce();
-      const std::uint64_t prefilled = rig.engine.stats().bytes_prefilled - before_prefill.bytes_prefilled;
       if (watch) {
-        EXPECT_GT(prefilled, 0u) << "iteration " << iteration;
-        EXPECT_LE(prefilled, 100 * kMiB) << "iteration " << iteration;
-      } else {
-        EXPECT_EQ(prefilled, 0u) << "iteration " << iteration;
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << "iteration " << iteration;
       }
+      rig.engine.quiesce();
+      const EngineStats after = rig.engine.stats();
+      const std::uint64_t created = after.bytes_topped_up - before.bytes_topped_up;
+      EXPECT_LE(created, 100 * kMiB) << "iteration " << iteration;
+      if (iteration >= 1) {
+        // From the second forward on, the last one's sizes say what the cache lacks.
+        if (watch) {
+          EXPECT_GT(created, 0u) << "iteration " << iteration;
+        } else {
+          EXPECT_EQ(created, 0u) << "iteration " << iteration;
+        }
+      }
+      topped_up += created;
+      rig.device.set_job_pool(0, 0);  // nothing for the prefill at the end of backward
+      run_backward(*rig.job, forward, kLayers);
+      rig.engine.quiesce();
     }
+    EXPECT_EQ(rig.engine.stats().bytes_prefilled, topped_up) << "watch " << watch;
     rig.device.synchronize();
     EXPECT_EQ(rig.job->mismatches(), 0u) << "watch " << watch;
+    EXPECT_EQ(rig.job->failed(), 0u) << "watch " << watch;
     EXPECT_EQ(rig.device.fault_count(), 0u) << "watch " << watch;
   }
 }
