@@ -2213,10 +2213,11 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   }
   ++stats_.pool_watch_trims;
   stats_.pool_watch_trimmed_bytes += *trim->trimmed;
-  if (kind == PoolWatch::forward_start && options_.vmm_prefill_cache && !in_backward_) {
+  if (options_.vmm_prefill_cache && (kind == PoolWatch::forward_start || prefilled_)) {
     // The prefill at the end of backward could create only what the pool gave back then, before
-    // the optimizer step freed what it used: what the pool gave back now tops the cache up for the
-    // rest of this forward, device memory in use staying where it was before the trim.
+    // the optimizer step freed what it used: what the pool gives back after it (backward's watch
+    // stays open until the next forward begins) tops the cache up for the next forward, device
+    // memory in use staying where it was before the trim.
     std::vector<std::size_t> sizes;
     std::uint64_t budget = *trim->trimmed;
     for (std::size_t size : prefill_sizes()) {

@@ -331,8 +331,9 @@ class DeviceEngine {
   // VMM worker looks at the job's pool every kPoolWatchIntervalNs and gives back what it holds
   // unused beyond vmm.job_pool_slack_bytes. The forward's watch closes after a few looks (the pool's
   // use only grows in a forward); backward's stays open until the next forward. With
-  // vmm.prefill_cache, what the forward's watch gives back tops the range cache up (the prefill at
-  // the end of backward created only what the pool gave back before the optimizer step). Serialized
+  // vmm.prefill_cache, what a watch gives back once the prefill has run (after the optimizer step)
+  // or when the forward begins tops the range cache up (the prefill at the end of backward created
+  // only what the pool gave back before the optimizer step). Serialized
   // (a replay, which must not depend on time), each watch looks once.
   enum class PoolWatch : std::uint8_t { none, forward_start, backward };
   void open_pool_watch(PoolWatch kind);

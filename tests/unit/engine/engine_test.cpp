@@ -855,39 +855,47 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   }
 }
 
-TEST(Engine, TheForwardsWatchTopsTheCacheUpWithWhatThePoolGaveBack) {
+TEST(Engine, AWatchTopsTheCacheUpWithWhatThePoolGivesBackAfterThePrefill) {
   // The prefill at the end of backward creates no more than the job's pool gives back then
   // (PrefillCreatesNoMoreThanTheJobsPoolGivesBack): here nothing. The optimizer step frees more
-  // after it; with vmm.trim_job_pool_at_forward_start what the pool gives back when the forward
-  // begins (100 MiB) tops the range cache up, within what the trim gave; without, nothing is created.
-  for (bool watch : {false, true}) {
+  // after it; what a watch gives back then (backward's, open until the next forward begins) or when
+  // the forward begins (the forward's) tops the range cache up, within what the trim gave (100 MiB);
+  // without a watch nothing is created.
+  enum class Watch { none, forward_start, backward };
+  for (Watch watch : {Watch::none, Watch::forward_start, Watch::backward}) {
+    const std::string name = watch == Watch::none ? "none" : watch == Watch::forward_start ? "forward_start" : "backward";
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.vmm_cache_bytes = 1ull << 30;
     options.vmm_prefill_cache = true;
     options.vmm_trim_job_pool = true;
-    options.vmm_trim_job_pool_at_forward_start = watch;
+    options.vmm_trim_job_pool_at_forward_start = watch == Watch::forward_start;
+    options.vmm_trim_job_pool_in_backward = watch == Watch::backward;
     options.vmm_job_pool_slack_bytes = 0;
     Rig rig(options);
     constexpr int kLayers = 6;
     std::uint64_t topped_up = 0;
     for (int iteration = 0; iteration < 3; ++iteration) {
-      rig.device.set_job_pool(150 * kMiB, 50 * kMiB);  // what the optimizer step left unused
       const EngineStats before = rig.engine.stats();
+      rig.device.set_job_pool(150 * kMiB, 50 * kMiB);  // what the optimizer step left unused
+      if (watch == Watch::backward && iteration >= 1) {
+        // Backward's watch gives it back before the forward begins.
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << name << " " << iteration;
+      }
       Forward forward = run_forward(*rig.job, kLayers, 2, 3 * kMiB);
-      if (watch) {
-        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << "iteration " << iteration;
+      if (watch == Watch::forward_start) {
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 50 * kMiB; })) << name << " " << iteration;
       }
       rig.engine.quiesce();
       const EngineStats after = rig.engine.stats();
       const std::uint64_t created = after.bytes_topped_up - before.bytes_topped_up;
-      EXPECT_LE(created, 100 * kMiB) << "iteration " << iteration;
+      EXPECT_LE(created, 100 * kMiB) << name << " " << iteration;
       if (iteration >= 1) {
-        // From the second forward on, the last one's sizes say what the cache lacks.
-        if (watch) {
-          EXPECT_GT(created, 0u) << "iteration " << iteration;
+        // From the second iteration on, the last forward's sizes say what the cache lacks.
+        if (watch != Watch::none) {
+          EXPECT_GT(created, 0u) << name << " " << iteration;
         } else {
-          EXPECT_EQ(created, 0u) << "iteration " << iteration;
+          EXPECT_EQ(created, 0u) << name << " " << iteration;
         }
       }
       topped_up += created;
@@ -895,11 +903,11 @@ TEST(Engine, TheForwardsWatchTopsTheCacheUpWithWhatThePoolGaveBack) {
       run_backward(*rig.job, forward, kLayers);
       rig.engine.quiesce();
     }
-    EXPECT_EQ(rig.engine.stats().bytes_prefilled, topped_up) << "watch " << watch;
+    EXPECT_EQ(rig.engine.stats().bytes_prefilled, topped_up) << name;
     rig.device.synchronize();
-    EXPECT_EQ(rig.job->mismatches(), 0u) << "watch " << watch;
-    EXPECT_EQ(rig.job->failed(), 0u) << "watch " << watch;
-    EXPECT_EQ(rig.device.fault_count(), 0u) << "watch " << watch;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << name;
+    EXPECT_EQ(rig.job->failed(), 0u) << name;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << name;
   }
 }
 
