@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <utility>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -2159,10 +2158,11 @@ constexpr std::uint64_t kPoolWatchIntervalNs = 1'000'000;
 // The forward's watch looks this many times: long enough for the device to run the frees the
 // optimizer step queued (the job's thread may be that far ahead), short next to a forward pass.
 constexpr std::uint32_t kForwardPoolWatchLooks = 8;
-// A trim gives back no less than this, nor less than half the slack: the job's temporaries come and
-// go within the slack between two looks, and trimming them would only make the job's thread grow
-// the pool again (on the H100 a watch that trimmed at 64 MiB trimmed on nearly every look in
-// backward, ~220 trims and 25 ms of driver time an iteration).
+// A watch trims only when the unused reserve exceeds the slack by this much, and by half the slack:
+// the job's temporaries come and go within it between two looks, and trimming them would only make
+// the job's thread grow the pool again. (On the H100 the backward watch still trims on most looks,
+// ~260 times an iteration at ~0.1 ms each: the pool reports freed bytes as unused before the device
+// has run the frees, and each trim gives back what the device has run past since the last.)
 constexpr std::uint64_t kPoolWatchMinTrimBytes = std::uint64_t{64} << 20;
 }  // namespace
 
