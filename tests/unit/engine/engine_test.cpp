@@ -772,27 +772,39 @@ bool eventually(const std::function<bool()>& done) {
   return true;
 }
 
+// Options in which only the pool watches asked for trim the job's pool, with a 256 MiB slack.
+Options pool_watch_options(bool at_forward_start, bool in_backward) {
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = false;
+  options.vmm_trim_job_pool_at_forward_start = at_forward_start;
+  options.vmm_trim_job_pool_in_backward = in_backward;
+  options.vmm_job_pool_slack_bytes = 256 * kMiB;
+  return options;
+}
+
+// With a watch open, the job's pool's reserve comes to `expected` (the watch looks every
+// millisecond); without, it is still `expected` a while later.
+void expect_pool_reserve(Rig& rig, bool watch, std::uint64_t expected, const std::string& where) {
+  if (watch) {
+    EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == expected; }))
+        << where << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved, " << (expected >> 20) << " expected";
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(rig.device.job_pool_reserved(), expected) << where;
+  }
+}
+
 TEST(Engine, TheJobsPoolGivesBackItsReserveWhereTheForwardBegins) {
   // vmm.trim_job_pool_at_forward_start: when a forward pass begins, the VMM worker gives back what
   // the job's pool holds unused beyond the slack (on the H100, the reserve backward and the optimizer
   // step left, next to the range cache prefilled for the forward); without it the pool keeps it.
   constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool watch : {false, true}) {
-    Options options = testing::small_offload_options();
-    options.vmm_trim_job_pool = false;  // only the watch trims here
-    options.vmm_trim_job_pool_at_forward_start = watch;
-    options.vmm_job_pool_slack_bytes = 256 * kMiB;
-    Rig rig(options);
+    Rig rig(pool_watch_options(/*at_forward_start=*/watch, /*in_backward=*/false));
     for (int iteration = 0; iteration < 3; ++iteration) {
       rig.device.set_job_pool(4 * kGiB, kGiB);
       Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
-      if (watch) {
-        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == kGiB + 256 * kMiB; }))
-            << "iteration " << iteration << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved";
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        EXPECT_EQ(rig.device.job_pool_reserved(), 4 * kGiB) << "iteration " << iteration;
-      }
+      expect_pool_reserve(rig, watch, watch ? kGiB + 256 * kMiB : 4 * kGiB, "iteration " + std::to_string(iteration));
       run_backward(*rig.job, forward, 4);
       rig.engine.quiesce();
     }
@@ -813,11 +825,7 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   // down (within the slack) all backward long; without, it stays.
   constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool watch : {false, true}) {
-    Options options = testing::small_offload_options();
-    options.vmm_trim_job_pool = false;  // only the watch trims here
-    options.vmm_trim_job_pool_in_backward = watch;
-    options.vmm_job_pool_slack_bytes = 256 * kMiB;
-    Rig rig(options);
+    Rig rig(pool_watch_options(/*at_forward_start=*/false, /*in_backward=*/watch));
     for (int iteration = 0; iteration < 2; ++iteration) {
       // The loss's peak: all but 128 MiB in use, less than a watch trims.
       rig.device.set_job_pool(3 * kGiB, 3 * kGiB - 128 * kMiB);
@@ -835,14 +843,8 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
         } else {
           return;
         }
-        if (watch) {
-          EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == expected; }))
-              << "iteration " << iteration << " call " << module_calls << ": "
-              << (rig.device.job_pool_reserved() >> 20) << " MiB reserved";
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          EXPECT_EQ(rig.device.job_pool_reserved(), expected) << "iteration " << iteration;
-        }
+        expect_pool_reserve(rig, watch, expected,
+                            "iteration " + std::to_string(iteration) + " call " + std::to_string(module_calls));
       });
       rig.engine.quiesce();
     }
