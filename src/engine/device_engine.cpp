@@ -1997,7 +1997,8 @@ void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
 }
 
 DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std::size_t>& sizes,
-                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock) {
+                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock,
+                                                          std::uint64_t most) {
   MappedRanges result;
   std::size_t total = 0;
   for (std::size_t size : sizes) total += size;
@@ -2019,10 +2020,10 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   // device memory in use then stays where it was (a pool that holds nothing unused, or the native
   // allocator's, which is not the driver's pool, gives nothing and gets nothing).
   std::optional<PoolTrim> trim;
-  std::uint64_t budget = total;
+  std::uint64_t budget = std::min<std::uint64_t>(total, most);
   if (trim_job_pool) {
     trim = trim_job_pool_by(total);
-    budget = trim && trim->trimmed.ok() ? *trim->trimmed : 0;
+    budget = std::min<std::uint64_t>(budget, trim && trim->trimmed.ok() ? *trim->trimmed : 0);
   }
   for (std::size_t size : sizes) {
     if (size > budget) break;  // the rest of the span goes back to the arena below
@@ -2074,7 +2075,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
       arena_.release(item.va, item.bytes);
     }
   }
-  if (at != span_end) arena_.release(at, span_end - at);  // sizes past the trim's budget
+  if (at != span_end) arena_.release(at, span_end - at);  // sizes past the budget
   issued_cv_.notify_all();
   return result;
 }
@@ -2218,19 +2219,10 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     // the optimizer step freed what it used: what the pool gives back after it (backward's watch
     // stays open until the next forward begins) tops the cache up for the next forward, device
     // memory in use staying where it was before the trim.
-    std::vector<std::size_t> sizes;
-    std::uint64_t budget = *trim->trimmed;
-    for (std::size_t size : prefill_sizes()) {
-      if (size > budget) break;
-      budget -= size;
-      sizes.push_back(size);
-    }
-    if (!sizes.empty()) {
-      const MappedRanges mapped = map_fresh_ranges(sizes, /*trim_job_pool=*/false, lock);
-      stats_.ranges_prefilled += mapped.mapped;
-      stats_.bytes_prefilled += mapped.bytes;
-      stats_.bytes_topped_up += mapped.bytes;
-    }
+    const MappedRanges mapped = map_fresh_ranges(prefill_sizes(), /*trim_job_pool=*/false, lock, *trim->trimmed);
+    stats_.ranges_prefilled += mapped.mapped;
+    stats_.bytes_prefilled += mapped.bytes;
+    stats_.bytes_topped_up += mapped.bytes;
   }
 }
 

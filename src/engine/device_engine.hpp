@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -230,10 +231,12 @@ class DeviceEngine {
   };
   // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
   // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
-  // pool by their total and creates only as many bytes as it gave back. Stops at the first failure
-  // and gives back what came after. Unlocks.
+  // pool by their total and creates only as many bytes as it gave back. Creates no more than `most`
+  // bytes either way (the sizes in order, up to the first that no longer fits). Stops at the first
+  // failure and gives back what came after. Unlocks.
   MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
-                                std::unique_lock<std::mutex>& lock);
+                                std::unique_lock<std::mutex>& lock,
+                                std::uint64_t most = std::numeric_limits<std::uint64_t>::max());
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
