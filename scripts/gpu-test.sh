@@ -25,6 +25,9 @@
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
 #            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
 #            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead
+#   recording-cost  the library's recording cost on a launch-bound loop of tiny ops, recorded and
+#            paused blocks alternating in one process (bench/python/recording_cost.py), per allocator,
+#            with and without the memory sampler and with NVTX ranges
 #   demo     records the observe-only trace that examples/ ships for the simulated demo
 #   plan     actpage calibrate; per job (Llama 16 layers, Qwen3-MoE 8 layers): an observe-only trace,
 #            actpage plan for a target peak (PLAN_TARGET_FRACTION of the traced peak, default 0.9),
@@ -387,6 +390,28 @@ PY
         "$python" bench/python/nvtx_overhead.py
       echo "plain: $(tail -n 1 "$out/nvtxbench-plain.log")"
       echo "under actpage run: $(tail -n 1 "$out/nvtxbench-actpage.log")"
+      ;;
+    recording-cost)
+      # What the library's recording costs a launch-bound loop of tiny ops (bench/python/recording_cost.py:
+      # recorded and paused blocks alternating in one process), Python hooks off. Under cudaMallocAsync
+      # each op is a launch, an allocation and a free through the interposer; under expandable segments
+      # a launch only. With and without the memory sampler (trace.sample_ms 0), and with NVTX ranges.
+      say "recording-cost: recorded/paused blocks of tiny ops in one process"
+      for rc_alloc in async expandable; do
+        case $rc_alloc in async) rc_conf=backend:cudaMallocAsync ;; *) rc_conf=expandable_segments:True ;; esac
+        for rc_variant in default nosampler ranges; do
+          rc_env=(); rc_args=()
+          case $rc_variant in
+            nosampler) rc_env=(ACTPAGE_TRACE_SAMPLE_MS=0) ;;
+            ranges) rc_args=(--ranges-every 10) ;;
+          esac
+          name=rc-$rc_alloc-$rc_variant
+          env "${rc_env[@]}" ACTPAGE_PYTHON_HOOKS=off PYTORCH_CUDA_ALLOC_CONF=$rc_conf check "$name" \
+            "$actpage" run --policy config/observe.json --trace "$out/$name.trace" -- \
+            taskset -c 2-9 "$python" bench/python/recording_cost.py --blocks "${RC_BLOCKS:-400}" "${rc_args[@]}"
+          echo "$name: $(grep '^recording cost' "$out/$name.log")"
+        done
+      done
       ;;
     demo)
       say "demo: the observe-only trace examples/ ships"
