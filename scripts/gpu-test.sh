@@ -406,7 +406,7 @@ PY
             ranges) rc_args=(--ranges-every 10) ;;
           esac
           name=rc-$rc_alloc-$rc_variant
-          env "${rc_env[@]}" ACTPAGE_PYTHON_HOOKS=off PYTORCH_CUDA_ALLOC_CONF=$rc_conf check "$name" \
+          check "$name" env "${rc_env[@]}" ACTPAGE_PYTHON_HOOKS=off PYTORCH_CUDA_ALLOC_CONF=$rc_conf \
             "$actpage" run --policy config/observe.json --trace "$out/$name.trace" -- \
             taskset -c 2-9 "$python" bench/python/recording_cost.py --blocks "${RC_BLOCKS:-400}" "${rc_args[@]}"
           echo "$name: $(grep '^recording cost' "$out/$name.log")"

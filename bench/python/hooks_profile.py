@@ -26,7 +26,11 @@ import torch  # noqa: E402
 import actpage_hooks  # noqa: E402
 from actpage_hooks import _hooks  # noqa: E402
 
-VARIANTS = ("paused", "on", "noop-ranges", "no-markers")
+# paused: no hooks, no wrappers (the job as without actpage's Python side). on: as a job runs.
+# bare: wrappers and the root's hooks in place but doing nothing (the cost of being in the call path).
+# noop-ranges: everything but the NVTX calls. no-markers: no backward markers. no-pass: without the
+# library's forward-pass calls (ctypes: they release and retake the GIL).
+VARIANTS = ("paused", "on", "bare", "noop-ranges", "no-markers", "no-pass")
 
 
 def build_fake(layers):
@@ -81,9 +85,17 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=40, help="rounds of the four variants")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the variants")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, from: %s (paused is always measured)" % ", ".join(VARIANTS))
+    parser.add_argument("--sampler-ms", type=float, default=0.0,
+                        help="run the example jobs' Python memory sampler thread at this interval (0: none)")
     args = parser.parse_args()
+    variants = ["paused"] + [v for v in args.variants.split(",") if v and v != "paused"]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error("unknown variants: %s" % ", ".join(unknown))
 
     hooks = actpage_hooks.installed()
     if hooks is None:  # not under `actpage run`: install them here, ranges going nowhere
@@ -96,6 +108,7 @@ def main():
 
     real_push, real_pop = hooks._push, hooks._pop
     custom = hooks._custom_functions
+    real_pass = hooks._begin_pass, hooks._set_backward_pass
 
     def set_variant(variant):
         actpage_hooks.set_paused(variant == "paused")
@@ -103,6 +116,8 @@ def main():
             hooks.set_range_functions(lambda name: None, lambda: None)
         else:
             hooks._push, hooks._pop, hooks._custom_functions = real_push, real_pop, custom
+        hooks.pushing = variant != "bare"
+        hooks._begin_pass, hooks._set_backward_pass = (None, None) if variant == "no-pass" else real_pass
         marks = variant != "no-markers"
         for module in list(hooks.hooked):
             saved = module.__dict__.setdefault("_actpage_profile_marks", module.__dict__.get(_hooks._MARK_ATTR, False))
@@ -111,13 +126,21 @@ def main():
     def step():
         sync()
         start = time.perf_counter()
+        cpu_start = time.thread_time()
         loss = compute_loss()
         forward_done = time.perf_counter()
+        forward_cpu = time.thread_time() - cpu_start
         loss.backward()
         sync()
         end = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        return (forward_done - start) * 1e3, (end - start) * 1e3
+        return (forward_done - start) * 1e3, forward_cpu * 1e3, (end - start) * 1e3
+
+    sampler = None
+    if args.sampler_ms > 0:
+        from common import MemorySampler  # the example jobs' sampler thread
+
+        sampler = MemorySampler(device.index or 0, interval_ms=args.sampler_ms, enabled=device.type == "cuda").start()
 
     # What one step hooks: counted with counting range functions (one step, not timed).
     set_variant("on")
@@ -130,23 +153,35 @@ def main():
     print("hooked modules %d (wrapped %d), ranges pushed per step %d, of them backward markers %d"
           % (len(hooks.hooked), len(hooks.wrapped), counting.pushes, counting.markers))
 
-    forward = {v: [] for v in VARIANTS}
-    total = {v: [] for v in VARIANTS}
+    forward = {v: [] for v in variants}
+    forward_cpu = {v: [] for v in variants}
+    total = {v: [] for v in variants}
+    count = len(variants)
     for round_index in range(args.rounds):
-        order = VARIANTS[round_index % 4:] + VARIANTS[:round_index % 4]  # rotated: no fixed position
+        shift = round_index % count
+        order = variants[shift:] + variants[:shift]  # rotated: no fixed position
         for variant in order:
             set_variant(variant)
-            fwd_ms, step_ms = step()
+            fwd_ms, cpu_ms, step_ms = step()
             forward[variant].append(fwd_ms)
+            forward_cpu[variant].append(cpu_ms)
             total[variant].append(step_ms)
     set_variant("on")
+    if sampler is not None:
+        sampler.stop()
+        print("memory sampler: %d samples every %.1f ms" % (sampler.samples, args.sampler_ms))
 
-    print("%-12s %10s %10s %14s %14s" % ("variant", "fwd ms", "step ms", "fwd x paused", "step x paused"))
-    for variant in VARIANTS:
-        fwd_ratio = statistics.median(a / b for a, b in zip(forward[variant], forward["paused"]))
-        step_ratio = statistics.median(a / b for a, b in zip(total[variant], total["paused"]))
-        print("%-12s %10.3f %10.3f %14.4f %14.4f" % (variant, statistics.median(forward[variant]),
-                                                      statistics.median(total[variant]), fwd_ratio, step_ratio))
+    def ratio(values, variant):
+        return statistics.median(a / b for a, b in zip(values[variant], values["paused"]))
+
+    print("%-12s %9s %9s %9s %11s %11s %11s %11s" % ("variant", "fwd ms", "fwd cpu", "step ms", "fwd x", "fwd cpu x",
+                                                   "step x", "step +ms"))
+    for variant in variants:
+        added = statistics.median(a - b for a, b in zip(total[variant], total["paused"]))
+        print("%-12s %9.3f %9.3f %9.3f %11.4f %11.4f %11.4f %+11.3f" % (
+            variant, statistics.median(forward[variant]), statistics.median(forward_cpu[variant]),
+            statistics.median(total[variant]), ratio(forward, variant), ratio(forward_cpu, variant),
+            ratio(total, variant), added))
     return 0
 
 
