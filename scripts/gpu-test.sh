@@ -415,7 +415,7 @@ PY
       ;;
     demo)
       say "demo: the observe-only trace examples/ ships"
-      check demo "$actpage" run --policy config/observe.json --trace "$out/llama-observe.trace" -- \
+      check demo "$actpage" run --policy config/observe-for-plan.json --trace "$out/llama-observe.trace" -- \
         "$python" examples/train_llama.py "${llama[@]}" --layers 8 --steps 3 --warmup 1
       ls -la "$out/llama-observe.trace"
       ;;
@@ -434,7 +434,7 @@ PY
         else
           cmd=("${pin[@]}" "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 10 --warmup 4 --deterministic)
         fi
-        check "plan-$job-observe" "$actpage" run --policy config/observe.json --trace "$out/plan-$job-observe.trace" -- "${cmd[@]}"
+        check "plan-$job-observe" "$actpage" run --policy config/observe-for-plan.json --trace "$out/plan-$job-observe.trace" -- "${cmd[@]}"
         "$actpage" dump "$out/plan-$job-observe.trace" --json >"$out/plan-$job-observe.dump.json" 2>/dev/null
         target=$("$python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(d["peak"]["live_bytes"]*float(sys.argv[2])))' \
           "$out/plan-$job-observe.dump.json" "$fraction") || { echo "FAILED: no trace peak for $job"; failed=1; continue; }

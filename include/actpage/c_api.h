@@ -16,7 +16,7 @@ int actpage_is_active(void);
 int actpage_python_hooks_mode(void);
 /* The python_hooks_scope option: 0 blocks, 1 all. */
 int actpage_python_hooks_scope(void);
-/* The python_hooks_backward option: 0 layers, 1 hooked. */
+/* The python_hooks_backward option, auto resolved by the mode: 0 layers, 1 hooked, 2 none. */
 int actpage_python_hooks_backward(void);
 /* The python_hooks_call option: 0 hooks, 1 wrap. */
 int actpage_python_hooks_call(void);

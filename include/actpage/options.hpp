@@ -17,7 +17,7 @@ enum class ReleaseAfter { range_end, enclosing_range };
 enum class StrayAccess { fault, host_mapped, poison };
 enum class PythonHooks { automatic, on, off };
 enum class PythonHooksScope { blocks, all };
-enum class PythonHooksBackward { layers, hooked };
+enum class PythonHooksBackward { layers, hooked, none, automatic };
 enum class PythonHooksCall { hooks, wrap };
 enum class HostPin { host_alloc, register_memory };
 enum class LogLevel { trace, debug, info, warn, error, off };

@@ -53,9 +53,9 @@ def install(mode=None, force=False, push=None, pop=None, use_node_prehook=None, 
     ACTPAGE_PYTHON_HOOKS_SCOPE, else 'blocks'); see _hooks.ModuleHooks.
     pass_functions: (begin_forward_pass, set_backward_pass) standing in for the library's
     (default: libactpage.so's when it is loaded, else none).
-    backward: 'layers' or 'hooked' (default: the library's python_hooks_backward, else
-    ACTPAGE_PYTHON_HOOKS_BACKWARD, else 'layers'): which hooked modules mark their backward pass in
-    blocks scope; see _hooks.ModuleHooks.
+    backward: 'layers', 'hooked' or 'none' (default: the library's python_hooks_backward, auto
+    resolved by its mode, else ACTPAGE_PYTHON_HOOKS_BACKWARD, else 'layers'): which hooked modules
+    mark their backward pass; see _hooks.ModuleHooks.
     call: 'hooks' or 'wrap' (default: the library's python_hooks_call, else ACTPAGE_PYTHON_HOOKS_CALL,
     else 'wrap'): how a hooked module's forward is entered in blocks scope; see _hooks.ModuleHooks.
     """

@@ -152,8 +152,11 @@ class ModuleHooks:
         # Which hooked modules mark their backward (blocks scope): each marker costs a grad_fn
         # pre-hook registered in forward and a Python callback in backward, about three quarters of
         # a hooked call's cost. layers: the root, each repeated layer and every module a policy rule
-        # matches (the engine reloads by the selected module and its layer); hooked: all of them.
+        # matches (the engine reloads by the selected module and its layer); hooked: all of them;
+        # none: no module (observe mode, where nothing reads them). all scope marks every module
+        # unless none.
         self.backward = backward or _mode.LAYERS
+        self._marks_every_module = self.scope == _mode.ALL and self.backward != _mode.NONE
         # wrap: hooked modules (blocks scope) are entered through a forward wrapper on the instance
         # instead of torch's hooks (see the module docstring). One wrapper function per class
         # forward, bound to each module; `wrapped` holds the modules that have one.
@@ -299,7 +302,10 @@ class ModuleHooks:
         return marked
 
     def _hook_tree(self, root):
-        marked = None if self.backward == _mode.HOOKED else self.marked_modules(root)
+        if self.backward == _mode.NONE:
+            marked = set()
+        else:
+            marked = None if self.backward == _mode.HOOKED else self.marked_modules(root)
         added = []
         for module in self.selected_modules(root):
             if module in self.hooked:
@@ -572,7 +578,7 @@ class ModuleHooks:
                 while len(stack) > index:
                     stack.pop()
                     self._pop()
-            if torch.is_grad_enabled() and (self.scope == _mode.ALL or module.__dict__.get(_MARK_ATTR)):
+            if torch.is_grad_enabled() and (self._marks_every_module or module.__dict__.get(_MARK_ATTR)):
                 self._hook_backward(module.__dict__.get(_NAME_ATTR) or type(module).__name__, output)
             if not stack:
                 self._local.nodes = {}

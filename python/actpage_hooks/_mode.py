@@ -17,10 +17,12 @@ BLOCKS = "blocks"
 ALL = "all"
 _LIBRARY_SCOPES = {0: BLOCKS, 1: ALL}
 
-# python_hooks_backward: which hooked modules mark their backward pass (blocks scope).
+# python_hooks_backward: which hooked modules mark their backward pass (blocks scope). The library
+# answers with auto resolved by its mode (offload: layers, observe: none).
 LAYERS = "layers"
 HOOKED = "hooked"
-_LIBRARY_BACKWARD = {0: LAYERS, 1: HOOKED}
+NONE = "none"
+_LIBRARY_BACKWARD = {0: LAYERS, 1: HOOKED, 2: NONE}
 
 # python_hooks_call: how a hooked module's forward is entered.
 HOOKS = "hooks"
@@ -67,13 +69,14 @@ def _library_choice(symbol, choices, default):
     return None if query is None else choices.get(int(query()), default)
 
 
-def _resolve_choice(library, environ, variable, other, default):
-    """The library's answer, else `other` when the environment variable names it, else `default`."""
+def _resolve_choice(library, environ, variable, others, default):
+    """The library's answer, else the word of `others` the environment variable names, else `default`."""
     answer = library()
     if answer is not None:
         return answer
     environ = os.environ if environ is None else environ
-    return other if environ.get(variable, "").strip().lower() == other else default
+    word = environ.get(variable, "").strip().lower()
+    return word if word in others else default
 
 
 def library_scope():
@@ -83,7 +86,7 @@ def library_scope():
 
 def resolve_scope(library=None, environ=None):
     """The effective scope: the library's answer, else ACTPAGE_PYTHON_HOOKS_SCOPE, else blocks."""
-    return _resolve_choice(library or library_scope, environ, "ACTPAGE_PYTHON_HOOKS_SCOPE", ALL, BLOCKS)
+    return _resolve_choice(library or library_scope, environ, "ACTPAGE_PYTHON_HOOKS_SCOPE", (ALL,), BLOCKS)
 
 
 def library_backward():
@@ -92,8 +95,10 @@ def library_backward():
 
 
 def resolve_backward(library=None, environ=None):
-    """Which modules mark backward: the library's answer, else ACTPAGE_PYTHON_HOOKS_BACKWARD, else layers."""
-    return _resolve_choice(library or library_backward, environ, "ACTPAGE_PYTHON_HOOKS_BACKWARD", HOOKED, LAYERS)
+    """Which modules mark backward: the library's answer, else ACTPAGE_PYTHON_HOOKS_BACKWARD (hooked or
+    none), else layers. Without the library there is no mode to resolve auto by: layers."""
+    return _resolve_choice(library or library_backward, environ, "ACTPAGE_PYTHON_HOOKS_BACKWARD", (HOOKED, NONE),
+                           LAYERS)
 
 
 def library_call():
@@ -103,7 +108,7 @@ def library_call():
 
 def resolve_call(library=None, environ=None):
     """How hooked modules are entered: the library's answer, else ACTPAGE_PYTHON_HOOKS_CALL, else wrap."""
-    return _resolve_choice(library or library_call, environ, "ACTPAGE_PYTHON_HOOKS_CALL", HOOKS, WRAP)
+    return _resolve_choice(library or library_call, environ, "ACTPAGE_PYTHON_HOOKS_CALL", (HOOKS,), WRAP)
 
 
 def library_rule_matcher():

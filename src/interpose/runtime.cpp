@@ -389,7 +389,7 @@ int python_hooks_scope() noexcept {
 int python_hooks_backward() noexcept {
   const Options* options = loaded_options();
   return options == nullptr ? static_cast<int>(PythonHooksBackward::layers)
-                            : static_cast<int>(options->python_hooks_backward);
+                            : static_cast<int>(policy::effective_python_hooks_backward(*options));
 }
 
 int python_hooks_call() noexcept {

@@ -35,7 +35,8 @@ const Options* loaded_options() noexcept;
 int python_hooks_mode() noexcept;
 // The python_hooks_scope option (0 blocks, 1 all); blocks when the policy failed to load.
 int python_hooks_scope() noexcept;
-// The python_hooks_backward option (0 layers, 1 hooked); layers when the policy failed to load.
+// The python_hooks_backward option with auto resolved (0 layers, 1 hooked, 2 none; see
+// policy::effective_python_hooks_backward); layers when the policy failed to load.
 int python_hooks_backward() noexcept;
 // The python_hooks_call option (0 hooks, 1 wrap); wrap when the policy failed to load.
 int python_hooks_call() noexcept;

@@ -167,6 +167,18 @@ Result<PlanResult> plan(const trace::TraceFile& trace, const Goal& goal, const P
                   trace.source + ": no module ranges in numbered layers (model.layers.N...) to offload: is it an "
                                  "observe-only trace of a job run with actpage's hooks?");
   }
+  // The replay brings activations back at their modules' backward markers: without any, every
+  // candidate would look free in backward.
+  const bool has_markers = std::any_of(trace.ranges.begin(), trace.ranges.end(), [&](const auto& range) {
+    const trace::ResolvedPath* path = trace.path(range.data.path_id);
+    return path != nullptr && path->backward;
+  });
+  if (!has_markers) {
+    return Status(ErrorCode::invalid_argument,
+                  trace.source + ": no backward markers (\"<module>.backward\" ranges) to time the reloads by. In "
+                                 "observe mode the Python hooks mark no backward unless asked: record the trace "
+                                 "again with ACTPAGE_PYTHON_HOOKS_BACKWARD=layers (python_hooks_backward: \"layers\")");
+  }
   for (const auto& k : kinds) search.result.kinds.push_back(k.kind);
   search.result.layers = search.total_layers;
   const std::uint32_t all = search.total_layers;

@@ -45,8 +45,11 @@ struct EnumNames<PythonHooksScope> {
 };
 template <>
 struct EnumNames<PythonHooksBackward> {
-  static constexpr std::array<std::pair<PythonHooksBackward, std::string_view>, 2> values{
-      {{PythonHooksBackward::layers, "layers"}, {PythonHooksBackward::hooked, "hooked"}}};
+  static constexpr std::array<std::pair<PythonHooksBackward, std::string_view>, 4> values{
+      {{PythonHooksBackward::automatic, "auto"},
+       {PythonHooksBackward::layers, "layers"},
+       {PythonHooksBackward::hooked, "hooked"},
+       {PythonHooksBackward::none, "none"}}};
 };
 template <>
 struct EnumNames<PythonHooksCall> {

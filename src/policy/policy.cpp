@@ -256,6 +256,11 @@ LoadResult load_text(std::string_view text, const std::string& source_name, cons
   }
 }
 
+PythonHooksBackward effective_python_hooks_backward(const Options& options) {
+  if (options.python_hooks_backward != PythonHooksBackward::automatic) return options.python_hooks_backward;
+  return options.mode == Mode::observe ? PythonHooksBackward::none : PythonHooksBackward::layers;
+}
+
 std::string to_json(const Options& options) {
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   for (const OptionCodec& codec : option_codecs()) {

@@ -62,6 +62,12 @@ std::string value_text(const Options& options, std::string_view json_key);
 // in result.sources, else "default".
 std::string source_of(const LoadResult& result, std::string_view json_key);
 
+// Which modules the Python hooks mark in backward, with auto resolved: the markers tell the engine
+// when to bring a module's activations back, so offload mode needs them (layers) and observe mode,
+// where nothing reads them, goes without (none: each marker costs a hook registration in forward
+// and a Python callback in backward). Never returns automatic.
+PythonHooksBackward effective_python_hooks_backward(const Options& options);
+
 // Expands %p (pid) and %r (rank) in a trace path; "%%" is a literal '%'; any other %x (and a
 // trailing %) is kept as written.
 std::string expand_path_pattern(std::string_view pattern, long pid, int rank);

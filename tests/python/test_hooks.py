@@ -258,6 +258,36 @@ class BackwardMarkerTest(HookTestCase):
         self.assertEqual(self.rec.backward_names(), ["Twice.backward", "lin.backward", "lin.backward"])
 
 
+class NoBackwardMarkersTest(unittest.TestCase):
+    """python_hooks_backward none (what auto gives observe mode): the forward ranges as before and no
+    marker in backward, in either scope; the results are unchanged."""
+
+    def run_tiny(self, scope, backward):
+        actpage_hooks.uninstall()
+        torch.manual_seed(0)
+        rec = RangeRecorder()
+        hooks = _hooks.ModuleHooks(_mode.ON, push=rec.push, pop=rec.pop, scope=scope, backward=backward).install()
+        try:
+            model = Tiny()
+            x = torch.randn(5, 4)
+            out = model(x)
+            out.sum().backward()
+            return rec, out.detach(), model.layers[0].mlp.fc1.weight.grad.clone()
+        finally:
+            hooks.remove()
+
+    def test_none_pushes_the_forward_ranges_and_no_marker(self):
+        for scope in (_mode.BLOCKS, _mode.ALL):
+            marked, marked_out, marked_grad = self.run_tiny(scope, _mode.LAYERS)
+            unmarked, out, grad = self.run_tiny(scope, _mode.NONE)
+            self.assertTrue(marked.backward_names(), scope)  # the same model marks with layers
+            self.assertEqual(unmarked.backward_names(), [], scope)
+            self.assertEqual(unmarked.forward_names(), marked.forward_names(), scope)
+            self.assertEqual(unmarked.depth, 0, scope)
+            self.assertTrue(torch.equal(out, marked_out), scope)
+            self.assertTrue(torch.equal(grad, marked_grad), scope)
+
+
 class BackwardMarkerTensorHookTest(BackwardMarkerTest):
     """The fallback for torch without grad_fn pre-hooks: hooks on the output tensors."""
 
@@ -420,6 +450,12 @@ class OptionResolutionTest(unittest.TestCase):
         self.assertEqual(_mode.resolve_backward(library=lambda: None,
                                                 environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": " Hooked "}), _mode.HOOKED)
         self.assertEqual(_mode.resolve_backward(library=lambda: None, environ={}), _mode.LAYERS)
+        self.assertEqual(_mode.resolve_backward(library=lambda: _mode.NONE, environ={}), _mode.NONE)
+        self.assertEqual(_mode.resolve_backward(library=lambda: None,
+                                                environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": "none"}), _mode.NONE)
+        # auto needs the library's mode: without the library it falls back to layers.
+        self.assertEqual(_mode.resolve_backward(library=lambda: None,
+                                                environ={"ACTPAGE_PYTHON_HOOKS_BACKWARD": "auto"}), _mode.LAYERS)
         self.assertEqual(_mode.resolve_call(library=lambda: None, environ={}), _mode.WRAP)
         self.assertEqual(_mode.resolve_call(library=lambda: None, environ={"ACTPAGE_PYTHON_HOOKS_CALL": "hooks"}),
                          _mode.HOOKS)

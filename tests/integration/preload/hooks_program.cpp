@@ -15,6 +15,7 @@
 //        hooks_program fork PARENT_MANIFEST CHILD_MANIFEST
 //        hooks_program env OUTPUT            (writes PYTORCH_CUDA_ALLOC_CONF)
 //        hooks_program active OUTPUT         (writes actpage_is_active() and actpage_python_hooks_mode())
+//        hooks_program hooks-backward OUTPUT (writes actpage_python_hooks_backward())
 //        hooks_program loop SECONDS          (allocates and frees inside ranges until SECONDS passed,
 //                                             prints "running" after the first round: a job to kill)
 #include <dlfcn.h>
@@ -533,6 +534,10 @@ int main(int argc, char** argv) {
     return write_text(argv[2], std::to_string(is_active != nullptr ? is_active() : -1) + " " +
                                    std::to_string(hooks_mode != nullptr ? hooks_mode() : -1) + " " +
                                    (allocated ? "allocated" : "failed"));
+  }
+  if (mode == "hooks-backward" && argc == 3) {
+    auto backward = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "actpage_python_hooks_backward"));
+    return write_text(argv[2], std::to_string(backward != nullptr ? backward() : -1));
   }
   if (mode == "paused" && argc == 3) {
     // 1 MiB recorded, 2 MiB while recording is paused, 3 MiB after it resumed: each allocated and

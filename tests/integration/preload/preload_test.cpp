@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "interpose/symbols.hpp"
@@ -238,6 +239,21 @@ TEST_F(PreloadTest, APolicyWithRulesIsLoadedCleanlyByTheLibraryConstructor) {
   EXPECT_EQ(read_text(output), "1 1 allocated");
   EXPECT_EQ(outcome.err.find("error"), std::string::npos) << outcome.err;
   EXPECT_EQ(trace_files_in(dir_).size(), 1u);
+}
+
+TEST_F(PreloadTest, TheHooksMarkBackwardOnlyWhenTheLibraryPages) {
+  // python_hooks_backward auto: none (2) in observe mode, layers (0) in offload mode; a value the
+  // environment sets stands (hooked, 1).
+  const fs::path output = dir_ / "backward.txt";
+  for (const auto& [mode, setting, expected] :
+       {std::tuple{"observe", "", "2"}, std::tuple{"offload", "", "0"}, std::tuple{"observe", "hooked", "1"}}) {
+    auto env = preloaded_env();
+    env["ACTPAGE_MODE"] = mode;
+    if (*setting != '\0') env["ACTPAGE_PYTHON_HOOKS_BACKWARD"] = setting;
+    const Outcome outcome = run(dir_, {kProgram.string(), "hooks-backward", output.string()}, env);
+    ASSERT_EQ(outcome.code, 0) << outcome.err;
+    EXPECT_EQ(read_text(output), expected) << mode << " " << setting;
+  }
 }
 
 TEST_F(PreloadTest, ABadPolicyIsReportedAndTheJobRunsWithoutActpage) {

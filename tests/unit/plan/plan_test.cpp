@@ -104,8 +104,9 @@ TEST(CalibrateCommand, FailsCleanlyWithoutAGpu) {
 }
 
 // Four layers on thread 1 (attention 8 MiB, MLP 2 x 16 MiB each; 20 ms between events, so that a
-// 16 MiB copy at 1 GB/s fits between them), a backward on thread 2 with markers; three iterations.
-trace::TraceFile planning_trace() {
+// 16 MiB copy at 1 GB/s fits between them), a backward on thread 2 with markers (unless not
+// `markers`); three iterations.
+trace::TraceFile planning_trace(bool markers = true) {
   trace::TraceBuilder b;
   constexpr std::uint64_t ms = 1000000;
   b.at(0, 1);
@@ -136,6 +137,10 @@ trace::TraceFile planning_trace() {
     t += 100 * ms;
     for (int layer = 3; layer >= 0; --layer) {
       for (const char* module : {"mlp", "self_attn"}) {
+        if (!markers) {
+          t += 51 * ms;
+          continue;
+        }
         const std::uint32_t marker =
             b.path("model.layers." + std::to_string(layer) + "." + module + ".backward", trace::kPathBackward);
         b.at(t += 50 * ms, 2).range_push(marker);
@@ -221,6 +226,19 @@ TEST(Planner, ASlowdownBudgetGetsTheLowestPeakWithinIt) {
       EXPECT_LE(chosen.slowdown, budget);
     }
   }
+}
+
+TEST(Planner, ATraceWithoutBackwardMarkersIsAnErrorSayingHowToRecordOne) {
+  const engine::CostModel costs = test_costs();
+  Goal goal;
+  goal.target_peak_bytes = 120 * MiB;
+  ASSERT_TRUE(plan(planning_trace(true), goal, small_options(costs)).ok());
+  auto planned = plan(planning_trace(false), goal, small_options(costs));
+  ASSERT_FALSE(planned.ok());
+  EXPECT_NE(planned.status().message().find("planning.trace: no backward markers"), std::string::npos)
+      << planned.status().message();
+  EXPECT_NE(planned.status().message().find("ACTPAGE_PYTHON_HOOKS_BACKWARD=layers"), std::string::npos)
+      << planned.status().message();
 }
 
 TEST(Planner, ATraceWithoutLayersIsAnErrorSayingWhy) {

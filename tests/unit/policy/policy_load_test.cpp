@@ -158,6 +158,7 @@ TEST(Defaults, AreTheValuesOfOptionListDef) {
   EXPECT_EQ(defaults.vmm_arena_bytes, 1ull << 40);
   EXPECT_EQ(defaults.backward_ranges, std::vector<std::string>{"*.backward"});
   EXPECT_EQ(defaults.python_hooks, PythonHooks::automatic);
+  EXPECT_EQ(defaults.python_hooks_backward, PythonHooksBackward::automatic);
   EXPECT_TRUE(defaults.set_alloc_backend);
   EXPECT_EQ(defaults.trace_path, "");
   EXPECT_EQ(defaults.trace_sample_ms, 2u);
@@ -621,6 +622,30 @@ TEST(ToJson, RoundTripsEveryOptionChanged) {
   EXPECT_EQ(to_json(second.options), printed);
   // Prove the comparison sees differences: the round-tripped options are not the defaults.
   EXPECT_NE(printed, to_json(Options::defaults()));
+}
+
+TEST(EffectivePythonHooksBackward, AutoMarksLayersWhenPagingAndNothingWhenObserving) {
+  // auto: the engine reloads by the markers in offload mode; in observe mode nothing reads them.
+  for (const char* mode : {"observe", "offload"}) {
+    const LoadResult result = load_policy(std::string(R"({"version": 1, "mode": ")") + mode + "\"}");
+    ASSERT_TRUE(result.ok()) << all_errors(result);
+    EXPECT_EQ(effective_python_hooks_backward(result.options),
+              std::string(mode) == "observe" ? PythonHooksBackward::none : PythonHooksBackward::layers)
+        << mode;
+  }
+  // A value set by the policy or the environment stands in either mode.
+  for (const auto& [text, expected] : {std::pair{"layers", PythonHooksBackward::layers},
+                                       std::pair{"hooked", PythonHooksBackward::hooked},
+                                       std::pair{"none", PythonHooksBackward::none}}) {
+    const LoadResult observing = load_policy(R"({"version": 1, "mode": "observe"})",
+                                             {{"ACTPAGE_PYTHON_HOOKS_BACKWARD", text}});
+    ASSERT_TRUE(observing.ok()) << all_errors(observing);
+    EXPECT_EQ(effective_python_hooks_backward(observing.options), expected) << text;
+    const LoadResult paging =
+        load_policy(std::string(R"({"version": 1, "python_hooks_backward": ")") + text + "\"}");
+    ASSERT_TRUE(paging.ok()) << all_errors(paging);
+    EXPECT_EQ(effective_python_hooks_backward(paging.options), expected) << text;
+  }
 }
 
 TEST(ExpandPathPattern, ReplacesPidRankAndPercent) {

@@ -56,6 +56,16 @@ TEST(ShippedConfig, ObserveOnlyTagsAndTraces) {
   EXPECT_FALSE(options.trace_path.empty());
 }
 
+TEST(ShippedConfig, ObserveForPlanTracesWithBackwardMarkers) {
+  // actpage plan times reloads by the markers, which observe mode otherwise goes without.
+  const Options options = load_config("observe-for-plan.json");
+  EXPECT_EQ(options.mode, Mode::observe);
+  EXPECT_TRUE(options.modules.empty());
+  EXPECT_FALSE(options.trace_path.empty());
+  EXPECT_EQ(policy::effective_python_hooks_backward(options), PythonHooksBackward::layers);
+  EXPECT_EQ(policy::effective_python_hooks_backward(load_config("observe.json")), PythonHooksBackward::none);
+}
+
 TEST(ShippedConfig, LlamaMlp) {
   const ModuleMatcher matcher(load_config("llama-mlp.json"));
   EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
