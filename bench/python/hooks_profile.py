@@ -29,8 +29,25 @@ from actpage_hooks import _hooks  # noqa: E402
 # paused: no hooks, no wrappers (the job as without actpage's Python side). on: as a job runs.
 # bare: wrappers and the root's hooks in place but doing nothing (the cost of being in the call path).
 # noop-ranges: everything but the NVTX calls. no-markers: no backward markers. no-pass: without the
-# library's forward-pass calls (ctypes: they release and retake the GIL).
-VARIANTS = ("paused", "on", "bare", "noop-ranges", "no-markers", "no-pass")
+# library's forward-pass calls (ctypes: they release and retake the GIL). minimal: instead of the
+# wrappers, the least a Python wrapper can do (a closure per module: push, call, pop in a finally),
+# the floor of any Python-level way of pushing ranges.
+VARIANTS = ("paused", "on", "bare", "noop-ranges", "no-markers", "no-pass", "minimal")
+
+
+def minimal_wrapper(module, push, pop):
+    """A closure that pushes the module's range around its class's forward, and nothing else."""
+    original = type(module).forward
+    name = module.__dict__.get(_hooks._NAME_ATTR) or type(module).__name__
+
+    def forward(*args, **kwargs):
+        push(name)
+        try:
+            return original(module, *args, **kwargs)
+        finally:
+            pop()
+
+    return forward
 
 
 def build_fake(layers):
@@ -200,8 +217,19 @@ def main():
     custom = hooks._custom_functions
     real_pass = hooks._begin_pass, hooks._set_backward_pass
 
+    minimal = {}
+
     def set_variant(variant):
+        for module, bound in minimal.items():  # the wrappers back where minimal replaced them
+            module.__dict__["forward"] = bound
+        minimal.clear()
         actpage_hooks.set_paused(variant == "paused")
+        if variant == "minimal":
+            hooks.pushing = False  # the root's torch hooks do nothing either
+            for module in list(hooks.wrapped):
+                minimal[module] = module.__dict__["forward"]
+                module.__dict__["forward"] = minimal_wrapper(module, real_push, real_pop)
+            return
         if variant == "noop-ranges":
             hooks.set_range_functions(lambda name: None, lambda: None)
         else:
