@@ -96,6 +96,18 @@ class MicroBatchTest(unittest.TestCase):
             self.assertTrue(self.passes.marked)
             self.assertEqual({forward_id for _, forward_id in self.passes.marked}, {expected})
 
+    def test_without_markers_no_forward_pass_is_announced(self):
+        # python_hooks_backward none (observe mode's default): the ids would serve no marker.
+        actpage_hooks.uninstall()
+        ranges = RangeRecorder()
+        passes = PassRecorder(ranges)
+        actpage_hooks.install(mode=_mode.ON, push=passes.push, pop=ranges.pop, scope=_mode.ALL,
+                              pass_functions=(passes.begin, passes.set_backward), backward=_mode.NONE)
+        Stage()(torch.randn(2, 8, requires_grad=True)).sum().backward()
+        self.assertEqual(passes.begun, [])
+        self.assertIn("layers.0.mlp", ranges.forward_names())
+        self.assertEqual(ranges.backward_names(), [])
+
     def test_without_the_library_markers_are_pushed_unchanged(self):
         actpage_hooks.uninstall()
         ranges = RangeRecorder()
