@@ -14,37 +14,13 @@ import argparse
 import ctypes
 import json
 import os
-import random
-import statistics
 import sys
 import time
 
-
-def abba_recorded(index):
-    """Block `index` is recorded in the order R P P R R P P R ...: a drift favours neither side."""
-    first_recorded = (index // 2) % 2 == 0
-    return first_recorded if index % 2 == 0 else not first_recorded
-
-
-def pairs_of(times, recorded):
-    """(recorded, paused) per consecutive pair of blocks."""
-    pairs = []
-    for first in range(0, len(times) - 1, 2):
-        a, b = times[first], times[first + 1]
-        if recorded[first] == recorded[first + 1]:
-            continue
-        pairs.append((a, b) if recorded[first] else (b, a))
-    return pairs
-
-
-def median_ratio(pairs):
-    return statistics.median(r / p for r, p in pairs)
-
-
-def bootstrap(pairs, rounds=2000, seed=1):
-    rng = random.Random(seed)
-    values = sorted(median_ratio([rng.choice(pairs) for _ in pairs]) for _ in range(rounds))
-    return values[int(0.025 * rounds)], values[int(0.975 * rounds) - 1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+# The example jobs' --alternate-actpage order (ABBA) and pair statistics (median of the pairs'
+# ratios, its bootstrap interval), on blocks instead of steps.
+from common import alternate_recorded, alternate_summary  # noqa: E402
 
 
 def library_switch():
@@ -101,35 +77,31 @@ def main(argv=None):
         torch.cuda.synchronize(device)
         return y
 
-    recorded, times = [], []
-    for index in range(-args.warmup, args.blocks):
-        on = abba_recorded(index) if index >= 0 else index % 2 == 0
+    recorded, times_ms = [], []
+    for index in range(args.warmup + args.blocks):
+        on = alternate_recorded(index, args.warmup)
         switch(1 if on else 0)
         start = time.perf_counter()
         block()
-        elapsed = time.perf_counter() - start
-        if index >= 0:
-            recorded.append(on)
-            times.append(elapsed)
+        times_ms.append((time.perf_counter() - start) * 1e3)
+        recorded.append(on)
     switch(1)
 
-    pairs = pairs_of(times, recorded)
-    ratio = median_ratio(pairs)
-    low, high = bootstrap(pairs)
-    paused_ms = statistics.median(p for _, p in pairs) * 1e3
-    recorded_ms = statistics.median(r for r, _ in pairs) * 1e3
+    summary = alternate_summary(times_ms, recorded, args.warmup)
+    ratio, interval = summary["paired_ratio_median"], summary["paired_ratio_ci95"]
+    recorded_ms, paused_ms = summary["recorded_median_ms"], summary["paused_median_ms"]
     per_op_ns = (recorded_ms - paused_ms) / args.ops * 1e6
     result = {
-        "pairs": len(pairs), "ops": args.ops, "ranges_every": every,
+        "pairs": summary["pairs"], "ops": args.ops, "ranges_every": every,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "sample_ms": os.environ.get("ACTPAGE_TRACE_SAMPLE_MS", "default"),
-        "paused_block_ms": round(paused_ms, 4), "recorded_block_ms": round(recorded_ms, 4),
-        "ratio": round(ratio, 4), "ratio_ci95": [round(low, 4), round(high, 4)],
+        "paused_block_ms": paused_ms, "recorded_block_ms": recorded_ms,
+        "ratio": ratio, "ratio_ci95": interval,
         "added_ns_per_op": round(per_op_ns, 1),
     }
-    print("recording cost: recorded/paused x%.4f [%.4f, %.4f] over %d pairs; block %.3f / %.3f ms; "
+    print("recording cost: recorded/paused x%s %s over %d pairs; block %.3f / %.3f ms; "
           "%+.1f ns per op (%d ops a block, ranges every %s)" % (
-              ratio, low, high, len(pairs), recorded_ms, paused_ms, per_op_ns, args.ops, every or "-"))
+              ratio, interval, summary["pairs"], recorded_ms, paused_ms, per_op_ns, args.ops, every or "-"))
     print("RECORDING_COST " + json.dumps(result))
     if args.json:
         with open(args.json, "w") as out:
