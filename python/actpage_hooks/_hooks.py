@@ -145,10 +145,6 @@ class ModuleHooks:
         # Forward-call ids for micro-batches (see the module docstring): the library's functions,
         # or a pair of stand-ins (tests).
         self._begin_pass, self._set_backward_pass = pass_functions or _library_pass_functions()
-        if backward == _mode.NONE:
-            # The ids serve only the markers (which group a marker reloads): without markers the
-            # library's call per outermost forward (a ctypes call, ~10 us on the H100 machine) is spared.
-            self._begin_pass = self._set_backward_pass = None
         # blocks: only the model, modules with children, the direct children of each repeated layer
         # and modules a policy rule names get hooks; the other leaves keep torch's fast call path
         # (global hooks would push every module call through the slow one). all: every module.
@@ -161,6 +157,10 @@ class ModuleHooks:
         # unless none.
         self.backward = backward or _mode.LAYERS
         self._marks_every_module = self.scope == _mode.ALL and self.backward != _mode.NONE
+        if self.backward == _mode.NONE:
+            # The ids serve only the markers (which group a marker reloads): without markers the
+            # library's call per outermost forward (a ctypes call, ~10 us on the H100 machine) is spared.
+            self._begin_pass = self._set_backward_pass = None
         # wrap: hooked modules (blocks scope) are entered through a forward wrapper on the instance
         # instead of torch's hooks (see the module docstring). One wrapper function per class
         # forward, bound to each module; `wrapped` holds the modules that have one.
@@ -308,8 +308,10 @@ class ModuleHooks:
     def _hook_tree(self, root):
         if self.backward == _mode.NONE:
             marked = set()
+        elif self.backward == _mode.HOOKED:
+            marked = None  # every hooked module
         else:
-            marked = None if self.backward == _mode.HOOKED else self.marked_modules(root)
+            marked = self.marked_modules(root)
         added = []
         for module in self.selected_modules(root):
             if module in self.hooked:
