@@ -10,6 +10,8 @@
 #   paging   Llama MLPs (all but the last 2 layers) and Qwen3-MoE experts, 20 steps (paging)
 #   safety   an unsafe policy (release at the MLP's own end): caught by poison, survived by host_mapped
 #   graph    a CUDA-graph-captured training step under actpage
+#   compile  the hooks' C forward (actpage_hooks._fastrange) under actpage run: eager results
+#            unchanged, torch.compile traces through it (fullgraph toy, same graphs and loss on a Llama)
 #   hookbench the Python hooks' own cost per module call, both scopes
 #   diagnose the Llama job plain, observe-only, and offloading with one factor changed at a time
 #   probe-vmm which VMM calls wait for the device, and whether one unmap may span mappings
@@ -313,6 +315,11 @@ PY
       check graph-actpage "$actpage" run --policy config/llama-mlp.json -- \
         "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
       "$python" scripts/gpu_report.py pair "$out/graph-plain.log" "$out/graph-actpage.log" --json "$out/graph.json" || failed=1
+      ;;
+    compile)
+      say "compile: the C forward in eager and under torch.compile (examples/check_compile.py)"
+      check compile "$actpage" run --policy config/observe.json -- "$python" examples/check_compile.py
+      grep -E "C forward|no transformers|eager:|toy:|explain|compiled loss|stand-in|FAILED|check:" "$out/compile.log"
       ;;
     diagnose)
       say "diagnose: where the time goes (Llama 16 layers, one factor changed at a time)"

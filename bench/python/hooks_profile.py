@@ -31,8 +31,9 @@ from actpage_hooks import _hooks  # noqa: E402
 # noop-ranges: everything but the NVTX calls. no-markers: no backward markers. no-pass: without the
 # library's forward-pass calls (ctypes: they release and retake the GIL). minimal: instead of the
 # wrappers, the least a Python wrapper can do (a closure per module: push, call, pop in a finally),
-# the floor of any Python-level way of pushing ranges.
-VARIANTS = ("paused", "on", "bare", "noop-ranges", "no-markers", "no-pass", "minimal")
+# the floor of any Python-level way of pushing ranges. python: as on, but the modules that the C
+# forward (actpage_hooks._fastrange) enters get the Python wrapper instead (how the hooks ran before it).
+VARIANTS = ("paused", "on", "bare", "noop-ranges", "no-markers", "no-pass", "minimal", "python")
 
 
 def minimal_wrapper(module, push, pop):
@@ -196,6 +197,9 @@ def main():
                         help="comma-separated, from: %s (paused is always measured)" % ", ".join(VARIANTS))
     parser.add_argument("--own-time", type=int, default=0, metavar="STEPS",
                         help="after the rounds, time the hooks' own work over STEPS steps (OwnTime)")
+    parser.add_argument("--block", type=int, default=1,
+                        help="steps per variant in a round; with more than 1 the first step after a switch is "
+                             "not counted (what switching costs stays out)")
     parser.add_argument("--sampler-ms", type=float, default=0.0,
                         help="run the example jobs' Python memory sampler thread at this interval (0: none)")
     args = parser.parse_args()
@@ -205,8 +209,13 @@ def main():
         parser.error("unknown variants: %s" % ", ".join(unknown))
 
     hooks = actpage_hooks.installed()
-    if hooks is None:  # not under `actpage run`: install them here, ranges going nowhere
-        hooks = actpage_hooks.install(mode="on", push=lambda name: None, pop=lambda: None)
+    if hooks is None:  # not under `actpage run`: install them here, ranges going nowhere (NVTX without
+        # an injection library, through the C extension; else no-op functions) and, as in observe mode,
+        # without backward markers
+        if _hooks._fastrange is not None:
+            hooks = actpage_hooks.install(mode="on", force=True, backward="none", pass_functions=(None, None))
+        else:
+            hooks = actpage_hooks.install(mode="on", push=lambda name: None, pop=lambda: None)
     model, compute_loss, device = build_fake(args.layers) if args.fake else build_qwen(args.layers, args.seq, args.batch)
 
     def sync():
@@ -218,11 +227,15 @@ def main():
     real_pass = hooks._begin_pass, hooks._set_backward_pass
 
     minimal = {}
+    has_fast = getattr(hooks, "_fast_module", None) is not None
+    print("C forward: %s" % ("available" if has_fast else "not available (python = on)"))
 
     def set_variant(variant):
         for module, bound in minimal.items():  # the wrappers back where minimal replaced them
             module.__dict__["forward"] = bound
         minimal.clear()
+        if has_fast:
+            hooks.set_fast(variant != "python")
         actpage_hooks.set_paused(variant == "paused")
         if variant == "minimal":
             hooks.pushing = False  # the root's torch hooks do nothing either
@@ -280,17 +293,24 @@ def main():
         order = variants[shift:] + variants[:shift]  # rotated: no fixed position
         for variant in order:
             set_variant(variant)
-            fwd_ms, cpu_ms, step_ms = step()
-            forward[variant].append(fwd_ms)
-            forward_cpu[variant].append(cpu_ms)
-            total[variant].append(step_ms)
+            for index in range(max(1, args.block)):
+                fwd_ms, cpu_ms, step_ms = step()
+                if args.block > 1 and index == 0:
+                    continue  # the step right after the switch
+                forward[variant].append(fwd_ms)
+                forward_cpu[variant].append(cpu_ms)
+                total[variant].append(step_ms)
     set_variant("on")
     if args.own_time > 0:
+        if has_fast:
+            hooks.set_fast(False)  # the shims time the Python wrapper's pieces
         own = OwnTime(hooks).install()
         for _ in range(args.own_time):
             step()
         own.remove()
         own.report(args.own_time)
+        if has_fast:
+            hooks.set_fast(True)
     if sampler is not None:
         sampler.stop()
         print("memory sampler: %d samples every %.1f ms" % (sampler.samples, args.sampler_ms))

@@ -30,11 +30,23 @@ original as `__wrapped__`, so inspect.signature(module.forward) is unchanged, it
 under copy.deepcopy, and it goes on removal. The model's root, whose first call is the one that finds
 the tree, and modules whose forward is already replaced on the instance (accelerate) keep hooks.
 
+Without a Python frame (_fastrange): where the package's C extension is built, a hooked module that
+marks no backward gets, instead of the Python wrapper, a _FastForward: functools.partial(
+_fastrange.forward, module), which pushes the range, calls the class's forward and pops the range in
+C (a Python frame costs ~10 us amid a training step on a slow host; docs/performance.md). It looks
+like the bound method it replaces (__self__, __func__, __wrapped__, inspect.signature, pickling, deep
+copies). Whatever the C path does not handle (before the first call decides, custom range functions,
+marked modules, hooks turned off) it hands to the Python wrapper. torch.compile cannot trace C: a
+Python stand-in that calls the class's forward is registered with torch.compiler.substitute_in_graph
+once torch._dynamo is imported; torch 2.0-2.4 (no substitute_in_graph) keep the Python wrapper.
+
 Every hook body is wrapped: an exception is reported once on stderr and never reaches the job.
 """
 
+import copy
 import dataclasses
 import functools
+import inspect
 import sys
 import threading
 import types
@@ -44,14 +56,22 @@ import torch
 
 from . import _log, _mode
 
+try:
+    from . import _fastrange  # built from python/ext/fastrange.cpp where Python's headers were found
+except ImportError:
+    _fastrange = None
+
 # Output containers are searched this far for tensors that need a backward marker.
 _MAX_OUTPUT_TENSORS = 64
 _MAX_OUTPUT_OBJECTS = 1024
 
 
 def _nvtx_functions():
-    """torch's own NVTX entry points, called directly (one Python frame less per range than
-    torch.cuda.nvtx.range_push), or its wrappers where the C module is not there."""
+    """The NVTX push and pop the hooks call: the C extension's (nvtxRangePushA/nvtxRangePop, no
+    pybind11 layer, and there on a CPU-only torch too), else torch's own entry points called directly
+    (one Python frame less per range than torch.cuda.nvtx.range_push), else its wrappers."""
+    if _fastrange is not None:
+        return _fastrange.push, _fastrange.pop
     try:
         from torch._C import _nvtx
         return _nvtx.rangePushA, _nvtx.rangePop
@@ -136,11 +156,85 @@ def _library_pass_functions():
     return begin, mark
 
 
+class _FastForward(functools.partial):
+    """A hooked module's forward entered through _fastrange.forward: partial(_fastrange.forward,
+    module), dressed as the bound method it replaces. The partial call is C all the way down."""
+
+    __slots__ = ()
+    __name__ = "forward"
+
+    @property
+    def __self__(self):
+        return self.args[0]
+
+    @property
+    def __func__(self):
+        return type(self.args[0]).forward
+
+    @property
+    def __wrapped__(self):
+        return types.MethodType(type(self.args[0]).forward, self.args[0])
+
+    @property
+    def __signature__(self):
+        return inspect.signature(self.__wrapped__)
+
+    # Pickled like a bound method: getattr(module, "forward") finds the class's again where it loads
+    # (and the module works without actpage there).
+    def __reduce__(self):
+        return (getattr, (self.args[0], "forward"))
+
+    # A deep copy of the module gets its own, bound to the copy (as a bound method would be).
+    def __deepcopy__(self, memo):
+        return type(self)(self.func, copy.deepcopy(self.args[0], memo))
+
+    def __repr__(self):
+        return "<actpage forward of %s>" % type(self.args[0]).__qualname__
+
+
+def _in_graph_forward(module, *args, **kwargs):
+    """What torch.compile traces in place of _fastrange.forward: the class's forward, no range (what
+    the Python wrapper does while compiling)."""
+    return type(module).forward(module, *args, **kwargs)
+
+
+_stand_in_lock = threading.Lock()
+_stand_in_state = {"registered": False, "failed": None}
+
+
+def _register_compile_stand_in(fast):
+    """Registers _in_graph_forward for fast.forward with torch.compiler.substitute_in_graph, once per
+    process. Returns None, or why it could not."""
+    with _stand_in_lock:
+        if _stand_in_state["registered"] or _stand_in_state["failed"]:
+            return _stand_in_state["failed"]
+        try:
+            torch.compiler.substitute_in_graph(fast.forward, skip_signature_check=True)(_in_graph_forward)
+            _stand_in_state["registered"] = True
+        except Exception as error:
+            _stand_in_state["failed"] = repr(error)
+        return _stand_in_state["failed"]
+
+
+def fast_forward_support(fast=None, torch_module=None):
+    """Whether a C forward (fast, default _fastrange) can be used with this torch: 'yes' (torch
+    without torch.compile), 'stand-in' (torch.compile traces a registered stand-in), or None (no
+    extension, or a torch.compile without substitute_in_graph)."""
+    fast = _fastrange if fast is None else fast
+    torch_module = torch if torch_module is None else torch_module
+    if not fast:
+        return None
+    if not hasattr(torch_module, "compile"):
+        return "yes"
+    compiler = getattr(torch_module, "compiler", None)
+    return "stand-in" if compiler is not None and hasattr(compiler, "substitute_in_graph") else None
+
+
 class ModuleHooks:
     """The installed global hooks. One instance per process (see actpage_hooks.install)."""
 
     def __init__(self, mode, push=None, pop=None, force=False, use_node_prehook=None, scope=None,
-                 rule_matches=None, pass_functions=None, backward=None, call=None):
+                 rule_matches=None, pass_functions=None, backward=None, call=None, fast=None):
         self.mode = mode
         # Forward-call ids for micro-batches (see the module docstring): the library's functions,
         # or a pair of stand-ins (tests).
@@ -167,6 +261,14 @@ class ModuleHooks:
         self.call = call or _mode.WRAP
         self._wrappers = {}
         self.wrapped = weakref.WeakSet()
+        # The C forward (see the module docstring): the _fastrange module, or None (fast=False, no
+        # extension, or a torch.compile that could not trace it). Process-wide state in the
+        # extension: the installed instance owns it.
+        fast = _fastrange if fast is None else fast
+        self._fast_module = fast if fast and fast_forward_support(fast) else None
+        self._fast = self._fast_module  # what _wrap uses now (set_fast)
+        self._fast_owner = False
+        self._stand_in_hook = None
         # Per hooked module (blocks scope): its torch hook handles, when it has hooks. Pausing
         # takes the hooks and wrappers off (set_paused) and resuming puts them back.
         self._module_handles = weakref.WeakKeyDictionary()
@@ -204,8 +306,15 @@ class ModuleHooks:
         def set_(self, value):
             setattr(self, attr, value)
             self.live = self._active and self._decided and self._pushing and not self._paused
+            self._sync_fast()
 
         return property(get, set_)
+
+    def _sync_fast(self):
+        """Tells the C forward whether it may push by itself: ranges live, NVTX's own functions."""
+        fast = self.__dict__.get("_fast_module")
+        if fast is not None and self.__dict__.get("_fast_owner"):
+            fast.set_enabled(self.live and not self._custom_functions)
 
     active = _flag("_active")
     paused = _flag("_paused")
@@ -238,8 +347,50 @@ class ModuleHooks:
             # that matter and removes itself: from then on unhooked modules run at full speed.
             self._discovery_handle = module_mod.register_module_forward_pre_hook(self._discover)
             self._handles.append(self._discovery_handle)
+        if self._fast_module is not None:
+            self._take_fast()
         self.active = True
         return self
+
+    def _take_fast(self):
+        """Makes the C forward this instance's: its fallback, and under a torch with torch.compile the
+        stand-in registered once torch._dynamo is imported."""
+        self._fast_module.configure(self._fast_fallback, _NAME_ATTR, _MARK_ATTR)
+        self._fast_owner = True
+        if fast_forward_support(self._fast_module) == "stand-in":
+            from . import _importhook
+
+            self._stand_in_hook = _importhook.install(self._on_dynamo_imported, "torch._dynamo")
+
+    def _on_dynamo_imported(self, _dynamo):
+        if self._fast_module is None:
+            return
+        failure = _register_compile_stand_in(self._fast_module)
+        if failure is not None:
+            _log.warn_once("stand-in", "torch.compile could not be given a stand-in for the C forward, "
+                           "hooked modules go back to the Python wrapper: %s" % failure)
+            self.set_fast(False)
+            self._fast_module.set_enabled(False)
+            self._fast_module = None  # for good
+
+    def set_fast(self, enabled):
+        """Enters the wrapped modules through the C forward (True, where available) or the Python
+        wrapper (False). Returns whether the C forward is in use. Safe inside a forward pass: calls
+        in progress finish on what they started with."""
+        self._fast = self._fast_module if enabled else None
+        for module in list(self.wrapped):
+            self._unwrap(module)
+            self.wrapped.discard(module)
+            self._wrap(module)
+        return self._fast is not None
+
+    def _fast_fallback(self, module, *args, **kwargs):
+        """What the C forward hands over when it does not push by itself: the Python wrapper."""
+        original = type(module).forward
+        wrapper = self._wrappers.get(original)
+        if wrapper is None:
+            wrapper = self._wrappers[original] = self._make_wrapper(original)
+        return wrapper(module, *args, **kwargs)
 
     def _discover(self, module, args):
         if not self.active:
@@ -369,10 +520,13 @@ class ModuleHooks:
         original = getattr(type(module), "forward", None)
         if not isinstance(original, types.FunctionType) or original is torch.nn.Module.forward:
             return False  # (a container's forward, which raises, is never called)
-        wrapper = self._wrappers.get(original)
-        if wrapper is None:
-            wrapper = self._wrappers[original] = self._make_wrapper(original)
-        module.__dict__["forward"] = types.MethodType(wrapper, module)
+        if self._fast is not None and not module.__dict__.get(_MARK_ATTR):
+            module.__dict__["forward"] = _FastForward(self._fast.forward, module)
+        else:  # (a module that marks its backward: the markers are the Python wrapper's work)
+            wrapper = self._wrappers.get(original)
+            if wrapper is None:
+                wrapper = self._wrappers[original] = self._make_wrapper(original)
+            module.__dict__["forward"] = types.MethodType(wrapper, module)
         self.wrapped.add(module)
         return True
 
@@ -451,7 +605,7 @@ class ModuleHooks:
     @staticmethod
     def _unwrap(module):
         bound = module.__dict__.get("forward")
-        if getattr(getattr(bound, "__func__", None), "_actpage_wrapper", False):
+        if isinstance(bound, _FastForward) or getattr(getattr(bound, "__func__", None), "_actpage_wrapper", False):
             del module.__dict__["forward"]
 
     def _unwrap_all(self):
@@ -470,6 +624,10 @@ class ModuleHooks:
                 pass
         self._handles = []
         self._unwrap_all()
+        if self._fast_module is not None and self._fast_owner:
+            self._fast_module.set_enabled(False)
+        if self._stand_in_hook is not None:
+            self._stand_in_hook.remove()
 
     def set_range_functions(self, push, pop):
         self._push = push or _real_push
@@ -477,6 +635,7 @@ class ModuleHooks:
         self._custom_functions = push is not None
         if self._custom_functions and self.decided and not self.pushing and self.disabled_reason is None:
             self.pushing = True
+        self._sync_fast()
 
     def deactivate(self, reason):
         """Turns every hook into a no-op (safe inside a forward pass, unlike remove())."""

@@ -4,12 +4,28 @@
 set(ACTPAGE_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
   "Python interpreter with torch (Debian's python3-torch) for the python tests")
 
-foreach(test_name hooks sitecustomize examples compare_runs bench plan_compare micro_batches distributed)
+# The tests import the package from the build tree (<build>/python: the copied sources and the C
+# forward, actpage_hooks._fastrange, where it was built). test_fastrange's end-to-end check also
+# runs a job under libactpage.so with the fake CUDA libraries of tests/integration/preload.
+set(ACTPAGE_TEST_FAKE_CUDA_PATH "")
+if(TARGET actpage_fake_cuda AND TARGET actpage_fake_cudart)
+  set(ACTPAGE_TEST_FAKE_CUDA_PATH "$<TARGET_FILE_DIR:actpage_fake_cuda>:$<TARGET_FILE_DIR:actpage_fake_cudart>")
+endif()
+set(actpage_python_test_env
+  "PYTHONDONTWRITEBYTECODE=1"
+  "ACTPAGE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+  "ACTPAGE_TEST_PYTHON=${ACTPAGE_TEST_PYTHON}"
+  "ACTPAGE_TEST_PYTHON_DIR=${PROJECT_BINARY_DIR}/python"
+  "ACTPAGE_TEST_LIBRARY=${PROJECT_BINARY_DIR}/lib/libactpage.so"
+  "ACTPAGE_TEST_CLI=$<TARGET_FILE:actpage>"
+  "ACTPAGE_TEST_FAKE_CUDA_PATH=${ACTPAGE_TEST_FAKE_CUDA_PATH}")
+
+foreach(test_name hooks sitecustomize examples compare_runs bench plan_compare micro_batches distributed fastrange)
   add_test(NAME python.${test_name}
     COMMAND "${ACTPAGE_TEST_PYTHON}" -m unittest -v test_${test_name}
     WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}")
   set_tests_properties(python.${test_name} PROPERTIES
     LABELS python
     TIMEOUT 300
-    ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1;ACTPAGE_SOURCE_DIR=${PROJECT_SOURCE_DIR};ACTPAGE_TEST_PYTHON=${ACTPAGE_TEST_PYTHON};ACTPAGE_TEST_LIBRARY=${PROJECT_BINARY_DIR}/lib/libactpage.so")
+    ENVIRONMENT "${actpage_python_test_env}")
 endforeach()
