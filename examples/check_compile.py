@@ -107,7 +107,7 @@ def main(argv=None):
 
     def loss_and_grads(call=None):
         model.zero_grad(set_to_none=True)
-        loss = (call or model)(input_ids=ids, labels=ids, use_cache=False).loss
+        loss = (call if call is not None else model)(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         return loss.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -167,7 +167,9 @@ def main(argv=None):
 
         toy = Toy().to(device)
         x = torch.randn(4, 32, device=device)
-        expected = toy(x)  # found and wrapped here
+        hooks.name_of(toy)
+        hooks._hook_tree(toy)  # (the hooks found their model already: this one is handed to them)
+        expected = toy(x)
         toy_fast = [m for m in toy.modules() if isinstance(m.__dict__.get("forward"), _hooks._FastForward)]
         torch._dynamo.reset()
         try:
@@ -176,6 +178,8 @@ def main(argv=None):
             print("toy: %d modules with the C forward, fullgraph compile ok, same output: %s" % (len(toy_fast), same))
             if not same:
                 failures.append("toy: compiled output differs")
+            if fast is not None and not toy_fast:
+                failures.append("toy: no module has the C forward")
         except Exception as error:
             failures.append("toy: fullgraph compile failed: %s" % (str(error).splitlines()[0][:300],))
 
