@@ -368,7 +368,7 @@ PY
         echo "--- $name ($(tr -d '\n' <"$out/nf-$name.policy.json" | cut -c1-160))"
         "$python" scripts/gpu_report.py pair "$out/nf-plain.log" "$out/nf-$name.log" | grep -E "losses|median|device used"
         grep -o 'engine: {.*}' "$out/nf-$name.log" | head -1 | grep -oE '"(stalls|stall_ns|offloads_completed|offloads_cancelled|offload_unmaps|job_thread_vmm_calls|worker_vmm_calls|ranges_recycled|recycle_grants|ranges_prefilled|backlog_wait_ns)":[0-9]+' | tr '\n' ' '; echo
-        "$actpage" dump "$out/nf-$name.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used"
+        "$actpage" dump "$out/nf-$name.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used|^  (iteration|job's thread|offloads|reloads) "
       done
       ;;
     profile)
