@@ -16,8 +16,9 @@
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
-#   actpage-all-prefill-cap  the all-MLP policy with vmm.prefill_cache (6 GiB cache) and a 1 GiB
-#                      offload_backlog_bytes
+#   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
+#                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
+#                      the experts policy (keep_last 2) with those settings
 #   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6.5x slower)
 #   checkpointing      the model's gradient checkpointing
 #   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
@@ -72,14 +73,18 @@ for job in "${jobs[@]}"; do
       args=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
       near=config/llama-near-free.json
       all=config/llama-mlp.json
+      capped=(policy=config/llama-mlp-capped.json)
       ;;
     qwen)
       script=examples/train_qwen3_moe.py
       args=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
       near=config/qwen3-moe-near-free.json
       all=config/qwen3-moe-experts.json
+      capped=(policy=$all env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=6GiB
+              env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
       ;;
   esac
+  capped_spec=$(IFS=';'; echo "${capped[*]}")
   job_out=$out/$job
   trace_args=()
   [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
@@ -94,7 +99,7 @@ for job in "${jobs[@]}"; do
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
     --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
-    --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;policy=$all;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=6GiB;env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB" \
+    --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;$capped_spec" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
     --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \

@@ -77,6 +77,23 @@ TEST(ShippedConfig, LlamaMlp) {
   EXPECT_FALSE(matcher.match("module.model.layers.15.mlp.down_proj"));
 }
 
+TEST(ShippedConfig, LlamaMlpCappedOffloadsEveryLayersMlpWithTheCapAndThePrefill) {
+  // The best measured trade for every MLP of the Llama job (docs/gpu-results.md, session 14): no layer
+  // kept, the job's thread held back once 1 GiB of copies are pending, the range cache prefilled.
+  const Options options = load_config("llama-mlp-capped.json");
+  EXPECT_EQ(options.mode, Mode::offload);
+  EXPECT_EQ(options.keep_last, 0u);
+  EXPECT_EQ(options.offload_backlog_bytes, std::uint64_t{1} << 30);
+  EXPECT_TRUE(options.vmm_prefill_cache);
+  EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{6} << 30);
+  const ModuleMatcher matcher(options);
+  EXPECT_TRUE(matcher.match("model.layers.0.mlp"));
+  EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
+  EXPECT_TRUE(matcher.match("module.model.layers.15.mlp"));
+  EXPECT_FALSE(matcher.match("model.layers.15.self_attn"));
+  EXPECT_FALSE(matcher.match("model.layers.15.mlp.down_proj"));
+}
+
 TEST(ShippedConfig, Qwen3MoeExperts) {
   const ModuleMatcher matcher(load_config("qwen3-moe-experts.json"));
   EXPECT_TRUE(matcher.match("model.layers.7.mlp.experts"));
