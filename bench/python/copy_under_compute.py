@@ -4,8 +4,9 @@ Offloading every MLP of the Llama job moves ~5 GiB a forward; in the job the cop
 where the link probe (GPU idle) measured 54.8 GB/s (docs/gpu-results.md, session 14). This asks
 whether the difference is the GPU's own work: the same chunked copies (a side stream, chunks of
 --chunk-mib, like actpage's offload worker) timed alone, beside compute-bound matmuls and beside a
-memory-bound elementwise loop on the default stream. Prints GB/s per case, each the median of
---reps, and the ratio to the idle case.
+memory-bound elementwise loop on the default stream; then fed the way the offload worker feeds them
+(a few chunks queued, the CPU waiting on the oldest's event, blocking or spinning). Prints GB/s per
+case, each the median of --reps, and the ratio to the idle case.
 
     python3 bench/python/copy_under_compute.py [--gib 4] [--chunk-mib 8] [--reps 5]
 """
@@ -91,6 +92,33 @@ def main(argv=None):
         results[name] = total / (statistics.median(times) / 1e3) / 1e9
     for name, _ in cases:
         print("%-22s %6.1f GB/s  x%.3f of idle" % (name, results[name], results[name] / results["idle"]))
+
+    # Fed the way actpage's offload worker feeds the copy stream: at most `depth` chunks queued, the
+    # CPU waiting for the oldest before it issues the next, on events that block (interrupt-driven
+    # wake-up, as CU_EVENT_BLOCKING_SYNC) or that spin.
+    def fed_copy(depth, blocking):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        queued = []
+        with torch.cuda.stream(copy_stream):
+            start.record(copy_stream)
+            for offset in range(0, total, chunk):
+                if len(queued) >= depth:
+                    queued.pop(0).synchronize()
+                target[offset:offset + chunk].copy_(source[offset:offset + chunk], non_blocking=True)
+                done = torch.cuda.Event(blocking=blocking)
+                done.record(copy_stream)
+                queued.append(done)
+            end.record(copy_stream)
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    for depth in (1, 2, 4):
+        for blocking in (True, False):
+            times = [fed_copy(depth, blocking) for _ in range(args.reps)]
+            rate = total / (statistics.median(times) / 1e3) / 1e9
+            print("fed %d deep, %-8s events %6.1f GB/s  x%.3f of idle" % (
+                depth, "blocking" if blocking else "spinning", rate, rate / results["idle"]))
     return 0
 
 
