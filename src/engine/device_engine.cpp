@@ -1487,7 +1487,7 @@ void DeviceEngine::offload_worker() {
     if (!d2h_chunks_.empty()) {
       const D2hChunk chunk = d2h_chunks_.front();
       lock.unlock();
-      Status status = device_.synchronize_event(chunk.done);
+      Status status = wait_for_copy_chunk(chunk.done);
       lock.lock();
       d2h_chunks_.pop_front();
       recycle_event(chunk.done);
@@ -1502,6 +1502,18 @@ void DeviceEngine::offload_worker() {
       issued_cv_.notify_all();
     }
     if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
+  }
+}
+
+Status DeviceEngine::wait_for_copy_chunk(EventHandle done) {
+  if (options_.copy_wait != CopyWait::spin) return device_.synchronize_event(done);
+  // Polls: query_event never blocks, so the next chunk goes out within microseconds of this one's
+  // end, where the driver's blocking wait would wake this thread through an interrupt (late, on a
+  // virtual machine, with the copy engine idle meanwhile).
+  while (true) {
+    Status status = device_.query_event(done);
+    if (status.code() != ErrorCode::not_ready) return status;
+    std::this_thread::yield();
   }
 }
 

@@ -298,6 +298,8 @@ class DeviceEngine {
   void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void issue_offloads_now(Group& group);
   void offload_worker();
+  // The offload worker's wait for a copy chunk's end, as copy_wait says (lock not held).
+  Status wait_for_copy_chunk(EventHandle done);
   void vmm_worker();
   void reload_worker();
   // Whether each worker has work now (its wait's condition, stopping aside).

@@ -57,6 +57,11 @@ struct EnumNames<PythonHooksCall> {
       {{PythonHooksCall::hooks, "hooks"}, {PythonHooksCall::wrap, "wrap"}}};
 };
 template <>
+struct EnumNames<CopyWait> {
+  static constexpr std::array<std::pair<CopyWait, std::string_view>, 2> values{
+      {{CopyWait::block, "block"}, {CopyWait::spin, "spin"}}};
+};
+template <>
 struct EnumNames<HostPin> {
   static constexpr std::array<std::pair<HostPin, std::string_view>, 2> values{
       {{HostPin::host_alloc, "host_alloc"}, {HostPin::register_memory, "register"}}};

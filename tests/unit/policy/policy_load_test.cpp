@@ -694,6 +694,9 @@ TEST(EnumNames, MatchTheUnitTextOfOptionListDef) {
     if (ident == "python_hooks_call") {
       EXPECT_EQ(enum_choices<PythonHooksCall>(), info.unit);
     }
+    if (ident == "copy_wait") {
+      EXPECT_EQ(enum_choices<CopyWait>(), info.unit);
+    }
     if (ident == "host_pool_pin") {
       EXPECT_EQ(enum_choices<HostPin>(), info.unit);
     }
