@@ -20,7 +20,7 @@ enum class PythonHooksScope { blocks, all };
 enum class PythonHooksBackward { layers, hooked, none, automatic };
 enum class PythonHooksCall { hooks, wrap };
 enum class HostPin { host_alloc, register_memory };
-enum class CopyWait { block, spin };
+enum class CopyWait { block, poll };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
 // One entry of "modules": which ranges' activations are offloaded.

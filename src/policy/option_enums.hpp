@@ -59,7 +59,7 @@ struct EnumNames<PythonHooksCall> {
 template <>
 struct EnumNames<CopyWait> {
   static constexpr std::array<std::pair<CopyWait, std::string_view>, 2> values{
-      {{CopyWait::block, "block"}, {CopyWait::spin, "spin"}}};
+      {{CopyWait::block, "block"}, {CopyWait::poll, "poll"}}};
 };
 template <>
 struct EnumNames<HostPin> {

@@ -1146,17 +1146,17 @@ TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
   // 3 MiB activations in 1 MiB chunks: three device-to-host copies each, the allocation given back
   // only after the last; with chunking off, one copy each. One chunk queued at a time, the default
   // two, and more chunks queued than an allocation has; the worker waiting for each chunk's end
-  // the driver's blocking way or polling its event (copy_wait spin).
+  // the driver's blocking way or polling its event (copy_wait poll).
   struct Case {
     std::uint64_t chunk;
     std::uint64_t queued;
     CopyWait wait = CopyWait::block;
   };
-  for (Case c : {Case{0, 2}, Case{kMiB, 1}, Case{kMiB, 2}, Case{kMiB, 8}, Case{kMiB, 1, CopyWait::spin},
-                 Case{kMiB, 2, CopyWait::spin}, Case{0, 2, CopyWait::spin}}) {
+  for (Case c : {Case{0, 2}, Case{kMiB, 1}, Case{kMiB, 2}, Case{kMiB, 8}, Case{kMiB, 1, CopyWait::poll},
+                 Case{kMiB, 2, CopyWait::poll}, Case{0, 2, CopyWait::poll}}) {
     const std::uint64_t chunk = c.chunk;
-    const bool spin = c.wait == CopyWait::spin;
-    SCOPED_TRACE("copy_chunks_queued " + std::to_string(c.queued) + (spin ? ", spin" : ", block"));
+    const bool poll = c.wait == CopyWait::poll;
+    SCOPED_TRACE("copy_chunks_queued " + std::to_string(c.queued) + (poll ? ", poll" : ", block"));
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.copy_chunk_bytes = chunk;
@@ -1169,7 +1169,7 @@ TEST(Engine, OffloadCopiesGoOutInChunksAndEveryByteComesBack) {
     rig.engine.quiesce();
     const std::uint64_t offloads = rig.engine.stats().offloads_completed;
     const std::uint64_t copies = rig.device.call_count(device::SimOp::copy_to_host) - copies_before;
-    if (spin) {  // each chunk's end was seen by polling its event
+    if (poll) {  // each chunk's end was seen by polling its event
       EXPECT_GE(rig.device.call_count(device::SimOp::query_event) - queries_before, copies);
     }
     run_backward(*rig.job, forward, 4);

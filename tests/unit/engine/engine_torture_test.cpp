@@ -84,7 +84,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.vmm_trim_job_pool_at_forward_start = pick(0, 2) == 0;
   options.vmm_trim_job_pool_in_backward = pick(0, 2) == 0;
   options.vmm_job_pool_slack_bytes = pick(0, 2) * (small ? 64 * kKiB : 4 * kMiB);
-  options.copy_wait = pick(0, 1) == 1 ? CopyWait::spin : CopyWait::block;
+  options.copy_wait = pick(0, 1) == 1 ? CopyWait::poll : CopyWait::block;
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     // Every engine option the case picked, to replay a failure with the same settings.
@@ -99,7 +99,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
                  options.vmm_recycle_holds_copies ? 1 : 0, options.vmm_trim_job_pool_at_layers_end ? 1 : 0,
                  options.vmm_trim_job_pool_at_forward_start ? 1 : 0, options.vmm_trim_job_pool_in_backward ? 1 : 0,
                  (unsigned long long)options.vmm_job_pool_slack_bytes,
-                 options.copy_wait == CopyWait::spin ? "spin" : "block");
+                 options.copy_wait == CopyWait::poll ? "poll" : "block");
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,
                  (unsigned long long)options.keep_last, (unsigned long long)options.max_inflight_copies,
