@@ -82,7 +82,7 @@ def main(argv=None):
 
     import actpage_hooks
     from actpage_hooks import _hooks
-    from check_hooks import build
+    from check_hooks import build, report
 
     failures = []
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -203,10 +203,7 @@ def main(argv=None):
         if not torch.equal(loss_compiled, loss_on):
             failures.append("compiled loss differs: %r vs %r" % (loss_compiled.item(), loss_on.item()))
 
-    for failure in failures:
-        print("FAILED: " + failure)
-    print("compile check: %s" % ("FAILED" if failures else "ok"))
-    return 1 if failures else 0
+    return report("compile check", failures)
 
 
 if __name__ == "__main__":

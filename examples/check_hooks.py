@@ -132,9 +132,14 @@ def main(argv=None):
     print("first markers: %s" % backward[:8])
     if missing:
         print("no marker (outputs need no grad, or shared with a module that marks): %s" % sorted(set(missing))[:10])
+    return report("hooks check", failures)
+
+
+def report(check, failures):
+    """Prints each failure and the check's verdict; the exit code (1 on a failure)."""
     for failure in failures:
         print("FAILED: " + failure)
-    print("hooks check: %s" % ("FAILED" if failures else "ok"))
+    print("%s: %s" % (check, "FAILED" if failures else "ok"))
     return 1 if failures else 0
 
 
