@@ -349,8 +349,31 @@ class ModuleHooks:
             self._handles.append(self._discovery_handle)
         if self._fast_module is not None:
             self._take_fast()
+        self._patch_replicate()
         self.active = True
         return self
+
+    def _patch_replicate(self):
+        """nn.DataParallel copies each module's __dict__ into a replica per device: our forward,
+        bound to the original module, would run the original (its parameters, on the first device)
+        for every replica. Module._replicate_for_data_parallel is wrapped to bind it to the replica."""
+        module_type = torch.nn.Module
+        original = module_type.__dict__.get("_replicate_for_data_parallel")
+        if original is None or getattr(original, "_actpage_replicate", False):
+            return
+
+        def _replicate_for_data_parallel(module):
+            replica = original(module)
+            try:
+                _rebind_forward(replica, module)
+            except Exception as error:
+                _log.warn_once("replicate", "rebinding a DataParallel replica's forward failed: %r" % (error,))
+            return replica
+
+        _replicate_for_data_parallel._actpage_replicate = True
+        _replicate_for_data_parallel.__wrapped__ = original
+        module_type._replicate_for_data_parallel = _replicate_for_data_parallel
+        self._handles.append(_Restore(module_type, "_replicate_for_data_parallel", original))
 
     def _take_fast(self):
         """Makes the C forward this instance's: its fallback, and under a torch with torch.compile the
@@ -802,6 +825,26 @@ class ModuleHooks:
             return None
 
         return backward_marker_hook
+
+
+def _rebind_forward(replica, module):
+    """Binds the forward that `replica` copied from `module`'s __dict__, when it is ours, to `replica`."""
+    bound = replica.__dict__.get("forward")
+    if isinstance(bound, _FastForward) and bound.args[0] is module:
+        replica.__dict__["forward"] = _FastForward(bound.func, replica)
+    elif (isinstance(bound, types.MethodType) and bound.__self__ is module
+          and getattr(bound.__func__, "_actpage_wrapper", False)):
+        replica.__dict__["forward"] = types.MethodType(bound.__func__, replica)
+
+
+class _Restore:
+    """A handle whose remove() puts an attribute back (kept with the torch hook handles)."""
+
+    def __init__(self, owner, name, value):
+        self.owner, self.name, self.value = owner, name, value
+
+    def remove(self):
+        setattr(self.owner, self.name, self.value)
 
 
 def _hooks_for_unpickled_module():

@@ -210,6 +210,47 @@ class FastForwardTest(unittest.TestCase):
         self.assertTrue(hooks.set_fast(True))
         self.assertEqual(len(fast_modules(self.model)), 7)
 
+    def test_a_dataparallel_replica_runs_its_own_forward(self):
+        # nn.DataParallel copies each module's __dict__ into its replicas: the forward must be the
+        # replica's, with either wrapper, and removal puts torch's method back.
+        seen = []
+
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(4, 4)
+
+            def forward(self, x):
+                seen.append(self)
+                return self.linear(x)
+
+        class Holder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Probe(), Probe()])
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        hooks = self.install()
+        model = Holder()
+        model(self.x)
+        for fast in (True, False):
+            hooks.set_fast(fast)
+            original = model.layers[0]
+            self.assertIn(original, hooks.wrapped)
+            replica = original._replicate_for_data_parallel()
+            self.assertIs(replica.forward.__self__, replica)
+            seen.clear()
+            replica(self.x)
+            self.assertEqual(seen, [replica], "fast %s" % fast)
+        patched = nn.Module._replicate_for_data_parallel
+        self.assertTrue(getattr(patched, "_actpage_replicate", False))
+        actpage_hooks.uninstall()
+        self.assertIs(nn.Module._replicate_for_data_parallel, patched.__wrapped__)
+
     def test_no_stand_in_for_torch_compile_means_the_python_wrapper_for_good(self):
         hooks = self.install()
         self.model(self.x)
