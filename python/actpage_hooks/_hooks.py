@@ -312,9 +312,8 @@ class ModuleHooks:
 
     def _sync_fast(self):
         """Tells the C forward whether it may push by itself: ranges live, NVTX's own functions."""
-        fast = self.__dict__.get("_fast_module")
-        if fast is not None and self.__dict__.get("_fast_owner"):
-            fast.set_enabled(self.live and not self._custom_functions)
+        if self._fast_module is not None and self._fast_owner:
+            self._fast_module.set_enabled(self.live and not self._custom_functions)
 
     active = _flag("_active")
     paused = _flag("_paused")
@@ -628,7 +627,7 @@ class ModuleHooks:
     @staticmethod
     def _unwrap(module):
         bound = module.__dict__.get("forward")
-        if isinstance(bound, _FastForward) or getattr(getattr(bound, "__func__", None), "_actpage_wrapper", False):
+        if _is_our_forward(bound):
             del module.__dict__["forward"]
 
     def _unwrap_all(self):
@@ -646,9 +645,7 @@ class ModuleHooks:
             except Exception:
                 pass
         self._handles = []
-        self._unwrap_all()
-        if self._fast_module is not None and self._fast_owner:
-            self._fast_module.set_enabled(False)
+        self._unwrap_all()  # (active False has turned the C forward's fast path off: _sync_fast)
         if self._stand_in_hook is not None:
             self._stand_in_hook.remove()
 
@@ -827,13 +824,19 @@ class ModuleHooks:
         return backward_marker_hook
 
 
+def _is_our_forward(bound):
+    """Whether a module's instance forward is one the hooks put there (C forward or Python wrapper)."""
+    return isinstance(bound, _FastForward) or getattr(getattr(bound, "__func__", None), "_actpage_wrapper", False)
+
+
 def _rebind_forward(replica, module):
     """Binds the forward that `replica` copied from `module`'s __dict__, when it is ours, to `replica`."""
     bound = replica.__dict__.get("forward")
-    if isinstance(bound, _FastForward) and bound.args[0] is module:
+    if not _is_our_forward(bound) or bound.__self__ is not module:
+        return
+    if isinstance(bound, _FastForward):
         replica.__dict__["forward"] = _FastForward(bound.func, replica)
-    elif (isinstance(bound, types.MethodType) and bound.__self__ is module
-          and getattr(bound.__func__, "_actpage_wrapper", False)):
+    else:
         replica.__dict__["forward"] = types.MethodType(bound.__func__, replica)
 
 
