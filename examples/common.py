@@ -81,6 +81,9 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--result-json", default=None, help="also write the result to this file")
     group.add_argument("--profile-step", type=int, default=None,
                        help="profile this step with torch.profiler and add a GPU-time summary to the result")
+    group.add_argument("--profile-out", default=None,
+                       help="with --profile-step: also keep the profiled step's Chrome trace here (.json, or "
+                            ".json.gz compressed); scripts/copy_timeline.py reads it")
     group.add_argument("--alternate-actpage", action="store_true",
                        help="under actpage run: pause what actpage records (module ranges, allocation "
                             "records) every other step, in pairs ordered ABBA, and report the step-time ratio "
@@ -648,14 +651,30 @@ def _start_profiler(torch, cuda):
     return profiler
 
 
-def _stop_profiler(profiler):
+def _phase(profiler, name):
+    """A named CPU range in the profiled step (the forward, the backward), so that a reader of the kept
+    trace finds the GPU work each launched (scripts/copy_timeline.py); nothing when not profiling."""
+    if profiler is None:
+        return contextlib.nullcontext()
+    import torch
+    return torch.profiler.record_function(name)
+
+
+def _stop_profiler(profiler, keep=None):
     """GPU time of the profiled step: kernels (sum and the union of their intervals, i.e. how long the
-    GPU computed), copies by kind, the longest kernels. Times in ms."""
+    GPU computed), copies by kind, the longest kernels. Times in ms. keep: a path to write the Chrome
+    trace to as well (gzip-compressed when it ends in .gz)."""
     import tempfile
     profiler.__exit__(None, None, None)
     with tempfile.NamedTemporaryFile(suffix=".json") as chrome:
         profiler.export_chrome_trace(chrome.name)
-        loaded = json.load(open(chrome.name))
+        with open(chrome.name, "rb") as raw:
+            text = raw.read()
+    if keep:
+        import gzip
+        with (gzip.open(keep, "wb") if keep.endswith(".gz") else open(keep, "wb")) as kept:
+            kept.write(text)
+    loaded = json.loads(text)
     # Newer torch writes {"traceEvents": [...]}; older versions a bare list.
     events = loaded.get("traceEvents", []) if isinstance(loaded, dict) else loaded
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
@@ -751,16 +770,17 @@ def train(job, args, out=None):
                 profiler = _start_profiler(torch, cuda) if step == args.profile_step else None
                 start = time.perf_counter()
                 timer.mark()
-                with forward_context():
+                with _phase(profiler, "step.forward"), forward_context():
                     loss = job.compute_loss(model, batch)
                 timer.mark()
-                loss.backward()
+                with _phase(profiler, "step.backward"):
+                    loss.backward()
                 timer.mark()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 synchronize()
                 if profiler is not None:
-                    profile = _stop_profiler(profiler)
+                    profile = _stop_profiler(profiler, args.profile_out)
                 elapsed = (time.perf_counter() - start) * 1000.0
                 spans = timer.spans_ms()
                 losses.append(float(loss.detach().float().item()))

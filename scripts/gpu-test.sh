@@ -26,7 +26,8 @@
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
 #            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
-#            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead
+#            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead, NF_PROFILE_STEP=N profiles
+#            step N of each run and prints what the copy engines did in it (scripts/copy_timeline.py)
 #   recording-cost  the library's recording cost on a launch-bound loop of tiny ops, recorded and
 #            paused blocks alternating in one process (bench/python/recording_cost.py), per allocator,
 #            with and without the memory sampler and with NVTX ranges
@@ -348,7 +349,10 @@ PY
         say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
         job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
       fi
-      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}"
+      # NF_PROFILE_STEP=N: profile step N of every run (torch.profiler; kept as nf-NAME.step.json.gz) and print
+      # what the copy engines did in it (scripts/copy_timeline.py).
+      prof() { [[ -n ${NF_PROFILE_STEP:-} ]] && echo --profile-step "$NF_PROFILE_STEP" --profile-out "$out/nf-$1.step.json.gz"; }
+      PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check nf-plain "${job[@]}" $(prof plain)
       # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV (comma-separated VAR=VALUE): policies written here, so
       # that one run compares them. NF_VARIANTS replaces the list (variants separated by spaces).
       nf_variants=(${NF_VARIANTS:-"consecutive|[\"model.layers.[0-6].mlp\"]|0|" "even|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|"
@@ -362,14 +366,16 @@ PY
           "$globs" "$keep" >"$out/nf-$name.policy.json"
         "$actpage" check "$out/nf-$name.policy.json" >/dev/null || { echo "FAILED: policy $name"; cat "$out/nf-$name.policy.json"; failed=1; continue; }
         ACTPAGE_LOG_LEVEL=info check "nf-$name" env ${env_vars//,/ } "$actpage" run --policy "$out/nf-$name.policy.json" \
-          --trace "$out/nf-$name.trace" -- "${job[@]}"
+          --trace "$out/nf-$name.trace" -- "${job[@]}" $(prof "$name")
       done
       for name in "${names[@]}"; do
         echo "--- $name ($(tr -d '\n' <"$out/nf-$name.policy.json" | cut -c1-160))"
         "$python" scripts/gpu_report.py pair "$out/nf-plain.log" "$out/nf-$name.log" | grep -E "losses|median|device used"
         grep -o 'engine: {.*}' "$out/nf-$name.log" | head -1 | grep -oE '"(stalls|stall_ns|offloads_completed|offloads_cancelled|offload_unmaps|job_thread_vmm_calls|worker_vmm_calls|ranges_recycled|recycle_grants|ranges_prefilled|backlog_wait_ns)":[0-9]+' | tr '\n' ' '; echo
         "$actpage" dump "$out/nf-$name.trace" 2>/dev/null | grep -E "VMM time|off the device|peak used|^  (iteration|job's thread|offloads|reloads) "
+        [[ -f $out/nf-$name.step.json.gz ]] && "$python" scripts/copy_timeline.py "$out/nf-$name.step.json.gz"
       done
+      [[ -f $out/nf-plain.step.json.gz ]] && { echo "--- plain"; "$python" scripts/copy_timeline.py "$out/nf-plain.step.json.gz"; }
       ;;
     profile)
       say "profile: one step's GPU time, plain and offloading (torch.profiler)"

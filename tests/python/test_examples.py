@@ -1,8 +1,11 @@
 """examples/common.py on the CPU with a tiny pure-torch language model (no transformers here)."""
 
 import argparse
+import gzip
 import io
 import json
+import os
+import tempfile
 import threading
 import unittest
 
@@ -126,7 +129,15 @@ class TrainingLoopTest(unittest.TestCase):
 
     def test_profiling_a_step_adds_a_summary_and_changes_no_loss(self):
         plain, _ = run_job()
-        profiled, _ = run_job("--profile-step", "2")
+        with tempfile.TemporaryDirectory() as tmp:
+            kept = os.path.join(tmp, "step.json.gz")
+            profiled, _ = run_job("--profile-step", "2", "--profile-out", kept)
+            # The kept trace names the forward and the backward for scripts/copy_timeline.py.
+            with gzip.open(kept, "rt") as f:
+                loaded = json.load(f)
+        events = loaded.get("traceEvents", []) if isinstance(loaded, dict) else loaded
+        phases = {e["name"] for e in events if e.get("cat", "user_annotation") == "user_annotation"}
+        self.assertTrue({"step.forward", "step.backward"} <= phases, phases)
         self.assertIsNone(plain["profile"])
         self.assertEqual(profiled["losses"], plain["losses"])
         summary = profiled["profile"]
