@@ -862,6 +862,7 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
+  pool_trim_debt_ = 0;
   if (options_.vmm_trim_job_pool_in_backward) open_pool_watch(PoolWatch::backward);
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
@@ -2008,6 +2009,19 @@ std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
 
 void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
   prefilled_ = true;  // one try per backward, whatever comes of it
+  if (pool_trim_debt_ > 0) {
+    // What the reloads' pages still owe the job's pool: backward has freed its activations by now,
+    // so the pool can give it back before the optimizer step and the next forward's ranges.
+    const std::uint64_t debt = pool_trim_debt_;
+    pool_trim_debt_ = 0;
+    if (pool_watch_ == PoolWatch::reload_debt) pool_watch_ = PoolWatch::none;
+    ++trimming_;
+    lock.unlock();
+    const std::optional<PoolTrim> trim = trim_job_pool_by(debt);
+    lock.lock();
+    --trimming_;
+    if (trim) record_pool_trim(*trim);
+  }
   const std::vector<std::size_t> sizes = prefill_sizes();
   if (sizes.empty()) return;
   const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
@@ -2147,6 +2161,7 @@ void DeviceEngine::start_iteration() {
   cursor_ = 0;
   map_ahead_failed_ = false;
   prefilled_ = false;
+  pool_trim_debt_ = 0;  // the pool grows back in this forward: nothing more to give back for backward's reloads
   open_pool_watch(options_.vmm_trim_job_pool_at_forward_start ? PoolWatch::forward_start : PoolWatch::none);
   ++iteration_;
   ++stats_.iterations;
@@ -2207,11 +2222,18 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   const std::uint64_t slack = options_.vmm_job_pool_slack_bytes;
   const std::uint64_t least = std::max(kPoolWatchMinTrimBytes, slack / 2);
+  const std::uint64_t debt = pool_trim_debt_;  // read under the lock, paid below under it again
   Result<PoolUsage> usage = device_.job_pool_usage();
   std::optional<PoolTrim> trim;
-  if (usage.ok() && usage->reserved_bytes > usage->used_bytes &&
-      usage->reserved_bytes - usage->used_bytes > slack + least) {
-    trim = trim_job_pool_by(usage->reserved_bytes - usage->used_bytes - slack);
+  if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
+    const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;
+    if (kind == PoolWatch::reload_debt) {
+      // Only the debt, and only once a useful part of it can go: each trim is a driver call that
+      // waits for the device, and what the pool reports unused may not be trimmable yet.
+      if (debt > 0 && unused >= std::min(debt, kPoolWatchMinTrimBytes)) trim = trim_job_pool_by(std::min(debt, unused));
+    } else if (unused > slack + least) {
+      trim = trim_job_pool_by(unused - slack);
+    }
   }
   lock.lock();
   --trimming_;
@@ -2233,6 +2255,12 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   }
   ++stats_.pool_watch_trims;
   stats_.pool_watch_trimmed_bytes += *trim->trimmed;
+  // Any watch's trim pays the reloads' debt (backward's watch trims beyond the slack anyway).
+  pool_trim_debt_ -= std::min<std::uint64_t>(pool_trim_debt_, *trim->trimmed);
+  if (kind == PoolWatch::reload_debt) {
+    if (pool_trim_debt_ == 0 && pool_watch_ == PoolWatch::reload_debt) pool_watch_ = PoolWatch::none;
+    return;  // paying for pages already created: nothing to top the cache up with
+  }
   if (options_.vmm_prefill_cache && (kind == PoolWatch::forward_start || prefilled_)) {
     // The prefill at the end of backward could create only what the pool gave back then, before
     // the optimizer step freed what it used: what the pool gives back after it (backward's watch
@@ -2272,6 +2300,15 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
   ++stats_.reload_creates;
   stats_.reload_create_ns += create_ns;
   if (trim) record_pool_trim(*trim);
+  if (options_.vmm_trim_job_pool_catch_up && in_backward_ && created.ok() && trim && trim->trimmed.ok() &&
+      *trim->trimmed < bytes) {
+    // The pool's unused bytes here are mostly backward's first frees, not yet run by the device,
+    // or in blocks that still hold live tensors: it gives them back a few layers later.
+    const std::uint64_t shortfall = bytes - *trim->trimmed;
+    pool_trim_debt_ += shortfall;
+    stats_.pool_trim_debt_bytes += shortfall;
+    if (pool_watch_ == PoolWatch::none) open_pool_watch(PoolWatch::reload_debt);
+  }
   return created;
 }
 

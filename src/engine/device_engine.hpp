@@ -340,7 +340,9 @@ class DeviceEngine {
   // or when the forward begins tops the range cache up (the prefill at the end of backward created
   // only what the pool gave back before the optimizer step). Serialized
   // (a replay, which must not depend on time), each watch looks once.
-  enum class PoolWatch : std::uint8_t { none, forward_start, backward };
+  // vmm.trim_job_pool_catch_up: the reload_debt watch trims the pool by what reloads created and
+  // their own trims did not give back (pool_trim_debt_), no more, and closes when that is paid.
+  enum class PoolWatch : std::uint8_t { none, forward_start, backward, reload_debt };
   void open_pool_watch(PoolWatch kind);
   bool pool_watch_due() const;
   // One look (and trim); unlocks around the driver calls.
@@ -428,6 +430,9 @@ class DeviceEngine {
   PoolWatch pool_watch_ = PoolWatch::none;
   std::uint32_t pool_watch_looks_left_ = 0;  // the forward's watch closes after these
   std::uint64_t pool_watch_next_ns_ = 0;     // monotonic_ns() of the next look
+  // Bytes of reload pages created in this backward that the job's pool has not given back yet
+  // (vmm.trim_job_pool_catch_up).
+  std::uint64_t pool_trim_debt_ = 0;
   // offload_drain_at_layers_end: the range enclosing the newest group's layer (its parent), where
   // the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

@@ -29,6 +29,9 @@ namespace actpage::engine {
 //   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
 //     pool at a forward's start and through backward (vmm.trim_job_pool_at_forward_start,
 //     vmm.trim_job_pool_in_backward), the trims they made and what those gave back
+//   pool_trim_debt_bytes: bytes reloads created that their trim of the job's pool did not give back
+//     at once (vmm.trim_job_pool_catch_up then gives them back later in backward, through the watch
+//     counters above)
 //   bytes_topped_up: ranges created for the cache with what the forward's watch gave back (with
 //     vmm.prefill_cache; counted in ranges_prefilled and bytes_prefilled too)
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -81,6 +84,7 @@ namespace actpage::engine {
   X(pool_watch_polls) \
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
+  X(pool_trim_debt_bytes) \
   X(bytes_topped_up) \
   X(backlog_waits) \
   X(backlog_wait_ns) \

@@ -857,6 +857,55 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   }
 }
 
+TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
+  // vmm.trim_job_pool trims the job's pool by what a reload creates, but at backward's start the
+  // pool has nothing to give (here: all of it in use), and the reloads' pages then add to the peak.
+  // With vmm.trim_job_pool_catch_up the pool gives that back once backward frees (here: two layers
+  // in), exactly that and no more; without, it keeps its reserve.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (bool catch_up : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_trim_job_pool = true;
+    options.vmm_trim_job_pool_catch_up = catch_up;
+    Rig rig(options);
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      const std::string where = std::string(catch_up ? "catch-up" : "plain") + ", iteration " + std::to_string(iteration);
+      rig.device.set_job_pool(3 * kGiB, 3 * kGiB);  // the loss's peak: nothing unused
+      Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+      rig.engine.quiesce();
+      const EngineStats before = rig.engine.stats();
+      ASSERT_EQ(before.offloaded_bytes_now, 8 * 2 * kMiB) << where;
+      int module_calls = 0;
+      run_backward(*rig.job, forward, 4, [&] {
+        if (++module_calls == 3) rig.device.set_job_pool(3 * kGiB, kGiB);  // two layers' backward freed 2 GiB
+      });
+      rig.engine.quiesce();
+      const EngineStats after = rig.engine.stats();
+      const std::uint64_t created = (after.reload_creates - before.reload_creates) * 2 * kMiB;
+      const std::uint64_t owed = after.pool_trim_debt_bytes - before.pool_trim_debt_bytes;
+      EXPECT_GT(created, 0u) << where;
+      if (catch_up) {
+        // The first layer's reloads found nothing to trim: they were owed, and paid later.
+        EXPECT_GT(owed, 0u) << where;
+        EXPECT_LE(owed, created) << where;
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 3 * kGiB - created; }))
+            << where << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved, created "
+            << (created >> 20) << " MiB";
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(rig.device.job_pool_reserved(), 3 * kGiB - created) << where << ": trimmed beyond the reloads";
+      } else {
+        EXPECT_EQ(owed, 0u) << where;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        // Only what was created after the pool had unused bytes came out of it.
+        EXPECT_GT(rig.device.job_pool_reserved(), 3 * kGiB - created) << where;
+      }
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "catch_up " << catch_up;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "catch_up " << catch_up;
+  }
+}
+
 TEST(Engine, AWatchTopsTheCacheUpWithWhatThePoolGivesBackAfterThePrefill) {
   // The prefill at the end of backward creates no more than the job's pool gives back then
   // (PrefillCreatesNoMoreThanTheJobsPoolGivesBack): here nothing. The optimizer step frees more
