@@ -957,11 +957,14 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
         if (urgent) {
           std::erase(reload_queue_, &allocation);
           reload_queue_.push_front(&allocation);
+          allocation.reload_urgent = true;
+          reload_cv_.notify_one();  // the worker may be holding this prefetch back (reload_waits_for_pool)
         }
         return;
       }
       allocation.reload_queued = true;
       if (urgent) {
+        allocation.reload_urgent = true;
         reload_queue_.push_front(&allocation);
       } else {
         reload_queue_.push_back(&allocation);
@@ -2257,6 +2260,7 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   stats_.pool_watch_trimmed_bytes += *trim->trimmed;
   // Any watch's trim pays the reloads' debt (backward's watch trims beyond the slack anyway).
   pool_trim_debt_ -= std::min<std::uint64_t>(pool_trim_debt_, *trim->trimmed);
+  if (pool_trim_debt_ == 0) reload_cv_.notify_all();  // prefetches held back for it may go
   if (kind == PoolWatch::reload_debt) {
     if (pool_trim_debt_ == 0 && pool_watch_ == PoolWatch::reload_debt) pool_watch_ = PoolWatch::none;
     return;  // paying for pages already created: nothing to top the cache up with
@@ -2283,6 +2287,11 @@ void DeviceEngine::record_pool_trim(const PoolTrim& trim) {
     ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
                      device_.ordinal(), trim.trimmed.status().message());
   }
+}
+
+bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
+  return options_.vmm_trim_job_pool_catch_up && options_.vmm_trim_job_pool && in_backward_ && !serialized_ &&
+         !stopping_ && !allocation.reload_urgent && pool_trim_debt_ > 0 && !cache_.has(allocation.window->bytes);
 }
 
 Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
@@ -2330,6 +2339,15 @@ void DeviceEngine::reload_worker() {
       continue;
     }
     Window& window = *allocation->window;
+    if (!window.mapped && reload_waits_for_pool(*allocation)) {
+      // A prefetch that would create pages while the job's pool still owes the reloads before it
+      // (vmm.trim_job_pool_catch_up): its pages would add to device memory in use where backward's
+      // peak is. It waits until the pool has given that back, or until backward asks for it.
+      reload_queue_.push_front(allocation);
+      ++stats_.reload_pool_waits;
+      reload_cv_.wait_for(lock, std::chrono::microseconds(500));
+      continue;
+    }
     if (!window.mapped) {
       // Map fresh pages at the window's address (VMM calls on this worker, not the job's thread):
       // every allocation of the window gets its pages back at once; each is then copied back.

@@ -347,6 +347,9 @@ class DeviceEngine {
   bool pool_watch_due() const;
   // One look (and trim); unlocks around the driver calls.
   void watch_job_pool(std::unique_lock<std::mutex>& lock);
+  // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
+  // waits while the job's pool still owes earlier reloads' pages. Lock held.
+  bool reload_waits_for_pool(const Allocation& allocation) const;
   // Creates device pages for a reload, first trimming the job's pool by as much (vmm.trim_job_pool).
   // Called without the engine's lock.
   Result<PhysicalHandle> create_reload_pages(std::size_t bytes);

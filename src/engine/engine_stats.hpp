@@ -32,6 +32,8 @@ namespace actpage::engine {
 //   pool_trim_debt_bytes: bytes reloads created that their trim of the job's pool did not give back
 //     at once (vmm.trim_job_pool_catch_up then gives them back later in backward, through the watch
 //     counters above)
+//   reload_pool_waits: times a prefetch that needed new pages waited (0.5 ms at most) for the pool
+//     to give back what earlier reloads' pages were owed
 //   bytes_topped_up: ranges created for the cache with what the forward's watch gave back (with
 //     vmm.prefill_cache; counted in ranges_prefilled and bytes_prefilled too)
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -85,6 +87,7 @@ namespace actpage::engine {
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
   X(pool_trim_debt_bytes) \
+  X(reload_pool_waits) \
   X(bytes_topped_up) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
