@@ -2202,6 +2202,8 @@ constexpr std::uint32_t kForwardPoolWatchLooks = 8;
 // ~260 times an iteration at ~0.1 ms each: the pool reports freed bytes as unused before the device
 // has run the frees, and each trim gives back what the device has run past since the last.)
 constexpr std::uint64_t kPoolWatchMinTrimBytes = std::uint64_t{64} << 20;
+// The reload-debt watch waits this much longer after a trim that gave back next to nothing.
+constexpr std::uint64_t kPoolDebtBackoffNs = 3'000'000;
 }  // namespace
 
 void DeviceEngine::open_pool_watch(PoolWatch kind) {
@@ -2241,6 +2243,14 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   --trimming_;
   pool_watch_next_ns_ = monotonic_ns() + kPoolWatchIntervalNs;
+  if (kind == PoolWatch::reload_debt && trim && trim->trimmed.ok() &&
+      *trim->trimmed < std::min<std::uint64_t>(debt, kPoolWatchMinTrimBytes)) {
+    // The pool reported bytes unused that it could not give back: frees the device has not run
+    // yet. Each trim waits for the device and holds the job's driver calls meanwhile; give the
+    // device a few layers' worth of time before the next (on the H100, looking every millisecond
+    // trimmed ~75 times an iteration).
+    pool_watch_next_ns_ += kPoolDebtBackoffNs;
+  }
   ++stats_.pool_watch_polls;
   if (!usage.ok()) {
     // trim_job_pool reads the same attributes first: it would fail too.
