@@ -16,13 +16,15 @@
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
+#   actpage-near-free-catch-up  the same with vmm.trim_job_pool_catch_up: backward's reload pages take
+#                      the place of the job's pool instead of adding to it
 #   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
 #                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
 #                      the experts policy (keep_last 2) with those settings
 #   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6.5x slower)
 #   checkpointing      the model's gradient checkpointing
 #   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
-# The two prefill variants and the last three, the peers, run BENCH_PEER_REPS times (default 1), the
+# The three prefill variants and the last three, the peers, run BENCH_PEER_REPS times (default 1), the
 # rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more than its steps,
 # and the targets are the first four actpage variants'. Both jobs: 26 runs, about 8 minutes on the H100.
 #
@@ -99,6 +101,7 @@ for job in "${jobs[@]}"; do
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
     --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
+    --variant "actpage-near-free-catch-up;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true;env=ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP=true" \
     --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;$capped_spec" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \

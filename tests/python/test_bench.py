@@ -70,7 +70,8 @@ FAKE_JOB = textwrap.dedent("""
         losses[3] += 2 ** -20
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"job": job, "key": key, "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                              "steps": steps, "args": args}) + "\\n")
+                              "steps": steps, "args": args,
+                              "catch_up": os.environ.get("ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP")}) + "\\n")
     print("ACTPAGE_RESULT " + json.dumps({
         "losses": [x.hex() for x in losses], "median_step_ms": ms, "median_fwd_ms": ms / 3,
         "device_used_peak_mib": used, "torch_peak_mib": torch_peak, "device": "Fake GPU", "torch": "0.0",
@@ -427,8 +428,12 @@ class BenchScriptTest(unittest.TestCase):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
         self.assertEqual(done.returncode, 0, done.stdout[-3000:])
         calls = bench.calls()
-        # 4 variants twice, the 2 actpage variants with the prefill and the 3 peers once, for both jobs
-        self.assertEqual(len(calls), 2 * (4 * 2 + 2 + 3))
+        # 4 variants twice, the 3 actpage variants with the prefill and the 3 peers once, for both jobs
+        self.assertEqual(len(calls), 2 * (4 * 2 + 3 + 3))
+        # The catch-up variant: the near-free policy with the pool's catch-up trim, once per job.
+        catch_up = [c for c in calls if c["catch_up"] == "true"]
+        self.assertEqual(sorted((c["job"], c["key"]) for c in catch_up),
+                         [("llama", "llama-near-free.json"), ("qwen", "qwen3-moe-near-free.json")])
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
         slow = [c for c in calls if c["key"] == "save_on_cpu"]
         self.assertEqual([c["steps"] for c in slow], [6, 6])
