@@ -16,8 +16,10 @@
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
-#   actpage-near-free-catch-up  the same with vmm.trim_job_pool_catch_up: backward's reload pages take
-#                      the place of the job's pool instead of adding to it
+#   actpage-near-free-catch-up  Llama config/llama-near-free-catch-up.json (six MLPs, whose copies end
+#                      before the loss; prefill, drain and vmm.trim_job_pool_catch_up: backward's reload
+#                      pages take the place of the job's pool instead of adding to it), Qwen3-MoE the
+#                      near-free policy with those settings
 #   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
 #                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
 #                      the experts policy (keep_last 2) with those settings
@@ -76,6 +78,7 @@ for job in "${jobs[@]}"; do
       near=config/llama-near-free.json
       all=config/llama-mlp.json
       capped=(policy=config/llama-mlp-capped.json)
+      catch_up=(policy=config/llama-near-free-catch-up.json)
       ;;
     qwen)
       script=examples/train_qwen3_moe.py
@@ -84,9 +87,12 @@ for job in "${jobs[@]}"; do
       all=config/qwen3-moe-experts.json
       capped=(policy=$all env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=6GiB
               env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
+      catch_up=(policy=$near env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=3GiB
+                env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true env=ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP=true)
       ;;
   esac
   capped_spec=$(IFS=';'; echo "${capped[*]}")
+  catch_up_spec=$(IFS=';'; echo "${catch_up[*]}")
   job_out=$out/$job
   trace_args=()
   [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
@@ -101,7 +107,7 @@ for job in "${jobs[@]}"; do
     --variant "actpage-near-free;actpage;async;policy=$near" \
     --variant "actpage-all;actpage;async;policy=$all" \
     --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
-    --variant "actpage-near-free-catch-up;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true;env=ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP=true" \
+    --variant "actpage-near-free-catch-up;actpage;async;reps=$peer_reps;$catch_up_spec" \
     --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;$capped_spec" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \

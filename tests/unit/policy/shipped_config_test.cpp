@@ -94,6 +94,26 @@ TEST(ShippedConfig, LlamaMlpCappedOffloadsEveryLayersMlpWithTheCapAndThePrefill)
   EXPECT_FALSE(matcher.match("model.layers.15.mlp.down_proj"));
 }
 
+TEST(ShippedConfig, LlamaNearFreeCatchUpMovesSixLayersBeforeTheLoss) {
+  // Six MLPs (2.06 GiB), whose copies end before the layers do on the H100 (the drain then waits for
+  // nothing), the range cache prefilled, and reload pages paid for by the job's pool in backward
+  // (docs/performance.md, session 15).
+  const Options options = load_config("llama-near-free-catch-up.json");
+  EXPECT_EQ(options.mode, Mode::offload);
+  EXPECT_EQ(options.keep_last, 0u);
+  EXPECT_TRUE(options.offload_drain_at_layers_end);
+  EXPECT_TRUE(options.vmm_prefill_cache);
+  EXPECT_TRUE(options.vmm_trim_job_pool);
+  EXPECT_TRUE(options.vmm_trim_job_pool_catch_up);
+  EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{3} << 30);
+  const ModuleMatcher matcher(options);
+  for (int layer = 0; layer < 16; ++layer) {
+    const std::string name = "model.layers." + std::to_string(layer) + ".mlp";
+    EXPECT_EQ(matcher.match(name).has_value(), layer % 2 == 0 && layer <= 10) << name;
+  }
+  EXPECT_FALSE(matcher.match("model.layers.0.self_attn"));
+}
+
 TEST(ShippedConfig, Qwen3MoeExperts) {
   const ModuleMatcher matcher(load_config("qwen3-moe-experts.json"));
   EXPECT_TRUE(matcher.match("model.layers.7.mlp.experts"));
