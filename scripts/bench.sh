@@ -16,10 +16,10 @@
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
-#   actpage-near-free-catch-up  Llama config/llama-near-free-catch-up.json (six MLPs, whose copies end
-#                      before the loss; prefill, drain and vmm.trim_job_pool_catch_up: backward's reload
-#                      pages take the place of the job's pool instead of adding to it), Qwen3-MoE the
-#                      near-free policy with those settings
+#   actpage-near-free-catch-up  Llama config/llama-near-free-7.json (the near-free settings with a
+#                      seventh MLP, whose copy the drain waits for: more saving for some time),
+#                      Qwen3-MoE the near-free policy with prefill, drain and vmm.trim_job_pool_catch_up
+#                      (backward's reload pages take the place of the job's pool instead of adding to it)
 #   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
 #                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
 #                      the experts policy (keep_last 2) with those settings
@@ -78,7 +78,7 @@ for job in "${jobs[@]}"; do
       near=config/llama-near-free.json
       all=config/llama-mlp.json
       capped=(policy=config/llama-mlp-capped.json)
-      catch_up=(policy=config/llama-near-free-catch-up.json)
+      catch_up=(policy=config/llama-near-free-7.json)
       ;;
     qwen)
       script=examples/train_qwen3_moe.py
