@@ -707,6 +707,7 @@ void DeviceEngine::quiesce() {
   // Pages ready to be given back go now, without waiting for a batch to fill.
   ++flush_requests_;
   offload_cv_.notify_all();
+  reload_cv_.notify_all();  // a prefetch held back for the job's pool goes now (reload_waits_for_pool)
   issued_cv_.wait(lock, [&] {
     return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
                          reload_queue_.empty() &&
@@ -2300,8 +2301,11 @@ void DeviceEngine::record_pool_trim(const PoolTrim& trim) {
 }
 
 bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
+  // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
+  // anything back before backward asks, and nothing else would end the wait.
   return options_.vmm_trim_job_pool_catch_up && options_.vmm_trim_job_pool && in_backward_ && !serialized_ &&
-         !stopping_ && !allocation.reload_urgent && pool_trim_debt_ > 0 && !cache_.has(allocation.window->bytes);
+         !stopping_ && flush_requests_ == 0 && !allocation.reload_urgent && pool_trim_debt_ > 0 &&
+         !cache_.has(allocation.window->bytes);
 }
 
 Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {

@@ -910,6 +910,34 @@ TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
   }
 }
 
+TEST(Engine, APrefetchHeldForThePoolDoesNotHoldUpQuiesce) {
+  // The pool never has anything to give (all of it in use), so what the first reload owes is never
+  // paid and the prefetches behind it wait; quiesce() in the middle of backward must still return,
+  // with the prefetches issued, and the data must come back intact.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = true;
+  options.vmm_trim_job_pool_catch_up = true;
+  Rig rig(options);
+  rig.device.set_job_pool(kGiB, kGiB);
+  Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+  rig.engine.quiesce();
+  int module_calls = 0;
+  run_backward(*rig.job, forward, 4, [&] {
+    if (++module_calls != 1) return;
+    auto settled = std::async(std::launch::async, [&] { rig.engine.quiesce(); });
+    EXPECT_EQ(settled.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "quiesce() hung";
+    settled.wait();
+  });
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GT(stats.pool_trim_debt_bytes, 0u);
+  EXPECT_EQ(stats.reloads_completed, 8u);
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
 TEST(Engine, AWatchTopsTheCacheUpWithWhatThePoolGivesBackAfterThePrefill) {
   // The prefill at the end of backward creates no more than the job's pool gives back then
   // (PrefillCreatesNoMoreThanTheJobsPoolGivesBack): here nothing. The optimizer step frees more
