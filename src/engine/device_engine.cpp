@@ -2224,11 +2224,11 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   if (serialized_ || (kind == PoolWatch::forward_start && --pool_watch_looks_left_ == 0)) {
     pool_watch_ = PoolWatch::none;
   }
+  const std::uint64_t debt = pool_trim_debt_;  // read under the lock; paid below, under it again
   ++trimming_;  // quiesce() waits for the look to end
   lock.unlock();
   const std::uint64_t slack = options_.vmm_job_pool_slack_bytes;
   const std::uint64_t least = std::max(kPoolWatchMinTrimBytes, slack / 2);
-  const std::uint64_t debt = pool_trim_debt_;  // read under the lock, paid below under it again
   Result<PoolUsage> usage = device_.job_pool_usage();
   std::optional<PoolTrim> trim;
   if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
