@@ -117,9 +117,9 @@ def describe(copies, kernels_merged, lo, hi):
     out["longest_gaps"] = [{"at_ms": (start - lo) / 1000.0, "ms": (end - start) / 1000.0,
                             "compute_ms": clipped_length(kernels_merged, start, end) / 1000.0}
                            for start, end in longest]
-    sizes = sorted(c["bytes"] / c["dur"] / 1e3 for c in inside if c["dur"] > 0)
-    if sizes:
-        out["per_copy_gbs_p10_p50_p90"] = [sizes[int(q * (len(sizes) - 1))] for q in (0.1, 0.5, 0.9)]
+    rates = sorted(c["bytes"] / c["dur"] / 1e3 for c in inside if c["dur"] > 0)
+    if rates:
+        out["per_copy_gbs_p10_p50_p90"] = [rates[int(q * (len(rates) - 1))] for q in (0.1, 0.5, 0.9)]
     return out
 
 

@@ -2225,6 +2225,8 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     pool_watch_ = PoolWatch::none;
   }
   const std::uint64_t debt = pool_trim_debt_;  // read under the lock; paid below, under it again
+  // A reload-debt trim is worth a driver call only once this much of the debt can go.
+  const std::uint64_t useful = std::min(debt, kPoolWatchMinTrimBytes);
   ++trimming_;  // quiesce() waits for the look to end
   lock.unlock();
   const std::uint64_t slack = options_.vmm_job_pool_slack_bytes;
@@ -2236,7 +2238,7 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     if (kind == PoolWatch::reload_debt) {
       // Only the debt, and only once a useful part of it can go: each trim is a driver call that
       // waits for the device, and what the pool reports unused may not be trimmable yet.
-      if (debt > 0 && unused >= std::min(debt, kPoolWatchMinTrimBytes)) trim = trim_job_pool_by(std::min(debt, unused));
+      if (debt > 0 && unused >= useful) trim = trim_job_pool_by(std::min(debt, unused));
     } else if (unused > slack + least) {
       trim = trim_job_pool_by(unused - slack);
     }
@@ -2244,8 +2246,7 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   --trimming_;
   pool_watch_next_ns_ = monotonic_ns() + kPoolWatchIntervalNs;
-  if (kind == PoolWatch::reload_debt && trim && trim->trimmed.ok() &&
-      *trim->trimmed < std::min<std::uint64_t>(debt, kPoolWatchMinTrimBytes)) {
+  if (kind == PoolWatch::reload_debt && trim && trim->trimmed.ok() && *trim->trimmed < useful) {
     // The pool reported bytes unused that it could not give back: frees the device has not run
     // yet. Each trim waits for the device and holds the job's driver calls meanwhile; give the
     // device a few layers' worth of time before the next (on the H100, looking every millisecond
