@@ -34,7 +34,11 @@
 # BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
 # runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
 # (out/bench), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
-# BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run).
+# BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run), BENCH_CPUS (the CPU
+# cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10 cores and
+# `taskset` is there, empty: unpinned). Pinned, a CPU-bound job (Qwen3-MoE syncs the host every layer)
+# no longer follows the scheduler's moves between processes: its baseline's repetitions were up to 19%
+# apart unpinned, which no variant's cost can be read through.
 # Results: out/bench/JOB/{results.json,results.md,logs/,meta.json}, traces in out/bench/traces (not
 # packed), the report in out/bench/{report.txt,report.json,bench.png,results.md}. When $OUT is set (the
 # device tool), everything but the traces is packed into $OUT/bench-results.tar.gz.
@@ -57,6 +61,14 @@ warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
 slow_warmup=${BENCH_SLOW_WARMUP:-2}
 export PYTHONUNBUFFERED=1
+if [[ -z ${BENCH_CPUS+set} ]]; then
+  cpus=""
+  if command -v taskset >/dev/null && [[ $(nproc 2>/dev/null || echo 1) -ge 10 ]]; then cpus=2-9; fi
+else
+  cpus=$BENCH_CPUS
+fi
+pin=()
+[[ -z $cpus ]] || pin=(taskset -c "$cpus")
 
 [[ -x $actpage ]] || { echo "bench: no $actpage: run scripts/gpu-bundle.sh and carry .gpu" >&2; exit 2; }
 jobs=("$@")
@@ -67,7 +79,7 @@ done
 
 device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(tr '\n' ' ' <"$root/.gpu/COMMIT" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-echo "bench: device ${device:-unknown}; bundle ${commit}; jobs ${jobs[*]}; reps $reps (peers $peer_reps), steps $steps (warm-up $warmup)"
+echo "bench: device ${device:-unknown}; bundle ${commit}; jobs ${jobs[*]}; reps $reps (peers $peer_reps), steps $steps (warm-up $warmup); cores ${cpus:-unpinned}"
 
 failed=0
 for job in "${jobs[@]}"; do
@@ -112,19 +124,19 @@ for job in "${jobs[@]}"; do
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
     --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \
-    -- "$job_python" "$script" "${args[@]}" --steps "$steps" --warmup "$warmup" --deterministic \
+    -- "${pin[@]}" "$job_python" "$script" "${args[@]}" --steps "$steps" --warmup "$warmup" --deterministic \
     2>&1 | tee "$job_out/compare.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: $job: some runs failed (see $job_out/logs)"; failed=1; }
   BENCH_META_JOB=$job BENCH_META_STARTED=$started BENCH_META_DEVICE=$device BENCH_META_COMMIT=$commit \
   BENCH_META_REPS=$reps BENCH_META_PEER_REPS=$peer_reps BENCH_META_STEPS=$steps BENCH_META_WARMUP=$warmup \
-  BENCH_META_NEAR=$near BENCH_META_ALL=$all "$python" - "$job_out/meta.json" <<'PY'
+  BENCH_META_NEAR=$near BENCH_META_ALL=$all BENCH_META_CPUS=$cpus "$python" - "$job_out/meta.json" <<'PY'
 import datetime, json, os, sys
 env = os.environ
 meta = {"job": env["BENCH_META_JOB"], "started": env["BENCH_META_STARTED"],
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": env["BENCH_META_DEVICE"] or None, "commit": env["BENCH_META_COMMIT"].strip() or None,
         "reps": int(env["BENCH_META_REPS"]), "peer_reps": int(env["BENCH_META_PEER_REPS"]), "steps": int(env["BENCH_META_STEPS"]),
-        "warmup": int(env["BENCH_META_WARMUP"]),
+        "warmup": int(env["BENCH_META_WARMUP"]), "cpus": env["BENCH_META_CPUS"] or None,
         "policies": {"actpage-observe": "config/observe.json", "actpage-near-free": env["BENCH_META_NEAR"],
                      "actpage-all": env["BENCH_META_ALL"]}}
 with open(sys.argv[1], "w") as handle:

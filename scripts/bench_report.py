@@ -243,8 +243,12 @@ def format_table(job, rows, checks):
 
 def _job_title(job, meta, results):
     title = JOB_TITLES.get(job, job)
-    command = (results.get("settings") or {}).get("command") or []
-    return "%s (`%s`)" % (title, " ".join(command[1:])) if command else title
+    command = list((results.get("settings") or {}).get("command") or [])
+    pinned = ""
+    if len(command) > 3 and os.path.basename(command[0]) == "taskset" and command[1] == "-c":
+        # bench.sh pins the job (BENCH_CPUS): say so, and show the job's own command
+        pinned, command = ", pinned to CPU cores %s" % command[2], command[3:]
+    return "%s (`%s`%s)" % (title, " ".join(command[1:]), pinned) if command else title
 
 
 def build_report(directory):

@@ -27,7 +27,8 @@
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
 #            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
 #            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead, NF_PROFILE_STEP=N profiles
-#            step N of each run and prints what the copy engines did in it (scripts/copy_timeline.py)
+#            step N of each run and prints what the copy engines did in it (scripts/copy_timeline.py),
+#            NF_CPUS=2-9 pins every run to those CPU cores (taskset; default unpinned)
 #   recording-cost  the library's recording cost on a launch-bound loop of tiny ops, recorded and
 #            paused blocks alternating in one process (bench/python/recording_cost.py), per allocator,
 #            with and without the memory sampler and with NVTX ranges
@@ -341,13 +342,16 @@ PY
       done
       ;;
     nearfree)
-      # NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead of the Llama one.
+      # NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead of the Llama one; NF_CPUS pins every run
+      # (the CPU-bound Qwen3-MoE job's step moves by up to 19% between unpinned processes).
+      nf_pin=()
+      [[ -z ${NF_CPUS:-} ]] || nf_pin=(taskset -c "$NF_CPUS")
       if [[ ${NF_JOB:-llama} == qwen ]]; then
-        say "nearfree: Qwen3-MoE 8 layers, policies and engine settings, traced"
-        job=("$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
+        say "nearfree: Qwen3-MoE 8 layers, policies and engine settings, traced; cores ${NF_CPUS:-unpinned}"
+        job=("${nf_pin[@]}" "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
       else
-        say "nearfree: Llama 16 layers, near-free policies and engine settings, traced"
-        job=("$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
+        say "nearfree: Llama 16 layers, near-free policies and engine settings, traced; cores ${NF_CPUS:-unpinned}"
+        job=("${nf_pin[@]}" "$python" examples/train_llama.py "${llama[@]}" --steps ${NF_STEPS:-8} --warmup 3 --deterministic)
       fi
       # NF_PROFILE_STEP=N: profile step N of every run (torch.profiler; kept as nf-NAME.step.json.gz) and print
       # what the copy engines did in it (scripts/copy_timeline.py).

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import stat
 import struct
 import subprocess
@@ -72,7 +73,8 @@ FAKE_JOB = textwrap.dedent("""
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"job": job, "key": key, "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                               "steps": steps, "args": args,
-                              "catch_up": os.environ.get("ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP")}) + "\\n")
+                              "catch_up": os.environ.get("ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP"),
+                              "cpus": sorted(os.sched_getaffinity(0))}) + "\\n")
     print("ACTPAGE_RESULT " + json.dumps({
         "losses": [x.hex() for x in losses], "median_step_ms": ms, "median_fwd_ms": ms / 3,
         "device_used_peak_mib": used, "torch_peak_mib": torch_peak, "device": "Fake GPU", "torch": "0.0",
@@ -416,6 +418,12 @@ class BenchScriptTest(unittest.TestCase):
     """scripts/bench.sh with the fake job and actpage: every variant of both jobs runs, the report is
     written and packed."""
 
+    def setUp(self):
+        if not shutil.which("taskset"):
+            self.skipTest("no taskset on this machine (util-linux)")
+        # the last core this process may run on: every job must run there and nowhere else
+        self.core = max(os.sched_getaffinity(0))
+
     def test_end_to_end(self):
         bench = FakeBench()
         self.addCleanup(bench.close)
@@ -424,7 +432,7 @@ class BenchScriptTest(unittest.TestCase):
         os.mkdir(packed)
         env = helpers.clean_environment(dict(bench.env, BENCH_OUT=out, OUT=packed, PYTHON=sys.executable,
                                              BENCH_JOB_PYTHON=bench.job, BENCH_ACTPAGE=bench.actpage,
-                                             BENCH_STEPS="5", BENCH_WARMUP="1"))
+                                             BENCH_STEPS="5", BENCH_WARMUP="1", BENCH_CPUS=str(self.core)))
         done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench.sh")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
         self.assertEqual(done.returncode, 0, done.stdout[-3000:])
@@ -438,6 +446,7 @@ class BenchScriptTest(unittest.TestCase):
         catch_up = [c for c in calls if c["catch_up"] == "true"]
         self.assertEqual([(c["job"], c["key"]) for c in catch_up], [("qwen", "qwen3-moe-near-free.json")])
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
+        self.assertEqual({tuple(c["cpus"]) for c in calls}, {(self.core,)})  # BENCH_CPUS pinned every run
         slow = [c for c in calls if c["key"] == "save_on_cpu"]
         self.assertEqual([c["steps"] for c in slow], [6, 6])
         keys = {(c["job"], c["key"]) for c in calls}
@@ -448,7 +457,11 @@ class BenchScriptTest(unittest.TestCase):
         self.assertIn(("llama", "llama-mlp-capped.json"), keys)  # the prefill-cap variant's shipped policy
         self.assertIn("MISSED by 0.088x", done.stdout)
         meta = json.loads(read(os.path.join(out, "llama", "meta.json")))
-        self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["warmup"]), (2, 1, 5, 1))
+        self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["warmup"], meta["cpus"]),
+                         (2, 1, 5, 1, str(self.core)))
+        # the report shows the job's own command and where it was pinned
+        self.assertIn("`examples/train_llama.py --layers 16", read(os.path.join(out, "results.md")))
+        self.assertIn(", pinned to CPU cores %d)" % self.core, read(os.path.join(out, "results.md")))
         read_png(read(os.path.join(out, "bench.png"), "rb"))
         with tarfile.open(os.path.join(packed, "bench-results.tar.gz")) as tar:
             names = tar.getnames()
