@@ -762,9 +762,12 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   // Ranges further out (the whole model) do not: their backward begins long before this layer's.
   group->names.push_back(registry.node(verdict.selected).name);
   if (parent != ranges::kNoPath) group->names.push_back(registry.node(parent).name);
-  if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end) && parent != ranges::kNoPath &&
-      thread == forward_thread_) {
-    drain_node_.store(registry.node(parent).parent, std::memory_order_relaxed);
+  if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end) && thread == forward_thread_) {
+    // Where the layers end: the range holding them, not the selected module's parent's parent (for
+    // Qwen3-MoE's experts that is their layer, and the forward waited for the copies after every
+    // selected layer: x1.45 for 1.2 GiB on the H100, session 16).
+    const ranges::PathId holder = ranges::enclosing_layers(verdict.selected);
+    if (holder != ranges::kNoPath) drain_node_.store(holder, std::memory_order_relaxed);
   }
   Group* raw = group.get();
   if (raw->layer_node != last_layer_node_) {

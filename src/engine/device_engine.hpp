@@ -436,8 +436,8 @@ class DeviceEngine {
   // Bytes of reload pages created in this backward that the job's pool has not given back yet
   // (vmm.trim_job_pool_catch_up).
   std::uint64_t pool_trim_debt_ = 0;
-  // offload_drain_at_layers_end: the range enclosing the newest group's layer (its parent), where
-  // the forward thread waits for the copies.
+  // offload_drain_at_layers_end: the range holding the newest group's layer
+  // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
   bool in_backward_ = false;
   std::thread::id forward_thread_;

@@ -252,6 +252,31 @@ void pop() {
   if (Listener* listener = g_listener.load(std::memory_order_acquire)) listener->on_pop(frame.node);
 }
 
+namespace {
+// "model.layers.3" and "3" end in a numbered component; "model.layers", "fc1" and "layer3" do not.
+bool ends_in_number(std::string_view name) {
+  const std::size_t dot = name.rfind('.');
+  const std::string_view last = dot == std::string_view::npos ? name : name.substr(dot + 1);
+  if (last.empty()) return false;
+  for (const char c : last) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+}  // namespace
+
+PathId enclosing_layers(PathId node) {
+  if (node == kNoPath) return kNoPath;
+  const Registry& registry = Registry::instance();
+  PathId layer = kNoPath;
+  for (PathId at = node; at != kNoPath; at = registry.node(at).parent) {
+    if (ends_in_number(registry.name(registry.node(at).name))) layer = at;  // keep going: the outermost
+  }
+  if (layer != kNoPath) return registry.node(layer).parent;
+  const PathId parent = registry.node(node).parent;
+  return parent == kNoPath ? kNoPath : registry.node(parent).parent;
+}
+
 PathId current() noexcept { return t_stack.current; }
 
 std::uint32_t depth() noexcept { return t_stack.depth + t_stack.overflow; }

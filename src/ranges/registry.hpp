@@ -69,6 +69,16 @@ class Registry {
   Impl* impl_;
 };
 
+// The range that holds a model's layers, for a range inside one of them: the parent of the
+// outermost enclosing range (`node` itself included) whose name ends in a numbered component, as a
+// module list's entries are named ("model.layers.3", "blocks.7"). "Model/model.layers.3/
+// model.layers.3.mlp/model.layers.3.mlp.experts" gives "Model/model"; the outermost, so that an
+// expert numbered inside a layer ("model.layers.3.mlp.experts.5") still gives the layers' holder.
+// Without a numbered range on the way up (ranges named "core_attn", "expert_fc1"...), the parent of
+// `node`'s parent: the selected module's layer is taken to be its parent. kNoPath when there is no
+// such range.
+PathId enclosing_layers(PathId node);
+
 // The calling thread's range stack. push() and pop() write RANGE_PUSH / RANGE_POP records to the
 // active trace (trace::active()) and then call the listener.
 // Opens a range named `name` inside the thread's current node. `domain` is the interned name of the

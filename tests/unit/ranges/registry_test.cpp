@@ -67,6 +67,43 @@ TEST_F(RangesTest, PathNodesAreKeyedByParentAndName) {
   EXPECT_EQ(registry().node(kNoPath).depth, 0u);
 }
 
+// Builds a chain of nodes under `root` (kNoPath: top level), one per name; returns them in order.
+std::vector<PathId> chain(PathId root, const std::vector<std::string>& names) {
+  std::vector<PathId> nodes;
+  PathId at = root;
+  for (const std::string& name : names) {
+    at = registry().child(at, registry().intern_name(name));
+    nodes.push_back(at);
+  }
+  return nodes;
+}
+
+TEST_F(RangesTest, TheLayersHolderIsTheParentOfTheOutermostNumberedRange) {
+  // Llama: the MLP's layer is its parent, and the layers' holder the model.
+  const auto llama = chain(kNoPath, {"rt_llm.LlamaForCausalLM", "rt_llm.model", "rt_llm.model.layers.3",
+                                     "rt_llm.model.layers.3.mlp"});
+  EXPECT_EQ(enclosing_layers(llama[3]), llama[1]);
+  EXPECT_EQ(enclosing_layers(llama[2]), llama[1]);  // a whole layer selected: still the model
+  // Qwen3-MoE: the experts sit one deeper, inside the layer's MLP; the holder is still the model,
+  // not the layer (which would drain after every selected layer).
+  const auto moe = chain(llama[0], {"rt_llm.moe", "rt_llm.moe.layers.12", "rt_llm.moe.layers.12.mlp",
+                                    "rt_llm.moe.layers.12.mlp.experts", "rt_llm.moe.layers.12.mlp.experts.5"});
+  EXPECT_EQ(enclosing_layers(moe[3]), moe[0]);
+  EXPECT_EQ(enclosing_layers(moe[4]), moe[0]);  // a numbered expert inside a numbered layer: the outermost
+  // A bare index as a range's whole name counts as numbered too.
+  const auto bare = chain(kNoPath, {"rt_llm.stack", "7", "rt_llm.ffn"});
+  EXPECT_EQ(enclosing_layers(bare[2]), bare[0]);
+  // Names without a numbered component ("layer3" is not one): the parent of the parent.
+  const auto named = chain(kNoPath, {"rt_llm.gpt", "rt_llm.layer3", "rt_llm.core_attn"});
+  EXPECT_EQ(enclosing_layers(named[2]), named[0]);
+  EXPECT_EQ(enclosing_layers(named[1]), kNoPath);  // its parent is top level: nothing encloses that
+  EXPECT_EQ(enclosing_layers(named[0]), kNoPath);
+  EXPECT_EQ(enclosing_layers(kNoPath), kNoPath);
+  // A numbered top-level range has no holder.
+  const auto top = chain(kNoPath, {"rt_llm.blocks.0", "rt_llm.blocks.0.fc1"});
+  EXPECT_EQ(enclosing_layers(top[1]), kNoPath);
+}
+
 TEST_F(RangesTest, ThreadsInterningTheSameNamesAgreeOnEveryId) {
   constexpr int kThreads = 8;
   constexpr int kNames = 200;
