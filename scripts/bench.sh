@@ -16,10 +16,10 @@
 #   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
-#   actpage-near-free-catch-up  Llama config/llama-near-free-7.json (the near-free settings with a
-#                      seventh MLP, whose copy the drain waits for: more saving for some time),
-#                      Qwen3-MoE the near-free policy with prefill, drain and vmm.trim_job_pool_catch_up
-#                      (backward's reload pages take the place of the job's pool instead of adding to it)
+#   actpage-near-free-catch-up  Llama config/llama-near-free-7.json, Qwen3-MoE
+#                      config/qwen3-moe-near-free-6.json: the near-free settings (prefill, drain,
+#                      vmm.trim_job_pool_catch_up) with one more layer, whose copy the drain may wait for:
+#                      more saving for some time
 #   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
 #                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
 #                      the experts policy (keep_last 2) with those settings
@@ -99,8 +99,7 @@ for job in "${jobs[@]}"; do
       all=config/qwen3-moe-experts.json
       capped=(policy=$all env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=6GiB
               env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
-      catch_up=(policy=$near env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=3GiB
-                env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true env=ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP=true)
+      catch_up=(policy=config/qwen3-moe-near-free-6.json)
       ;;
   esac
   capped_spec=$(IFS=';'; echo "${capped[*]}")
