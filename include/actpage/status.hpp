@@ -19,6 +19,8 @@ enum class ErrorCode {
   not_supported,     // the device or driver lacks a feature (VMM, host NUMA handles...)
   not_ready,         // an asynchronous operation has not completed yet (event query)
   device_error,      // any other failure reported by the driver or the simulated device
+  context_lost,      // a sticky error (an illegal address, a failed launch...): the CUDA context is
+                     // unusable, every later call fails alike, and only the process's end clears it
   io_error,          // files: trace, policy
   parse_error,       // policy or trace contents are malformed
 };

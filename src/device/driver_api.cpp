@@ -19,6 +19,18 @@ ErrorCode error_code_for(CUresult result) noexcept {
     case CUDA_ERROR_STUB_LIBRARY:
     case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
     case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: return ErrorCode::not_supported;
+    // Sticky: the context is left unusable, and retrying only fails again (CUDA's documentation of
+    // each: "the process must be terminated and relaunched").
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE: return ErrorCode::context_lost;
     default: return ErrorCode::device_error;
   }
 }

@@ -177,11 +177,14 @@ Status DeviceEngine::start() {
 }
 
 void DeviceEngine::shutdown() {
+  bool lost = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!started_ || stopping_) return;
+    if (!started_ || shut_down_) return;
+    shut_down_ = true;
+    lost = context_lost_;  // nothing to wait for: the workers already stopped, or are stopping
   }
-  quiesce();
+  if (!lost) quiesce();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -762,6 +765,14 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   // Ranges further out (the whole model) do not: their backward begins long before this layer's.
   group->names.push_back(registry.node(verdict.selected).name);
   if (parent != ranges::kNoPath) group->names.push_back(registry.node(parent).name);
+  // And backward of its layer, which begins before that of anything inside it: a module deeper than
+  // the layer's children (a projection inside the MLP) has its outputs read by a sibling's backward
+  // (the activation's) before its own backward begins, and with only the layers marked, nothing
+  // else would ask for it before a kernel read its pages (an illegal address on the H100).
+  if (const ranges::PathId layer = ranges::layer_of(verdict.selected);
+      layer != ranges::kNoPath && layer != verdict.selected && layer != parent) {
+    group->names.push_back(registry.node(layer).name);
+  }
   if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end) && thread == forward_thread_) {
     // Where the layers end: the range holding them, not the selected module's parent's parent (for
     // Qwen3-MoE's experts that is their layer, and the forward waited for the copies after every
@@ -1103,8 +1114,30 @@ void DeviceEngine::recycle_event(EventHandle event) {
 
 void DeviceEngine::note_failure(const char* what, const Status& status) {
   ++stats_.failures;
+  if (status.code() == ErrorCode::context_lost) {
+    lose_context(what, status);
+    return;
+  }
   ACTPAGE_WARN_ONCE(std::string("engine.failure.") + what, "{} failed: {}; the job goes on without it", what,
                     status.message());
+}
+
+void DeviceEngine::lose_context(const char* what, const Status& status) {
+  if (context_lost_) return;
+  // Nothing can be copied, mapped or waited for on this device again: retrying a reload (as for a
+  // transient failure) would spin forever while the job's thread waited for it. Stop as shutdown
+  // does, so that every wait ends: the job's next CUDA call reports the error itself, and the job
+  // fails where it would fail without actpage instead of hanging.
+  context_lost_ = true;
+  stopping_ = true;
+  ACTPAGE_LOG_ERROR("{} failed: {}. The CUDA context is lost (a sticky error: something on the device touched memory "
+                    "it must not, or a kernel failed); {} of activations offloaded by actpage cannot come back. "
+                    "actpage stops paging; the job's next CUDA call reports the error",
+                    what, status.message(), format_bytes(stats_.offloaded_bytes_now));
+  offload_cv_.notify_all();
+  reload_cv_.notify_all();
+  reload_done_cv_.notify_all();
+  issued_cv_.notify_all();
 }
 
 // --- Offload worker --------------------------------------------------------------------------
@@ -2404,9 +2437,14 @@ void DeviceEngine::reload_worker() {
       --reload_preparing_;
       stats_.worker_vmm_calls += 2;
       if (!status.ok()) {
-        // The data exists only on the host: we must get it back. Make room and try again.
+        // The data exists only on the host: we must get it back. Make room and try again, unless
+        // the context is lost (then nothing comes back, and the loop ends on stopping_).
         allocation->state = PageState::offloaded;
         reload_queue_.push_front(allocation);
+        if (status.code() == ErrorCode::context_lost) {
+          note_failure("mapping pages for a reload", status);
+          continue;
+        }
         ACTPAGE_LOG_WARN("reloading {} at {:#x}: {}; retrying after releasing cached ranges",
                          format_bytes(bytes), va, status.message());
         trim_cache(lock, /*everything=*/true);

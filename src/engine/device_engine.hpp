@@ -253,7 +253,9 @@ class DeviceEngine {
   RangeCache::Demand demand() const;
   EventHandle acquire_event();
   void recycle_event(EventHandle event);
-  void note_failure(const char* what, const Status& status);
+  void note_failure(const char* what, const Status& status);  // mutex_ held
+  // A sticky CUDA error (ErrorCode::context_lost): stop as shutdown does, so that no wait outlives it.
+  void lose_context(const char* what, const Status& status);
 
   void start_iteration();
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
@@ -383,6 +385,8 @@ class DeviceEngine {
   std::condition_variable reload_done_cv_;  // reload completion worker: a copy is in flight
   std::condition_variable issued_cv_;   // job threads: a reload was issued / state changed
   bool stopping_ = false;
+  bool shut_down_ = false;     // shutdown() ran (or runs): the workers are joined once
+  bool context_lost_ = false;  // a sticky CUDA error was seen: stopping_ is set, nothing is retried
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
   std::map<DevPtr, std::unique_ptr<Window>> windows_;

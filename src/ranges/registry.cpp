@@ -265,13 +265,19 @@ bool ends_in_number(std::string_view name) {
 }
 }  // namespace
 
-PathId enclosing_layers(PathId node) {
-  if (node == kNoPath) return kNoPath;
+PathId layer_of(PathId node) {
   const Registry& registry = Registry::instance();
   PathId layer = kNoPath;
   for (PathId at = node; at != kNoPath; at = registry.node(at).parent) {
     if (ends_in_number(registry.name(registry.node(at).name))) layer = at;  // keep going: the outermost
   }
+  return layer;
+}
+
+PathId enclosing_layers(PathId node) {
+  if (node == kNoPath) return kNoPath;
+  const Registry& registry = Registry::instance();
+  const PathId layer = layer_of(node);
   if (layer != kNoPath) return registry.node(layer).parent;
   const PathId parent = registry.node(node).parent;
   return parent == kNoPath ? kNoPath : registry.node(parent).parent;

@@ -78,6 +78,9 @@ class Registry {
 // `node`'s parent: the selected module's layer is taken to be its parent. kNoPath when there is no
 // such range.
 PathId enclosing_layers(PathId node);
+// The layer `node` lies in: the outermost enclosing range (`node` itself included) whose name ends
+// in a numbered component; kNoPath without one.
+PathId layer_of(PathId node);
 
 // The calling thread's range stack. push() and pop() write RANGE_PUSH / RANGE_POP records to the
 // active trace (trace::active()) and then call the listener.

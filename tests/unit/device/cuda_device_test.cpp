@@ -50,7 +50,12 @@ TEST(DriverApi, ErrorsAreClassified) {
   EXPECT_EQ(error_code_for(CUDA_ERROR_INVALID_VALUE), ErrorCode::invalid_argument);
   EXPECT_EQ(error_code_for(CUDA_ERROR_NO_DEVICE), ErrorCode::not_supported);
   EXPECT_EQ(error_code_for(CUDA_ERROR_STUB_LIBRARY), ErrorCode::not_supported);
-  EXPECT_EQ(error_code_for(CUDA_ERROR_ILLEGAL_ADDRESS), ErrorCode::device_error);
+  EXPECT_EQ(error_code_for(CUDA_ERROR_INVALID_CONTEXT), ErrorCode::device_error);
+  // Sticky errors: the context is unusable from then on (the engine stops rather than retry).
+  for (CUresult sticky : {CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ILLEGAL_INSTRUCTION,
+                          CUDA_ERROR_MISALIGNED_ADDRESS, CUDA_ERROR_ASSERT, CUDA_ERROR_ECC_UNCORRECTABLE}) {
+    EXPECT_EQ(error_code_for(sticky), ErrorCode::context_lost) << sticky;
+  }
 }
 
 // Without a GPU driver in the process, creating the device fails with a Status (the library then
@@ -381,7 +386,7 @@ TEST_F(FakeDriver, EventQueryNotReadyIsNotReady) {
   ACTPAGE_EXPECT_OK(device->query_event(*event));
   fail("cuEventQuery", CUDA_ERROR_ILLEGAL_ADDRESS);
   Status broken = device->query_event(*event);
-  EXPECT_EQ(broken.code(), ErrorCode::device_error);
+  EXPECT_EQ(broken.code(), ErrorCode::context_lost);
   EXPECT_NE(broken.message().find("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << broken.message();
 }
 

@@ -496,6 +496,36 @@ TEST(EngineFault, TheJobsStreamIsDestroyedWithOffloadsPendingNothingHangsOrLeaks
   rig.expect_intact_and_clean();
 }
 
+TEST(EngineFault, TheContextIsLostWithActivationsOffTheDeviceNothingWaitsForever) {
+  // A sticky error (on the H100, a kernel that read an offloaded page: CUDA_ERROR_ILLEGAL_ADDRESS)
+  // leaves every later call failing alike. Retried like a transient failure, a reload would spin
+  // forever while backward's thread waited for it: the job hung instead of failing. The engine must
+  // stop paging, say so once, and let every wait end, shutdown included.
+  LogCapture log;
+  FaultRig rig(fault_options());
+  rig.settled_step();
+  auto saved = rig.forward(4, 2, 3 * kMiB);
+  rig.engine.quiesce();
+  ASSERT_GT(rig.engine.stats().offloaded_bytes_now, 0u);
+  SimFaultPlan lost;
+  for (std::size_t op = 0; op < device::kSimOpCount; ++op) {
+    lost.fail_after(static_cast<SimOp>(op), 0, ErrorCode::context_lost);
+  }
+  rig.device.set_fault_plan(lost);
+  rig.backward(saved);  // returns: the reloads fail, nothing is retried
+  rig.engine.quiesce();
+  EXPECT_GE(rig.engine.stats().failures, 1u);
+  EXPECT_EQ(log.count("The CUDA context is lost"), 1u) << log.text();
+  // After it, the engine takes nothing more: a forward neither offloads nor waits.
+  const EngineStats before = rig.engine.stats();
+  rig.forward(2, 2, 3 * kMiB);
+  const EngineStats after = rig.engine.stats();
+  EXPECT_EQ(after.offloads_completed, before.offloads_completed);
+  EXPECT_EQ(after.groups_created, before.groups_created);
+  EXPECT_EQ(after.stalls + after.backlog_waits, before.stalls + before.backlog_waits);
+  rig.finish();  // shutdown ends too, though nothing can be given back
+}
+
 TEST(EngineFault, StoppingTheEngineWithCopiesInFlightDrainsThemAndGivesEverythingBack) {
   SimDeviceConfig config = fault_config();
   config.max_delay_us = 400;  // copies are slow: shutdown finds them in flight

@@ -1130,6 +1130,52 @@ TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModu
   EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * kLayers * 2u);
 }
 
+TEST(Engine, ALayersBackwardBringsBackAModuleSelectedDeepInsideIt) {
+  // A projection inside the MLP ("model.layers.3.mlp.gate_proj") is selected: its output is read in
+  // the MLP's forward after its range closed (by the activation), and in backward by the
+  // activation's backward before the projection's own backward begins. The layer's backward marker
+  // is the first that comes: it must bring the output back, or that read finds no pages.
+  Options options = testing::small_offload_options();
+  options.modules = {ModuleRule{{"*.mlp.gate_proj"}, true, std::nullopt}};
+  Rig rig(options);
+  constexpr int kLayers = 3;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    std::map<std::string, Tensor> gate;
+    rig.job->push("model");
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      rig.job->push(name);
+      rig.job->push(name + ".mlp");
+      rig.job->push(name + ".mlp.gate_proj");
+      gate[name] = rig.job->allocate(3 * kMiB);
+      rig.job->write(gate[name]);
+      rig.job->pop();
+      rig.job->check(gate[name]);  // the activation reads it, inside the MLP
+      rig.job->pop();
+      rig.job->pop();
+    }
+    rig.job->pop();
+    rig.engine.quiesce();
+    EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, kLayers * 4 * kMiB) << "iteration " << iteration;
+    std::thread autograd([&] {
+      for (int layer = kLayers; layer-- > 0;) {
+        const std::string name = "model.layers." + std::to_string(layer);
+        rig.job->marker(name + ".backward");  // only the layer is marked before the read
+        rig.job->check(gate[name]);           // the activation's backward
+        rig.job->marker(name + ".mlp.gate_proj.backward");
+        rig.job->free(gate[name]);
+      }
+    });
+    autograd.join();
+    rig.engine.quiesce();
+  }
+  rig.device.synchronize();
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 2u * kLayers);
+}
+
 // A trace file in a temporary folder, the process's active writer while it lives: the engine's
 // records go there. read() stops the writing and reads the file; the folder goes with the object.
 class ActiveTraceFile {

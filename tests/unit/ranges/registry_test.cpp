@@ -90,6 +90,10 @@ TEST_F(RangesTest, TheLayersHolderIsTheParentOfTheOutermostNumberedRange) {
                                     "rt_llm.moe.layers.12.mlp.experts", "rt_llm.moe.layers.12.mlp.experts.5"});
   EXPECT_EQ(enclosing_layers(moe[3]), moe[0]);
   EXPECT_EQ(enclosing_layers(moe[4]), moe[0]);  // a numbered expert inside a numbered layer: the outermost
+  EXPECT_EQ(layer_of(moe[3]), moe[1]);
+  EXPECT_EQ(layer_of(moe[4]), moe[1]);
+  EXPECT_EQ(layer_of(moe[1]), moe[1]);
+  EXPECT_EQ(layer_of(moe[0]), kNoPath);
   // A bare index as a range's whole name counts as numbered too.
   const auto bare = chain(kNoPath, {"rt_llm.stack", "7", "rt_llm.ffn"});
   EXPECT_EQ(enclosing_layers(bare[2]), bare[0]);
