@@ -97,17 +97,25 @@ TEST(ShippedConfig, LlamaMlpCappedOffloadsEveryLayersMlpWithTheCapAndThePrefill)
   EXPECT_FALSE(matcher.match("model.layers.15.mlp.down_proj"));
 }
 
+// The settings every shipped near-free policy shares: no layer kept (their layers are the first,
+// which backward needs last), the drain at the layers' end, a prefilled 3 GiB range cache, 3 GiB of
+// prefetch, and backward's reload pages paid for by the job's pool.
+Options load_near_free(const std::string& name) {
+  const Options options = load_config(name);
+  EXPECT_EQ(options.mode, Mode::offload) << name;
+  EXPECT_EQ(options.keep_last, 0u) << name;
+  EXPECT_TRUE(options.offload_drain_at_layers_end) << name;
+  EXPECT_TRUE(options.vmm_prefill_cache) << name;
+  EXPECT_TRUE(options.vmm_trim_job_pool) << name;
+  EXPECT_TRUE(options.vmm_trim_job_pool_catch_up) << name;
+  EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{3} << 30) << name;
+  EXPECT_EQ(options.prefetch_ahead_bytes, std::uint64_t{3} << 30) << name;
+  return options;
+}
+
 // The near-free policies of the Llama job: `last` is the last of the even layers whose MLP leaves.
 void expect_llama_near_free(const std::string& name, int last) {
-  const Options options = load_config(name);
-  EXPECT_EQ(options.mode, Mode::offload);
-  EXPECT_EQ(options.keep_last, 0u);
-  EXPECT_TRUE(options.offload_drain_at_layers_end);
-  EXPECT_TRUE(options.vmm_prefill_cache);
-  EXPECT_TRUE(options.vmm_trim_job_pool);
-  EXPECT_TRUE(options.vmm_trim_job_pool_catch_up);
-  EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{3} << 30);
-  const ModuleMatcher matcher(options);
+  const ModuleMatcher matcher(load_near_free(name));
   for (int layer = 0; layer < 16; ++layer) {
     const std::string module = "model.layers." + std::to_string(layer) + ".mlp";
     EXPECT_EQ(matcher.match(module).has_value(), layer % 2 == 0 && layer <= last) << name << ": " << module;
@@ -129,15 +137,7 @@ TEST(ShippedConfig, LlamaNearFree7TradesTimeForASeventhLayer) {
 
 // The near-free policies of the Qwen3-MoE job: the expert blocks of layers 0..last leave.
 void expect_qwen_near_free(const std::string& name, int last) {
-  const Options options = load_config(name);
-  EXPECT_EQ(options.mode, Mode::offload);
-  EXPECT_EQ(options.keep_last, 0u);
-  EXPECT_TRUE(options.offload_drain_at_layers_end);
-  EXPECT_TRUE(options.vmm_prefill_cache);
-  EXPECT_TRUE(options.vmm_trim_job_pool_catch_up);
-  EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{3} << 30);
-  EXPECT_EQ(options.prefetch_ahead_bytes, std::uint64_t{3} << 30);
-  const ModuleMatcher matcher(options);
+  const ModuleMatcher matcher(load_near_free(name));
   for (int layer = 0; layer < 8; ++layer) {
     const std::string module = "model.layers." + std::to_string(layer) + ".mlp.experts";
     EXPECT_EQ(matcher.match(module).has_value(), layer <= last) << name << ": " << module;
