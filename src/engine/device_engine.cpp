@@ -108,14 +108,17 @@ void DeviceEngine::take_job_turn(std::unique_lock<std::mutex>& lock) {
   turn_ = Turn::job;
 }
 
-void DeviceEngine::end_turn(Turn who) {
-  if (!serialized_ || turn_ != who) return;
-  turn_ = Turn::none;
-  // Whoever comes next may be waiting on any of these.
+void DeviceEngine::wake_everyone() {
   offload_cv_.notify_all();
   reload_cv_.notify_all();
   reload_done_cv_.notify_all();
   issued_cv_.notify_all();
+}
+
+void DeviceEngine::end_turn(Turn who) {
+  if (!serialized_ || turn_ != who) return;
+  turn_ = Turn::none;
+  wake_everyone();  // whoever comes next may be waiting on any of them
 }
 
 template <class Done>
@@ -189,10 +192,7 @@ void DeviceEngine::shutdown() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  offload_cv_.notify_all();
-  reload_cv_.notify_all();
-  reload_done_cv_.notify_all();
-  issued_cv_.notify_all();
+  wake_everyone();
   if (offload_thread_.joinable()) offload_thread_.join();
   if (vmm_thread_.joinable()) vmm_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
@@ -1134,10 +1134,7 @@ void DeviceEngine::lose_context(const char* what, const Status& status) {
                     "it must not, or a kernel failed); {} of activations offloaded by actpage cannot come back. "
                     "actpage stops paging; the job's next CUDA call reports the error",
                     what, status.message(), format_bytes(stats_.offloaded_bytes_now));
-  offload_cv_.notify_all();
-  reload_cv_.notify_all();
-  reload_done_cv_.notify_all();
-  issued_cv_.notify_all();
+  wake_everyone();
 }
 
 // --- Offload worker --------------------------------------------------------------------------

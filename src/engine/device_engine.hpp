@@ -256,6 +256,9 @@ class DeviceEngine {
   void note_failure(const char* what, const Status& status);  // mutex_ held
   // A sticky CUDA error (ErrorCode::context_lost): stop as shutdown does, so that no wait outlives it.
   void lose_context(const char* what, const Status& status);
+  // Notifies every worker's and the job threads' condition variables: after a change any of them
+  // may be waiting for (a turn's end, stopping).
+  void wake_everyone();
 
   void start_iteration();
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
