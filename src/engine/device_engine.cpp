@@ -331,7 +331,14 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
-  if (auto cached = take_cached(mapped_bytes)) {
+  // The neighbour of the window taken last, when the cache has it: a module call's ranges then lie
+  // side by side and go back to the driver in one unmap (vmm.unmap_by_group). What went back within
+  // the last forward at this place (the module's temporaries) comes from the top of the cache
+  // instead, and is not followed: it would take the place the next activation's neighbour had.
+  const bool temporary =
+      cursor_ < freed_in_forward_last_iteration_.size() && freed_in_forward_last_iteration_[cursor_] != 0;
+  if (auto cached = temporary ? take_cached(mapped_bytes, 0, RangeCache::End::high)
+                              : take_cached(mapped_bytes, next_window_va_)) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
     window->physical = cached->physical;
@@ -392,7 +399,11 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     window->physical = *physical;
   }
   window->mapped = true;
+  if (!temporary) next_window_va_ = window->va + window->bytes;
+  window->iteration = iteration_;
+  window->position = sizes_this_iteration_.size();
   sizes_this_iteration_.push_back(window->bytes);
+  freed_in_forward_this_iteration_.push_back(0);
   ++cursor_;
   // The cache cannot serve what comes next: the VMM worker maps it ahead (vmm.map_ahead).
   if (options_.vmm_map_ahead && cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_])) {
@@ -428,6 +439,9 @@ void DeviceEngine::close_window(Window& window) {
 }
 
 void DeviceEngine::retire_window(Window& window) {
+  if (!in_backward_ && window.iteration == iteration_ && window.position < freed_in_forward_this_iteration_.size()) {
+    freed_in_forward_this_iteration_[window.position] = 1;
+  }
   if (window.unmap_queued) {
     std::erase(unmap_ready_, &window);
     unmap_ready_bytes_ -= window.bytes;
@@ -1052,8 +1066,9 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
   groups_.erase(group->id);
 }
 
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
-  auto range = cache_.take(mapped_bytes);
+std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes, DevPtr after,
+                                                                   RangeCache::End end) {
+  auto range = cache_.take(mapped_bytes, after, end);
   stats_.cached_bytes = cache_.bytes();
   return range;
 }
@@ -1706,19 +1721,54 @@ void DeviceEngine::offload_done(Allocation& allocation) {
   }
 }
 
+bool DeviceEngine::unmap_forced() const {
+  // The memory must be free by the peak, i.e. by the time backward begins.
+  if (in_backward_ || stopping_ || flush_requests_ > 0) return true;
+  // A batch of bytes may never fill up: not after the forward pass asked for its last learned
+  // range either. (A module call's last copy, which vmm.unmap_by_group waits for, is queued already.)
+  return (!options_.vmm_unmap_by_group || options_.vmm_unmap_batch_bytes > 0) &&
+         (sizes_last_iteration_.empty() || cursor_ >= sizes_last_iteration_.size());
+}
+
+bool DeviceEngine::groups_copied(const Window& window) const {
+  for (const Allocation* allocation : window.allocations) {
+    const Group* group = allocation->group;
+    if (group == nullptr) continue;
+    for (const Allocation* sibling : group->allocations) {
+      // Queued or in flight: its window becomes ready when the copy ends. (Released ones, held by
+      // keep_last, may wait for a later layer: not waited for.)
+      if (sibling->state == PageState::pending || sibling->state == PageState::offloading) return false;
+    }
+  }
+  return true;
+}
+
 bool DeviceEngine::unmap_due() const {
   if (unmap_ready_.empty()) return false;
   // Each unmap waits for the device to finish its queued work and holds up the job's launches
-  // meanwhile: give pages back in batches. The memory must be free by the peak, i.e. by the time
-  // backward begins, and when nothing more is expected in this forward pass.
-  return unmap_ready_bytes_ >= options_.vmm_unmap_batch_bytes || in_backward_ || stopping_ || flush_requests_ > 0 ||
-         sizes_last_iteration_.empty() || cursor_ >= sizes_last_iteration_.size();
+  // meanwhile: give pages back in batches.
+  if (unmap_forced()) return true;
+  if (!options_.vmm_unmap_by_group) return unmap_ready_bytes_ >= options_.vmm_unmap_batch_bytes;
+  std::uint64_t ready = 0;
+  for (const Window* window : unmap_ready_) {
+    if (groups_copied(*window)) ready += window->bytes;
+  }
+  return ready > 0 && ready >= options_.vmm_unmap_batch_bytes;
 }
 
 void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   std::vector<Window*> batch = std::move(unmap_ready_);
   unmap_ready_.clear();
   unmap_ready_bytes_ = 0;
+  if (options_.vmm_unmap_by_group && !unmap_forced()) {
+    // Windows whose module calls still copy stay for a later batch, with their neighbours.
+    std::erase_if(batch, [&](Window* window) {
+      if (groups_copied(*window)) return false;
+      unmap_ready_.push_back(window);
+      unmap_ready_bytes_ += window->bytes;
+      return true;
+    });
+  }
   std::sort(batch.begin(), batch.end(), [](const Window* a, const Window* b) { return a->va < b->va; });
   struct Plan {
     Window* window;
@@ -2036,10 +2086,25 @@ bool DeviceEngine::prefill_due() const {
 
 std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
   // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
-  // already holds of each size.
+  // already holds of each size; in the forward's order, as map_fresh_ranges() lays them out side by
+  // side: the forward takes them in a row (RangeCache::take prefers the neighbour), and a module
+  // call's ranges then go back in one unmap.
+  std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
   std::vector<std::size_t> wanted;
-  for (const auto& [size, count] : demand()) {
-    for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
+  const std::vector<std::size_t>& sequence = in_backward_ ? sizes_this_iteration_ : sizes_last_iteration_;
+  std::uint64_t bytes = 0;
+  for (std::size_t at = in_backward_ ? 0 : cursor_; at < sequence.size(); ++at) {
+    const std::size_t size = sequence[at];
+    if (bytes + size > options_.vmm_cache_bytes) break;  // as demand() counts
+    bytes += size;
+    auto [have_it, first] = held.try_emplace(size, 0);
+    if (first) have_it->second = cache_.count(size);
+    std::size_t& have = have_it->second;
+    if (have > 0) {
+      --have;
+    } else {
+      wanted.push_back(size);
+    }
   }
   return wanted;
 }
@@ -2180,8 +2245,13 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
 
 void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
-  if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
+  if (!sizes_this_iteration_.empty()) {
+    sizes_last_iteration_ = std::move(sizes_this_iteration_);
+    freed_in_forward_last_iteration_ = std::move(freed_in_forward_this_iteration_);
+  }
   sizes_this_iteration_.clear();
+  freed_in_forward_this_iteration_.clear();
+  next_window_va_ = 0;  // the forward starts where the cache's lowest run does
   if (!plan_this_iteration_.empty()) {
     plan_last_iteration_ = std::move(plan_this_iteration_);
     auto& registry = ranges::Registry::instance();

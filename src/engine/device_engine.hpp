@@ -113,6 +113,8 @@ class DeviceEngine {
     bool unmap_queued = false;      // in unmap_ready_
     bool unmapping = false;         // the offload worker is unmapping it now (lock released)
     std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
+    std::uint64_t iteration = 0;    // when it was taken, and its place in that forward's sequence
+    std::size_t position = 0;
   };
   struct Allocation {
     DevPtr va = 0;
@@ -189,6 +191,10 @@ class DeviceEngine {
   // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
   void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
   bool unmap_due() const;
+  // Ready windows must go now, whatever their groups (backward began, a flush, the forward's end).
+  bool unmap_forced() const;
+  // vmm.unmap_by_group: none of the window's groups has a copy still to finish.
+  bool groups_copied(const Window& window) const;
   // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
   // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
   void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
@@ -243,7 +249,9 @@ class DeviceEngine {
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
-  std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
+  // `after`: the end of the range taken last in this forward; its neighbour is preferred.
+  std::optional<CachedRange> take_cached(std::size_t mapped_bytes, DevPtr after = 0,
+                                         RangeCache::End end = RangeCache::End::low);
   // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
   // the device has run (the reload worker must not wait for the job's queued work).
   std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
@@ -395,6 +403,7 @@ class DeviceEngine {
   std::map<DevPtr, std::unique_ptr<Window>> windows_;
   std::vector<Window*> unmap_ready_;      // closed windows whose allocations are all copied
   std::uint64_t unmap_ready_bytes_ = 0;
+  DevPtr next_window_va_ = 0;             // the end of the window the forward took last (RangeCache::take)
   std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
   std::vector<GroupPlan> plan_this_iteration_;
   std::vector<GroupPlan> plan_last_iteration_;
@@ -452,6 +461,9 @@ class DeviceEngine {
 
   RangeCache cache_;
   std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
+  // Per position of sizes_*: the window went back within the forward (a temporary of the module).
+  std::vector<std::uint8_t> freed_in_forward_this_iteration_;
+  std::vector<std::uint8_t> freed_in_forward_last_iteration_;
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims

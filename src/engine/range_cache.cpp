@@ -1,20 +1,34 @@
 #include "engine/range_cache.hpp"
 
+#include <algorithm>
+
 namespace actpage::engine {
 
 namespace {
 
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
-// expert batches vary a little.
+// expert batches vary a little. Among equal sizes the lowest address: a forward taking ranges in
+// a row then starts where a run of neighbours starts (see take()).
 template <class Ranges, class Usable>
-auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable) {
+auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable, DevPtr after = 0,
+              RangeCache::End end = RangeCache::End::low) {
+  auto fits = [&](const auto& range) {
+    return range.mapped_bytes >= mapped_bytes && range.mapped_bytes <= mapped_bytes + mapped_bytes / 8;
+  };
   auto best = ranges.end();
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
-    if (it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) continue;
-    if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
+    if (!fits(*it)) continue;
+    if (after != 0 && it->va == after) {
+      if (usable(*it)) return it;  // the neighbour of the range taken last
+      continue;
+    }
+    if (best != ranges.end()) {
+      if (it->mapped_bytes > best->mapped_bytes) continue;
+      const bool farther = end == RangeCache::End::low ? it->va > best->va : it->va < best->va;
+      if (it->mapped_bytes == best->mapped_bytes && farther) continue;
+    }
     if (!usable(*it)) continue;
     best = it;
-    if (best->mapped_bytes == mapped_bytes) break;
   }
   return best;
 }
@@ -34,11 +48,14 @@ std::vector<std::size_t> RangeCache::sizes() const {
   return out;
 }
 
-std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) { return take_if(mapped_bytes, kAny); }
+std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes, DevPtr after, End end) {
+  return take_if(mapped_bytes, kAny, after, end);
+}
 
 std::optional<RangeCache::Range> RangeCache::take_if(std::size_t mapped_bytes,
-                                                     const std::function<bool(const Range&)>& usable) {
-  auto best = best_fit(ranges_, mapped_bytes, usable);
+                                                     const std::function<bool(const Range&)>& usable, DevPtr after,
+                                                     End end) {
+  auto best = best_fit(ranges_, mapped_bytes, usable, after, end);
   if (best == ranges_.end()) return std::nullopt;
   Range range = *best;
   ranges_.erase(best);
@@ -52,12 +69,17 @@ void RangeCache::put(const Range& range) {
 }
 
 std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::uint64_t limit) {
-  // Keep the newest ranges that the demand asks for (they are the likeliest to be warm), within the
-  // byte limit; hand back the rest.
+  // Keep the ranges that the demand asks for, lowest addresses first as take() hands them out (a
+  // run of neighbours the forward will take in a row stays whole), within the byte limit; hand back
+  // the rest.
   std::map<std::size_t, std::size_t> kept;
   std::uint64_t kept_bytes = 0;
   std::vector<bool> keep(ranges_.size(), false);
-  for (std::size_t i = ranges_.size(); i-- > 0;) {
+  std::vector<std::size_t> by_address(ranges_.size());
+  for (std::size_t i = 0; i < by_address.size(); ++i) by_address[i] = i;
+  std::sort(by_address.begin(), by_address.end(),
+            [&](std::size_t a, std::size_t b) { return ranges_[a].va < ranges_[b].va; });
+  for (std::size_t i : by_address) {
     const Range& range = ranges_[i];
     auto wanted = demand.find(range.mapped_bytes);
     if (wanted == demand.end() || kept[range.mapped_bytes] >= wanted->second) continue;

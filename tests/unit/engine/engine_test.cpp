@@ -506,6 +506,49 @@ TEST(Engine, GroupWindowsGiveALayersPagesBackInOneUnmap) {
   }
 }
 
+TEST(Engine, AModuleCallsCopiedActivationsGoBackInOneUnmap) {
+  // 6 layers, keep_last 0, the cache prefilled, slow copies: each MLP call's two saved activations
+  // are copied ~0.5 ms apart. The prefill lays the forward's ranges out in its order and the forward
+  // takes them in a row, so the two lie side by side; with vmm.unmap_by_group the first waits for the
+  // second and both go in one cuMemUnmap (each holds the job's launches up on the H100). Without it
+  // each goes when copied. Every byte comes back either way.
+  std::uint64_t unmaps[2] = {0, 0};
+  for (bool by_group : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 0;
+    options.vmm_cache_bytes = 1ull << 30;
+    options.vmm_prefill_cache = true;
+    options.vmm_trim_job_pool = false;  // no job pool here: the prefill fills the whole demand
+    options.vmm_unmap_by_group = by_group;
+    Rig rig(options, slow_streams(5));
+    for (int iteration = 0; iteration < 4; ++iteration) {
+      const EngineStats before = rig.engine.stats();
+      Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
+      // Not quiesce(): it gives back what is copied at once, group or not. The copies end by themselves.
+      for (int wait = 0; wait < 5000 && rig.engine.stats().offloads_completed - before.offloads_completed < 12; ++wait) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      const EngineStats after = rig.engine.stats();
+      EXPECT_EQ(after.offloads_completed - before.offloads_completed, 12u) << "by_group " << by_group;
+      if (iteration >= 2) unmaps[by_group] += after.offload_unmaps - before.offload_unmaps;
+      run_backward(*rig.job, forward, 6);
+      rig.engine.quiesce();
+    }
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "by_group " << by_group;
+    EXPECT_EQ(rig.job->failed(), 0u) << "by_group " << by_group;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "by_group " << by_group;
+    EXPECT_EQ(rig.engine.stats().reloads_completed, 4u * 12u) << "by_group " << by_group;
+  }
+  // Two forwards of 12 windows: one unmap each, now and then two ready together in one span.
+  EXPECT_GE(unmaps[false], 2u * 9u);
+  // About one per module call: 6, and one more where a module call's two ranges did not come out
+  // side by side (a temporary's range between them in the cache's layout).
+  EXPECT_GE(unmaps[true], 2u);
+  EXPECT_LE(unmaps[true], 2u * 7u);
+  EXPECT_LE(3 * unmaps[true], 2 * unmaps[false]);
+}
+
 TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
   // Two layers into the forward pass of a steady-state iteration, their MLP activations are copied.
   // With no batch they are given back at once; with a batch larger than the forward, only when
