@@ -331,14 +331,17 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
-  // The neighbour of the window taken last, when the cache has it: a module call's ranges then lie
-  // side by side and go back to the driver in one unmap (vmm.unmap_by_group). What went back within
-  // the last forward at this place (the module's temporaries) comes from the top of the cache
-  // instead, and is not followed: it would take the place the next activation's neighbour had.
-  const bool temporary =
-      cursor_ < freed_in_forward_last_iteration_.size() && freed_in_forward_last_iteration_[cursor_] != 0;
-  if (auto cached = temporary ? take_cached(mapped_bytes, 0, RangeCache::End::high)
-                              : take_cached(mapped_bytes, next_window_va_)) {
+  // vmm.unmap_by_group: the neighbour of the window taken last, when the cache has it, else the
+  // lowest address: a module call's ranges then lie side by side and go back to the driver in one
+  // unmap. What went back within the last forward at this place (the module's temporaries) comes
+  // from the top of the cache instead, and is not followed: it would take the place the next
+  // activation's neighbour had. Otherwise the oldest range of the best size.
+  const bool side_by_side = options_.vmm_unmap_by_group;
+  const bool temporary = side_by_side && cursor_ < freed_in_forward_last_iteration_.size() &&
+                         freed_in_forward_last_iteration_[cursor_] != 0;
+  if (auto cached = !side_by_side ? take_cached(mapped_bytes)
+                    : temporary   ? take_cached(mapped_bytes, 0, RangeCache::End::high)
+                                  : take_cached(mapped_bytes, next_window_va_, RangeCache::End::low)) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
     window->physical = cached->physical;
@@ -2086,11 +2089,18 @@ bool DeviceEngine::prefill_due() const {
 
 std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
   // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
-  // already holds of each size; in the forward's order, as map_fresh_ranges() lays them out side by
-  // side: the forward takes them in a row (RangeCache::take prefers the neighbour), and a module
-  // call's ranges then go back in one unmap.
-  std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
+  // already holds of each size.
   std::vector<std::size_t> wanted;
+  if (!options_.vmm_unmap_by_group) {
+    for (const auto& [size, count] : demand()) {
+      for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
+    }
+    return wanted;
+  }
+  // vmm.unmap_by_group: in the forward's order, as map_fresh_ranges() lays them out side by side:
+  // the forward takes them in a row (RangeCache::take prefers the neighbour), and a module call's
+  // ranges then go back in one unmap.
+  std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
   const std::vector<std::size_t>& sequence = in_backward_ ? sizes_this_iteration_ : sizes_last_iteration_;
   std::uint64_t bytes = 0;
   for (std::size_t at = in_backward_ ? 0 : cursor_; at < sequence.size(); ++at) {
@@ -2217,7 +2227,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
   std::vector<CachedRange> surplus =
-      everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes);
+      everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes, options_.vmm_unmap_by_group);
   stats_.cached_bytes = cache_.bytes();
   for (const CachedRange& range : surplus) release_range(lock, range);
 }

@@ -7,11 +7,11 @@ namespace actpage::engine {
 namespace {
 
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
-// expert batches vary a little. Among equal sizes the lowest address: a forward taking ranges in
-// a row then starts where a run of neighbours starts (see take()).
+// expert batches vary a little. Among equal sizes the oldest, or by address (End::low: a forward
+// taking ranges in a row then starts where a run of neighbours starts, see take()).
 template <class Ranges, class Usable>
 auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable, DevPtr after = 0,
-              RangeCache::End end = RangeCache::End::low) {
+              RangeCache::End end = RangeCache::End::oldest) {
   auto fits = [&](const auto& range) {
     return range.mapped_bytes >= mapped_bytes && range.mapped_bytes <= mapped_bytes + mapped_bytes / 8;
   };
@@ -24,7 +24,9 @@ auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable, De
     }
     if (best != ranges.end()) {
       if (it->mapped_bytes > best->mapped_bytes) continue;
-      const bool farther = end == RangeCache::End::low ? it->va > best->va : it->va < best->va;
+      const bool farther = end == RangeCache::End::oldest ? true
+                           : end == RangeCache::End::low  ? it->va > best->va
+                                                          : it->va < best->va;
       if (it->mapped_bytes == best->mapped_bytes && farther) continue;
     }
     if (!usable(*it)) continue;
@@ -68,17 +70,21 @@ void RangeCache::put(const Range& range) {
   bytes_ += range.mapped_bytes;
 }
 
-std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::uint64_t limit) {
-  // Keep the ranges that the demand asks for, lowest addresses first as take() hands them out (a
-  // run of neighbours the forward will take in a row stays whole), within the byte limit; hand back
-  // the rest.
+std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::uint64_t limit, bool lowest) {
+  // Keep the ranges that the demand asks for, within the byte limit, and hand back the rest: the
+  // newest (the likeliest to be warm), or the lowest addresses first as End::low hands them out (a
+  // run of neighbours the forward will take in a row stays whole).
   std::map<std::size_t, std::size_t> kept;
   std::uint64_t kept_bytes = 0;
   std::vector<bool> keep(ranges_.size(), false);
   std::vector<std::size_t> by_address(ranges_.size());
   for (std::size_t i = 0; i < by_address.size(); ++i) by_address[i] = i;
-  std::sort(by_address.begin(), by_address.end(),
-            [&](std::size_t a, std::size_t b) { return ranges_[a].va < ranges_[b].va; });
+  if (lowest) {
+    std::sort(by_address.begin(), by_address.end(),
+              [&](std::size_t a, std::size_t b) { return ranges_[a].va < ranges_[b].va; });
+  } else {
+    std::reverse(by_address.begin(), by_address.end());
+  }
   for (std::size_t i : by_address) {
     const Range& range = ranges_[i];
     auto wanted = demand.find(range.mapped_bytes);

@@ -108,9 +108,6 @@ Options load_near_free(const std::string& name) {
   EXPECT_TRUE(options.vmm_prefill_cache) << name;
   EXPECT_TRUE(options.vmm_trim_job_pool) << name;
   EXPECT_TRUE(options.vmm_trim_job_pool_catch_up) << name;
-  // A module call's pages go back in one unmap (session 17: the Llama forward 48.7/50.4 ms against
-  // 53.7/67.5 without, docs/performance.md).
-  EXPECT_TRUE(options.vmm_unmap_by_group) << name;
   EXPECT_EQ(options.vmm_cache_bytes, std::uint64_t{3} << 30) << name;
   EXPECT_EQ(options.prefetch_ahead_bytes, std::uint64_t{3} << 30) << name;
   return options;
