@@ -251,7 +251,7 @@ class DeviceEngine {
   void maybe_destroy_group(Group* group);
   // `after`: the end of the range taken last in this forward; its neighbour is preferred.
   std::optional<CachedRange> take_cached(std::size_t mapped_bytes, DevPtr after = 0,
-                                         RangeCache::End end = RangeCache::End::low);
+                                         RangeCache::End end = RangeCache::End::oldest);
   // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
   // the device has run (the reload worker must not wait for the job's queued work).
   std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
