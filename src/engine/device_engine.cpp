@@ -1100,15 +1100,21 @@ void DeviceEngine::put_cached(const CachedRange& range) {
   offload_cv_.notify_all();  // the worker gives back what the demand does not need
 }
 
-RangeCache::Demand DeviceEngine::demand() const {
-  RangeCache::Demand wanted;
+std::vector<std::size_t> DeviceEngine::demanded_sizes() const {
+  std::vector<std::size_t> sizes;
   const std::vector<std::size_t>& sequence = in_backward_ ? sizes_this_iteration_ : sizes_last_iteration_;
   std::uint64_t bytes = 0;
   for (std::size_t at = in_backward_ ? 0 : cursor_; at < sequence.size(); ++at) {
     if (bytes + sequence[at] > options_.vmm_cache_bytes) break;
     bytes += sequence[at];
-    ++wanted[sequence[at]];
+    sizes.push_back(sequence[at]);
   }
+  return sizes;
+}
+
+RangeCache::Demand DeviceEngine::demand() const {
+  RangeCache::Demand wanted;
+  for (std::size_t size : demanded_sizes()) ++wanted[size];
   return wanted;
 }
 
@@ -2101,12 +2107,7 @@ std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
   // the forward takes them in a row (RangeCache::take prefers the neighbour), and a module call's
   // ranges then go back in one unmap.
   std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
-  const std::vector<std::size_t>& sequence = in_backward_ ? sizes_this_iteration_ : sizes_last_iteration_;
-  std::uint64_t bytes = 0;
-  for (std::size_t at = in_backward_ ? 0 : cursor_; at < sequence.size(); ++at) {
-    const std::size_t size = sequence[at];
-    if (bytes + size > options_.vmm_cache_bytes) break;  // as demand() counts
-    bytes += size;
+  for (std::size_t size : demanded_sizes()) {
     auto [have_it, first] = held.try_emplace(size, 0);
     if (first) have_it->second = cache_.count(size);
     std::size_t& have = have_it->second;

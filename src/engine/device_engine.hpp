@@ -259,6 +259,8 @@ class DeviceEngine {
   // The sizes the next allocations are expected to ask for: the rest of the last iteration's
   // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
   RangeCache::Demand demand() const;
+  // The same sizes in the order the forward asks for them.
+  std::vector<std::size_t> demanded_sizes() const;
   EventHandle acquire_event();
   void recycle_event(EventHandle event);
   void note_failure(const char* what, const Status& status);  // mutex_ held
