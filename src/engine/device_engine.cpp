@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <limits>
 
@@ -271,7 +272,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     // The first allocation of a module call whose sizes the last iteration taught: one window for
     // the whole call.
     group->window_tried = true;
-    Window* window = new_window(round_up(group->planned_bytes, granularity_), stream, lock);
+    Window* window = new_window(round_up(group->planned_bytes, granularity_), stream, group->position, lock);
     auto found = groups_.find(group_id);  // the lock was released: look the group up again
     group = found != groups_.end() ? found->second.get() : nullptr;
     if (window != nullptr) {
@@ -300,7 +301,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     // once, when it was taken from the cache.
   } else {
     // A window of its own: the first iteration, a size that grew, or windows switched off.
-    window = new_window(round_up(bytes, granularity_), stream, lock);
+    window = new_window(round_up(bytes, granularity_), stream, group->position, lock);
     auto found = groups_.find(group_id);
     group = found != groups_.end() ? found->second.get() : nullptr;
     if (window == nullptr || group == nullptr) {
@@ -328,7 +329,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   return va;
 }
 
-DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
+DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
   // vmm.unmap_by_group: the neighbour of the window taken last, when the cache has it, else the
@@ -341,7 +342,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
                          freed_in_forward_last_iteration_[cursor_] != 0;
   if (auto cached = !side_by_side ? take_cached(mapped_bytes)
                     : temporary   ? take_cached(mapped_bytes, 0, RangeCache::End::high)
-                                  : take_cached(mapped_bytes, next_window_va_, RangeCache::End::low)) {
+                                  : take_cached_in_row(mapped_bytes)) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
     window->physical = cached->physical;
@@ -407,6 +408,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
   window->position = sizes_this_iteration_.size();
   sizes_this_iteration_.push_back(window->bytes);
   freed_in_forward_this_iteration_.push_back(0);
+  calls_this_iteration_.push_back(call);
   ++cursor_;
   // The cache cannot serve what comes next: the VMM worker maps it ahead (vmm.map_ahead).
   if (options_.vmm_map_ahead && cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_])) {
@@ -1072,6 +1074,30 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
 std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes, DevPtr after,
                                                                    RangeCache::End end) {
   auto range = cache_.take(mapped_bytes, after, end);
+  stats_.cached_bytes = cache_.bytes();
+  return range;
+}
+
+std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached_in_row(std::size_t mapped_bytes) {
+  // This activation, then the ones the same module call asked for after it last forward, skipping
+  // its temporaries (they come from the top of the cache). Only the call's own: its windows go back
+  // in one unmap if they are neighbours, while the next call's go in another anyway, and a run
+  // longer than the call would take ranges from the middle of runs later calls want. A module
+  // call's activations are seldom more than a handful.
+  constexpr std::size_t kLookAhead = 8;
+  std::array<std::size_t, kLookAhead> row{};
+  std::size_t length = 0;
+  row[length++] = mapped_bytes;
+  const bool known = cursor_ < calls_last_iteration_.size() && calls_last_iteration_.size() == sizes_last_iteration_.size() &&
+                     freed_in_forward_last_iteration_.size() == sizes_last_iteration_.size();
+  for (std::size_t position = cursor_ + 1;
+       known && position < sizes_last_iteration_.size() && calls_last_iteration_[position] == calls_last_iteration_[cursor_] &&
+       length < kLookAhead;
+       ++position) {
+    if (freed_in_forward_last_iteration_[position] != 0) continue;
+    row[length++] = sizes_last_iteration_[position];
+  }
+  auto range = cache_.take_row(std::span<const std::size_t>(row.data(), length), next_window_va_);
   stats_.cached_bytes = cache_.bytes();
   return range;
 }
@@ -2259,9 +2285,11 @@ void DeviceEngine::start_iteration() {
   if (!sizes_this_iteration_.empty()) {
     sizes_last_iteration_ = std::move(sizes_this_iteration_);
     freed_in_forward_last_iteration_ = std::move(freed_in_forward_this_iteration_);
+    calls_last_iteration_ = std::move(calls_this_iteration_);
   }
   sizes_this_iteration_.clear();
   freed_in_forward_this_iteration_.clear();
+  calls_this_iteration_.clear();
   next_window_va_ = 0;  // the forward starts where the cache's lowest run does
   if (!plan_this_iteration_.empty()) {
     plan_last_iteration_ = std::move(plan_this_iteration_);

@@ -181,7 +181,9 @@ class DeviceEngine {
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
-  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
+  // `call`: the module call's place in this forward (Group::position).
+  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
+                     std::unique_lock<std::mutex>& lock);
   // The window takes no more allocations; an empty one is retired.
   void close_window(Window& window);
   // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
@@ -252,6 +254,9 @@ class DeviceEngine {
   // `after`: the end of the range taken last in this forward; its neighbour is preferred.
   std::optional<CachedRange> take_cached(std::size_t mapped_bytes, DevPtr after = 0,
                                          RangeCache::End end = RangeCache::End::oldest);
+  // vmm.unmap_by_group, an activation: the range that begins the longest run of cached neighbours
+  // fitting the activations the last forward's module call asked for next (RangeCache::take_row).
+  std::optional<CachedRange> take_cached_in_row(std::size_t mapped_bytes);
   // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
   // the device has run (the reload worker must not wait for the job's queued work).
   std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
@@ -466,6 +471,9 @@ class DeviceEngine {
   // Per position of sizes_*: the window went back within the forward (a temporary of the module).
   std::vector<std::uint8_t> freed_in_forward_this_iteration_;
   std::vector<std::uint8_t> freed_in_forward_last_iteration_;
+  // Per position of sizes_*: the module call it belonged to (Group::position).
+  std::vector<std::size_t> calls_this_iteration_;
+  std::vector<std::size_t> calls_last_iteration_;
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims

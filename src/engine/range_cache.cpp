@@ -9,15 +9,16 @@ namespace {
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
 // expert batches vary a little. Among equal sizes the oldest, or by address (End::low: a forward
 // taking ranges in a row then starts where a run of neighbours starts, see take()).
+bool fits(std::size_t range_bytes, std::size_t mapped_bytes) {
+  return range_bytes >= mapped_bytes && range_bytes <= mapped_bytes + mapped_bytes / 8;
+}
+
 template <class Ranges, class Usable>
 auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable, DevPtr after = 0,
               RangeCache::End end = RangeCache::End::oldest) {
-  auto fits = [&](const auto& range) {
-    return range.mapped_bytes >= mapped_bytes && range.mapped_bytes <= mapped_bytes + mapped_bytes / 8;
-  };
   auto best = ranges.end();
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
-    if (!fits(*it)) continue;
+    if (!fits(it->mapped_bytes, mapped_bytes)) continue;
     if (after != 0 && it->va == after) {
       if (usable(*it)) return it;  // the neighbour of the range taken last
       continue;
@@ -61,6 +62,51 @@ std::optional<RangeCache::Range> RangeCache::take_if(std::size_t mapped_bytes,
   if (best == ranges_.end()) return std::nullopt;
   Range range = *best;
   ranges_.erase(best);
+  bytes_ -= range.mapped_bytes;
+  return range;
+}
+
+std::optional<RangeCache::Range> RangeCache::take_row(std::span<const std::size_t> row, DevPtr after) {
+  if (row.empty()) return std::nullopt;
+  // A few hundred ranges at most, one call per activation: an index by address per call is cheap
+  // next to the cuMemUnmap a broken run costs.
+  std::map<DevPtr, std::size_t> at;
+  for (std::size_t i = 0; i < ranges_.size(); ++i) at.emplace(ranges_[i].va, i);
+  auto run_from = [&](const Range& first) {
+    std::size_t length = 1;
+    DevPtr next = first.va + first.mapped_bytes;
+    while (length < row.size()) {
+      auto found = at.find(next);
+      if (found == at.end() || !fits(ranges_[found->second].mapped_bytes, row[length])) break;
+      next += ranges_[found->second].mapped_bytes;
+      ++length;
+    }
+    return length;
+  };
+  std::size_t best = ranges_.size();
+  std::size_t best_length = 0;
+  for (std::size_t i = 0; i < ranges_.size(); ++i) {
+    const Range& range = ranges_[i];
+    if (!fits(range.mapped_bytes, row[0])) continue;
+    const std::size_t length = run_from(range);
+    if (best != ranges_.size()) {
+      const Range& held = ranges_[best];
+      if (length != best_length) {
+        if (length < best_length) continue;
+      } else if ((range.va == after) != (held.va == after)) {
+        if (held.va == after) continue;
+      } else if (range.mapped_bytes != held.mapped_bytes) {
+        if (range.mapped_bytes > held.mapped_bytes) continue;
+      } else if (range.va > held.va) {
+        continue;
+      }
+    }
+    best = i;
+    best_length = length;
+  }
+  if (best == ranges_.size()) return std::nullopt;
+  Range range = ranges_[best];
+  ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(best));
   bytes_ -= range.mapped_bytes;
   return range;
 }

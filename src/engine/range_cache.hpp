@@ -7,6 +7,8 @@
 //   the ranges `usable` accepts. Given `after` (the end of the range taken last), a fitting range
 //   that starts there is taken first: ranges taken in a row then lie side by side, so that giving them back later is one
 //   unmap over the span (each cuMemUnmap holds the job's launches up, docs/performance.md).
+//   take_row(sizes) looks further: the range that begins the longest run of neighbours fitting the
+//   sizes asked for next.
 // - A range put back after frees carries their stream points (events); whoever reuses it orders
 //   after those points (rule 5 of docs/engine.md).
 // - How much to keep is decided by *demand*: the sizes the next allocations are expected to ask
@@ -22,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "actpage/device.hpp"
@@ -52,6 +55,12 @@ class RangeCache {
   // The best fit among the ranges `usable` accepts (a reload takes only ranges whose frees have run).
   std::optional<Range> take_if(std::size_t mapped_bytes, const std::function<bool(const Range&)>& usable,
                                DevPtr after = 0, End end = End::oldest);
+  // A forward's next activations in the order it asks for them (`row[0]` now; a module's
+  // temporaries, taken from the top, left out). The range for row[0] that begins the longest run of
+  // cached neighbours fitting row[1], row[2]...: a module call's activations then lie side by side
+  // even where earlier steps left ranges of other sizes between. Among equal runs the one at `after`
+  // (the row taken last goes on), then the best fit, then the lowest address.
+  std::optional<Range> take_row(std::span<const std::size_t> row, DevPtr after = 0);
   bool has(std::size_t mapped_bytes) const;  // whether take(mapped_bytes) would find a range
   std::vector<std::size_t> sizes() const;     // of every range held
   void put(const Range& range);

