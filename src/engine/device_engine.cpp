@@ -332,8 +332,9 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
-  // vmm.unmap_by_group: the neighbour of the window taken last, when the cache has it, else the
-  // lowest address: a module call's ranges then lie side by side and go back to the driver in one
+  // vmm.unmap_by_group: the start of the longest run of cached neighbours that fits this module
+  // call's next activations, the neighbour of the window taken last among equal runs
+  // (take_cached_in_row): a call's ranges then lie side by side and go back to the driver in one
   // unmap. What went back within the last forward at this place (the module's temporaries) comes
   // from the top of the cache instead, and is not followed: it would take the place the next
   // activation's neighbour had. Otherwise the oldest range of the best size.
