@@ -549,6 +549,42 @@ TEST(Engine, AModuleCallsCopiedActivationsGoBackInOneUnmap) {
   EXPECT_LT(unmaps[true], unmaps[false]);
 }
 
+TEST(Engine, WithoutUnmapByGroupTheCacheHandsOutTheOldestRangeWithItTheLowest) {
+  // 4 layers, one 3 MiB MLP activation each, all kept (keep_last 4): the windows only go to the cache
+  // and back. Backward frees layer 3's first, so it is the oldest range in the cache. Without
+  // vmm.unmap_by_group the next forward's first activation takes that one (the cache's behaviour
+  // before the option: a wrong default once made it take the lowest address instead, 5f87f64); with
+  // the option, the lowest address, where the run of neighbours starts.
+  for (bool by_group : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.keep_last = 4;
+    options.vmm_cache_bytes = 1ull << 30;
+    options.vmm_unmap_by_group = by_group;
+    Rig rig(options);
+    Forward first = run_mlp_forward(*rig.job, 4, 1, 3 * kMiB);
+    std::vector<DevPtr> first_vas;
+    for (int layer = 0; layer < 4; ++layer) {
+      const Tensor& tensor = first.saved["model.layers." + std::to_string(layer) + ".mlp"].at(0);
+      ASSERT_TRUE(tensor.owned) << "by_group " << by_group << " layer " << layer;
+      first_vas.push_back(tensor.va);
+    }
+    run_backward(*rig.job, first, 4);
+    rig.engine.quiesce();
+    Forward second = run_mlp_forward(*rig.job, 4, 1, 3 * kMiB);
+    const Tensor& layer0 = second.saved["model.layers.0.mlp"].at(0);
+    ASSERT_TRUE(layer0.owned) << "by_group " << by_group;
+    if (by_group) {
+      EXPECT_EQ(layer0.va, *std::min_element(first_vas.begin(), first_vas.end()));
+    } else {
+      EXPECT_EQ(layer0.va, first_vas[3]);  // layer 3's range went back first
+    }
+    run_backward(*rig.job, second, 4);
+    rig.engine.quiesce();
+    EXPECT_EQ(rig.engine.stats().offloads_completed, 0u) << "by_group " << by_group;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "by_group " << by_group;
+  }
+}
+
 TEST(Engine, UnmapBatchHoldsPagesUntilEnoughBytesOrBackward) {
   // Two layers into the forward pass of a steady-state iteration, their MLP activations are copied.
   // With no batch they are given back at once; with a batch larger than the forward, only when
