@@ -1089,10 +1089,11 @@ std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached_in_row(std::s
   std::array<std::size_t, kLookAhead> row{};
   std::size_t length = 0;
   row[length++] = mapped_bytes;
-  const bool known = cursor_ < calls_last_iteration_.size() && calls_last_iteration_.size() == sizes_last_iteration_.size() &&
-                     freed_in_forward_last_iteration_.size() == sizes_last_iteration_.size();
+  const std::size_t positions = sizes_last_iteration_.size();
+  const bool known = cursor_ < positions && calls_last_iteration_.size() == positions &&
+                     freed_in_forward_last_iteration_.size() == positions;
   for (std::size_t position = cursor_ + 1;
-       known && position < sizes_last_iteration_.size() && calls_last_iteration_[position] == calls_last_iteration_[cursor_] &&
+       known && position < positions && calls_last_iteration_[position] == calls_last_iteration_[cursor_] &&
        length < kLookAhead;
        ++position) {
     if (freed_in_forward_last_iteration_[position] != 0) continue;

@@ -509,9 +509,10 @@ TEST(Engine, GroupWindowsGiveALayersPagesBackInOneUnmap) {
 TEST(Engine, AModuleCallsCopiedActivationsGoBackInOneUnmap) {
   // 6 layers, keep_last 0, the cache prefilled, slow copies: each MLP call's two saved activations
   // are copied ~0.5 ms apart. The prefill lays the forward's ranges out in its order and the forward
-  // takes each call's from a run of neighbours, so the two lie side by side; with vmm.unmap_by_group the first waits for the
-  // second and both go in one cuMemUnmap (each holds the job's launches up on the H100). Without it
-  // each goes when copied. Every byte comes back either way.
+  // takes each call's from a run of neighbours, so the two lie side by side; with
+  // vmm.unmap_by_group the first waits for the second and both go in one cuMemUnmap (each holds the
+  // job's launches up on the H100). Without it each goes when copied. Every byte comes back either
+  // way.
   std::uint64_t unmaps[2] = {0, 0};
   for (bool by_group : {false, true}) {
     Options options = testing::small_offload_options();

@@ -116,16 +116,20 @@ TEST(RangeCache, TakeRowStartsWhereTheWholeRowLiesSideBySide) {
   auto third = cache.take_row(std::span(row).subspan(2), second->va + second->mapped_bytes);
   ASSERT_TRUE(third.has_value());
   EXPECT_EQ(third->va, 0x6800000u);
-  // Two runs as long as the row (4, 4): the one at `after` wins over the lower address; with no
-  // `after`, the lowest address.
+  // Left: 4 MiB at 0x1000000 (a 2 MiB range after it), and the pair 0x2000000+0x2400000. A row of
+  // two takes the pair's start, though the range at `after` fits its first size.
   const std::vector<std::size_t> pair{4 * kMiB, 4 * kMiB};
-  EXPECT_EQ(cache.take_row(pair, 0x2000000)->va, 0x2000000u);
+  EXPECT_EQ(cache.take_row(pair, 0x1000000)->va, 0x2000000u);
   cache.put(range_at(0x2000000, 4 * kMiB));
-  EXPECT_EQ(cache.take_row(pair)->va, 0x2000000u);
-  // No run of two left: the best fit among single ranges, the lowest address first.
-  EXPECT_EQ(cache.take_row(pair)->va, 0x1000000u);
-  EXPECT_EQ(cache.take_row(pair)->va, 0x2400000u);
-  EXPECT_FALSE(cache.take_row(pair).has_value());
+  // A row of one: every fitting range is a run of one, and the one at `after` wins the tie.
+  const std::vector<std::size_t> one{4 * kMiB};
+  EXPECT_EQ(cache.take_row(one, 0x2400000)->va, 0x2400000u);
+  // Without `after`: the best fit, then the lowest address (4.5 MiB fits 4 but loses to an exact 4).
+  cache.put(range_at(0x800000, 4 * kMiB + kMiB / 2));
+  EXPECT_EQ(cache.take_row(one)->va, 0x1000000u);
+  EXPECT_EQ(cache.take_row(one)->va, 0x2000000u);
+  EXPECT_EQ(cache.take_row(one)->va, 0x800000u);
+  EXPECT_FALSE(cache.take_row(one).has_value());
   EXPECT_FALSE(cache.take_row(std::span<const std::size_t>{}).has_value());
   EXPECT_EQ(cache.bytes(), 2 * kMiB);
 }
