@@ -342,7 +342,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
   const bool temporary = side_by_side && cursor_ < freed_in_forward_last_iteration_.size() &&
                          freed_in_forward_last_iteration_[cursor_] != 0;
   if (auto cached = !side_by_side ? take_cached(mapped_bytes)
-                    : temporary   ? take_cached(mapped_bytes, 0, RangeCache::End::high)
+                    : temporary   ? take_cached(mapped_bytes, RangeCache::End::high)
                                   : take_cached_in_row(mapped_bytes)) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
@@ -1072,9 +1072,8 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
   groups_.erase(group->id);
 }
 
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes, DevPtr after,
-                                                                   RangeCache::End end) {
-  auto range = cache_.take(mapped_bytes, after, end);
+std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes, RangeCache::End end) {
+  auto range = cache_.take(mapped_bytes, end);
   stats_.cached_bytes = cache_.bytes();
   return range;
 }
@@ -2132,7 +2131,7 @@ std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
     return wanted;
   }
   // vmm.unmap_by_group: in the forward's order, as map_fresh_ranges() lays them out side by side:
-  // the forward takes them in a row (RangeCache::take prefers the neighbour), and a module call's
+  // the forward takes them in a row (RangeCache::take_row prefers the neighbour), and a module call's
   // ranges then go back in one unmap.
   std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
   for (std::size_t size : demanded_sizes()) {

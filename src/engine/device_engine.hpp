@@ -251,9 +251,7 @@ class DeviceEngine {
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
-  // `after`: the end of the range taken last in this forward; its neighbour is preferred.
-  std::optional<CachedRange> take_cached(std::size_t mapped_bytes, DevPtr after = 0,
-                                         RangeCache::End end = RangeCache::End::oldest);
+  std::optional<CachedRange> take_cached(std::size_t mapped_bytes, RangeCache::End end = RangeCache::End::oldest);
   // vmm.unmap_by_group, an activation: the range that begins the longest run of cached neighbours
   // fitting the activations the last forward's module call asked for next (RangeCache::take_row).
   std::optional<CachedRange> take_cached_in_row(std::size_t mapped_bytes);
@@ -410,7 +408,7 @@ class DeviceEngine {
   std::map<DevPtr, std::unique_ptr<Window>> windows_;
   std::vector<Window*> unmap_ready_;      // closed windows whose allocations are all copied
   std::uint64_t unmap_ready_bytes_ = 0;
-  DevPtr next_window_va_ = 0;             // the end of the window the forward took last (RangeCache::take)
+  DevPtr next_window_va_ = 0;             // the end of the window the forward took last (RangeCache::take_row)
   std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
   std::vector<GroupPlan> plan_this_iteration_;
   std::vector<GroupPlan> plan_last_iteration_;

@@ -7,27 +7,20 @@ namespace actpage::engine {
 namespace {
 
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
-// expert batches vary a little. Among equal sizes the oldest, or by address (End::low: a forward
-// taking ranges in a row then starts where a run of neighbours starts, see take()).
+// expert batches vary a little. Among equal sizes the oldest, or the highest address (End::high).
 bool fits(std::size_t range_bytes, std::size_t mapped_bytes) {
   return range_bytes >= mapped_bytes && range_bytes <= mapped_bytes + mapped_bytes / 8;
 }
 
 template <class Ranges, class Usable>
-auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable, DevPtr after = 0,
+auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable,
               RangeCache::End end = RangeCache::End::oldest) {
   auto best = ranges.end();
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
     if (!fits(it->mapped_bytes, mapped_bytes)) continue;
-    if (after != 0 && it->va == after) {
-      if (usable(*it)) return it;  // the neighbour of the range taken last
-      continue;
-    }
     if (best != ranges.end()) {
       if (it->mapped_bytes > best->mapped_bytes) continue;
-      const bool farther = end == RangeCache::End::oldest ? true
-                           : end == RangeCache::End::low  ? it->va > best->va
-                                                          : it->va < best->va;
+      const bool farther = end == RangeCache::End::oldest || it->va < best->va;
       if (it->mapped_bytes == best->mapped_bytes && farther) continue;
     }
     if (!usable(*it)) continue;
@@ -51,14 +44,13 @@ std::vector<std::size_t> RangeCache::sizes() const {
   return out;
 }
 
-std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes, DevPtr after, End end) {
-  return take_if(mapped_bytes, kAny, after, end);
+std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes, End end) {
+  return take_if(mapped_bytes, kAny, end);
 }
 
 std::optional<RangeCache::Range> RangeCache::take_if(std::size_t mapped_bytes,
-                                                     const std::function<bool(const Range&)>& usable, DevPtr after,
-                                                     End end) {
-  auto best = best_fit(ranges_, mapped_bytes, usable, after, end);
+                                                     const std::function<bool(const Range&)>& usable, End end) {
+  auto best = best_fit(ranges_, mapped_bytes, usable, end);
   if (best == ranges_.end()) return std::nullopt;
   Range range = *best;
   ranges_.erase(best);
@@ -118,8 +110,8 @@ void RangeCache::put(const Range& range) {
 
 std::vector<RangeCache::Range> RangeCache::surplus(const Demand& demand, std::uint64_t limit, bool lowest) {
   // Keep the ranges that the demand asks for, within the byte limit, and hand back the rest: the
-  // newest (the likeliest to be warm), or the lowest addresses first as End::low hands them out (a
-  // run of neighbours the forward will take in a row stays whole).
+  // newest (the likeliest to be warm), or the lowest addresses first, where take_row() starts among
+  // equal runs (a run of neighbours the forward will take in a row stays whole).
   std::map<std::size_t, std::size_t> kept;
   std::uint64_t kept_bytes = 0;
   std::vector<bool> keep(ranges_.size(), false);

@@ -1,6 +1,6 @@
 // RangeCache's contract: best fit within an eighth, the oldest or the lowest or highest address among
-// equals, the neighbour of the range taken last first, take_if's filter, take_row's runs, and what
-// surplus() keeps.
+// equals, the neighbour of the range taken last first (take_row), take_if's filter, take_row's runs,
+// and what surplus() keeps.
 #include "engine/range_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -32,15 +32,24 @@ TEST(RangeCache, TakesTheBestFitWithinAnEighthAndNothingLarger) {
 
 TEST(RangeCache, AmongEqualSizesTheOldestOrTheLowestOrTheHighestAddressComesFirst) {
   // Put in an order unlike their addresses: a forward's ranges come back in backward's order.
-  for (RangeCache::End end : {RangeCache::End::oldest, RangeCache::End::low, RangeCache::End::high}) {
+  // The lowest address first is take_row()'s order among equal runs (here rows of one).
+  const std::vector<std::size_t> one{4 * kMiB};
+  for (int way = 0; way < 3; ++way) {
     RangeCache cache;
     for (DevPtr va : {DevPtr{0x5000000}, DevPtr{0x1000000}, DevPtr{0x3000000}}) cache.put(range_at(va, 4 * kMiB));
     std::vector<DevPtr> order;
-    while (auto taken = cache.take(4 * kMiB, 0, end)) order.push_back(taken->va);
-    switch (end) {
-      case RangeCache::End::oldest: EXPECT_EQ(order, (std::vector<DevPtr>{0x5000000, 0x1000000, 0x3000000})); break;
-      case RangeCache::End::low: EXPECT_EQ(order, (std::vector<DevPtr>{0x1000000, 0x3000000, 0x5000000})); break;
-      case RangeCache::End::high: EXPECT_EQ(order, (std::vector<DevPtr>{0x5000000, 0x3000000, 0x1000000})); break;
+    auto next = [&]() -> std::optional<RangeCache::Range> {
+      switch (way) {
+        case 0: return cache.take(4 * kMiB, RangeCache::End::oldest);
+        case 1: return cache.take_row(one);
+        default: return cache.take(4 * kMiB, RangeCache::End::high);
+      }
+    };
+    while (auto taken = next()) order.push_back(taken->va);
+    switch (way) {
+      case 0: EXPECT_EQ(order, (std::vector<DevPtr>{0x5000000, 0x1000000, 0x3000000})); break;
+      case 1: EXPECT_EQ(order, (std::vector<DevPtr>{0x1000000, 0x3000000, 0x5000000})); break;
+      default: EXPECT_EQ(order, (std::vector<DevPtr>{0x5000000, 0x3000000, 0x1000000})); break;
     }
   }
 }
@@ -65,26 +74,29 @@ TEST(RangeCache, TheNeighbourOfTheRangeTakenLastComesFirst) {
   for (DevPtr va : {DevPtr{0x1000000}, DevPtr{0x1400000}, DevPtr{0x4000000}, DevPtr{0x4400000}, DevPtr{0x4800000}}) {
     cache.put(range_at(va, 4 * kMiB));
   }
-  auto first = cache.take(4 * kMiB, 0x4000000, RangeCache::End::low);  // after a range that ended there
+  // Rows of one: every fitting range is a run of one, so only `after` decides.
+  const std::vector<std::size_t> four{4 * kMiB};
+  const std::vector<std::size_t> two{2 * kMiB};
+  auto first = cache.take_row(four, 0x4000000);  // after a range that ended there
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->va, 0x4000000u);
-  auto second = cache.take(4 * kMiB, first->va + first->mapped_bytes, RangeCache::End::low);
+  auto second = cache.take_row(four, first->va + first->mapped_bytes);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->va, 0x4400000u);
   // A neighbour that does not fit the size is passed over for the best fit elsewhere.
-  auto third = cache.take(2 * kMiB, second->va + second->mapped_bytes, RangeCache::End::low);
+  auto third = cache.take_row(two, second->va + second->mapped_bytes);
   EXPECT_FALSE(third.has_value());
-  auto fourth = cache.take(4 * kMiB, 0x9000000, RangeCache::End::low);  // no neighbour there: the lowest address
+  auto fourth = cache.take_row(four, 0x9000000);  // no neighbour there: the lowest address
   ASSERT_TRUE(fourth.has_value());
   EXPECT_EQ(fourth->va, 0x1000000u);
 }
 
-TEST(RangeCache, TakeIfSkipsWhatTheFilterRejectsNeighbourIncluded) {
+TEST(RangeCache, TakeIfSkipsWhatTheFilterRejects) {
   RangeCache cache;
   cache.put(range_at(0x1000000, 4 * kMiB));
   cache.put(range_at(0x2000000, 4 * kMiB));
   auto not_first = [](const RangeCache::Range& range) { return range.va != 0x1000000; };
-  auto taken = cache.take_if(4 * kMiB, not_first, 0x1000000);
+  auto taken = cache.take_if(4 * kMiB, not_first);  // the oldest, 0x1000000, is rejected
   ASSERT_TRUE(taken.has_value());
   EXPECT_EQ(taken->va, 0x2000000u);
   EXPECT_FALSE(cache.take_if(4 * kMiB, not_first).has_value());
@@ -94,7 +106,7 @@ TEST(RangeCache, TakeIfSkipsWhatTheFilterRejectsNeighbourIncluded) {
 TEST(RangeCache, TakeRowStartsWhereTheWholeRowLiesSideBySide) {
   // What earlier steps left: a lone 4 MiB range at the lowest address with a 2 MiB one after it,
   // then a 4+4+8 MiB run, and a 4+4 pair. A row of 4, 4, 8 starts on the run that holds all three,
-  // though take(End::low) would start on the lone range.
+  // though the lone range has the lowest address.
   RangeCache cache;
   for (auto [va, bytes] : std::vector<std::pair<DevPtr, std::size_t>>{{0x1000000, 4 * kMiB},
                                                                      {0x1400000, 2 * kMiB},
