@@ -21,6 +21,11 @@ With --trace-dir, actpage variants run with `actpage run --trace DIR/NAME.repN.t
 trace is summarised (`actpage dump --json`): the bytes off the device at actpage's peak, offloads,
 reloads and stalls go into results.json and the summary.
 
+With --thread-stats S, each run's process tree is watched through /proc every S seconds
+(examples/thread_stats.py): each thread's CPU time, context switches, faults and the CPUs it ran
+on, and the steal time of the CPUs the job may use; into results.json (`threads` of each run) and
+OUT/logs/NAME.repN.threads.txt. actpage's threads are named actpage-*.
+
 Repetitions are interleaved (rep 1 of every variant, then rep 2, each rep in a rotated order) so
 that drift of the machine hits every variant alike. Each run must print an ACTPAGE_RESULT line
 (examples/common.py); the last one counts.
@@ -56,6 +61,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import RESULT_PREFIX, parse_result_lines as parse_results  # noqa: E402  (one parser of result lines)
+from thread_stats import ThreadWatch, format_summary as format_thread_summary  # noqa: E402
 ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
@@ -140,6 +146,9 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
     parser.add_argument("--trace-dir", default=None,
                         help="trace each actpage run into this folder and summarise the trace")
+    parser.add_argument("--thread-stats", type=float, default=None, metavar="S",
+                        help="watch each run's threads through /proc every S seconds (thread_stats.py): "
+                             "CPU time, context switches, CPUs; into results.json and logs/*.threads.txt")
     parser.add_argument("--within", type=float, default=None, metavar="T",
                         help="say for each actpage variant whether the 95%% interval of its paired step-time "
                              "ratio lies inside [1-T, 1+T], e.g. 0.01 (the exit code does not depend on it)")
@@ -243,7 +252,8 @@ def summarize_trace(actpage, trace):
     }
 
 
-def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None, trace_dir=None):
+def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None, trace_dir=None,
+             thread_stats=None):
     log = sys.stderr if log is None else log
     trace = None
     if trace_dir and variant.mode == "actpage":
@@ -260,17 +270,25 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
     log.flush()
     start = time.time()
     record = {"variant": variant.name, "rep": rep + 1, "argv": argv, "alloc_conf": variant.alloc}
+    watch = None
     try:
         with open(stem + ".err", "w") as err:
-            done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=err, timeout=timeout,
-                                  universal_newlines=True)
-        stdout, record["rc"] = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as expired:
-        raw = expired.stdout or b""  # bytes whatever text mode says
-        stdout = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        record["rc"] = "timeout"
+            child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, universal_newlines=True)
+            if thread_stats:
+                watch = ThreadWatch(child.pid, thread_stats).start()
+            try:
+                stdout, _ = child.communicate(timeout=timeout)
+                record["rc"] = child.returncode
+            except subprocess.TimeoutExpired:
+                child.kill()
+                stdout, _ = child.communicate()
+                record["rc"] = "timeout"
     except OSError as error:
         stdout, record["rc"] = "", "error: %s" % error
+    if watch is not None:
+        record["threads"] = watch.stop()
+        with open(stem + ".threads.txt", "w") as handle:
+            handle.write(format_thread_summary(record["threads"]) + "\n")
     record["wall_s"] = round(time.time() - start, 2)
     with open(stem + ".out", "w") as handle:
         handle.write(stdout)
@@ -540,7 +558,7 @@ def main(argv=None):
     records = []
     for rep, variant in schedule(args.variants, args.reps):
         records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout,
-                                trace_dir=args.trace_dir))
+                                trace_dir=args.trace_dir, thread_stats=args.thread_stats))
     rows = summarize(args.variants, records, args.baseline, args.within)
     settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
                 "variants": [v.to_json() for v in args.variants], "baseline": args.baseline,

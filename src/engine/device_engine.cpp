@@ -9,6 +9,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "engine/forward_pass.hpp"
 #include "trace/writer.hpp"
@@ -170,12 +171,27 @@ Status DeviceEngine::start() {
   // how fast the pool's thread pins them (a miss asks for growth by what is still on its way).
   if (serialized_) (void)host_pool_->wait_for_growth(std::chrono::seconds(30));
   started_ = true;
-  offload_thread_ = std::thread([this] { offload_worker(); });
-  vmm_thread_ = std::thread([this] { vmm_worker(); });
-  reload_thread_ = std::thread([this] { reload_worker(); });
-  reload_completion_thread_ = std::thread([this] { reload_completion_worker(); });
+  offload_thread_ = std::thread([this] {
+    name_this_thread("actpage-d2h");
+    offload_worker();
+  });
+  vmm_thread_ = std::thread([this] {
+    name_this_thread("actpage-vmm");
+    vmm_worker();
+  });
+  reload_thread_ = std::thread([this] {
+    name_this_thread("actpage-h2d");
+    reload_worker();
+  });
+  reload_completion_thread_ = std::thread([this] {
+    name_this_thread("actpage-h2d-end");
+    reload_completion_worker();
+  });
   if (trace::active() != nullptr && options_.trace_sample_ms > 0) {
-    sampler_thread_ = std::thread([this] { sampler_worker(); });
+    sampler_thread_ = std::thread([this] {
+      name_this_thread("actpage-sample");
+      sampler_worker();
+    });
   }
   return {};
 }

@@ -8,6 +8,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "trace/writer.hpp"
 
@@ -36,7 +37,10 @@ HostPool::HostPool(Device& device, HostPoolConfig config)
     queued += size;
   }
   pending_bytes_ = queued;
-  grower_ = std::thread([this] { grow_loop(); });
+  grower_ = std::thread([this] {
+    name_this_thread("actpage-pin");
+    grow_loop();
+  });
 }
 
 HostPool::~HostPool() {

@@ -21,6 +21,7 @@
 #include "common/clock.hpp"
 #include "trace/sys_error.hpp"
 #include "common/log.hpp"
+#include "common/thread_name.hpp"
 #include "trace/utf8.hpp"
 
 namespace actpage::trace {
@@ -411,7 +412,7 @@ struct WriterState {
   }
 
   static void* thread_main(void* self) {
-    pthread_setname_np(pthread_self(), "actpage-trace");
+    name_this_thread("actpage-trace");
     static_cast<WriterState*>(self)->run();
     return nullptr;
   }

@@ -29,6 +29,8 @@ FAKE_JOB = textwrap.dedent("""
         log.write("%s|%s|%s\\n" % (conf, under_actpage, " ".join(sys.argv[1:])))
     if "--fail" in sys.argv:
         sys.exit(3)
+    import time
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
     step_ms = 110.0 if under_actpage else 100.0
     if "FAKE_COUNTER" in os.environ:
         path = os.environ["FAKE_COUNTER"]
@@ -78,7 +80,7 @@ class CompareRunsTest(unittest.TestCase):
         self.out = os.path.join(self.tmp, "out")
 
     def tearDown(self):
-        for name in ("FAKE_LOG", "FAKE_COUNTER", "FAKE_PER_REP", "FAKE_STEPS", "FAKE_FAIL_REPS"):
+        for name in ("FAKE_LOG", "FAKE_COUNTER", "FAKE_PER_REP", "FAKE_STEPS", "FAKE_FAIL_REPS", "FAKE_SLEEP"):
             os.environ.pop(name, None)
         self.dir.cleanup()
 
@@ -151,6 +153,27 @@ class CompareRunsTest(unittest.TestCase):
         self.assertIn("| broken --fail | yes | backend:cudaMallocAsync | 0/1 | - |", printed)
         with open(self.log) as handle:
             self.assertIn("--fail", handle.read())
+
+    def test_thread_stats_record_each_runs_threads(self):
+        os.environ["FAKE_SLEEP"] = "0.3"
+        code, _ = self.main("--reps", "1", "--allocators", "async", "--thread-stats", "0.02")
+        self.assertEqual(code, 0)
+        data, _ = self.summary()
+        self.assertEqual(len(data["runs"]), 2)
+        for run in data["runs"]:
+            threads = run["threads"]["threads"]
+            # The job's main thread (the fake actpage execs the job, so both modes have one).
+            self.assertEqual(sum(1 for t in threads if t["main"]), 1, threads)
+            self.assertGreater(run["threads"]["samples"], 3)
+            name = "%s.rep1.threads.txt" % run["variant"]
+            with open(os.path.join(self.out, "logs", name)) as handle:
+                self.assertIn("cpu ms", handle.read())
+
+    def test_no_thread_stats_without_the_flag(self):
+        self.main("--reps", "1", "--allocators", "async")
+        data, _ = self.summary()
+        self.assertTrue(all("threads" not in run for run in data["runs"]))
+        self.assertFalse([f for f in os.listdir(os.path.join(self.out, "logs")) if f.endswith(".threads.txt")])
 
     def test_unset_allocator_removes_the_variable(self):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:native"

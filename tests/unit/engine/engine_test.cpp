@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <future>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/clock.hpp"
@@ -177,6 +179,37 @@ TEST(Engine, OffloadsSelectedActivationsAndBringsEveryByteBack) {
   EXPECT_EQ(rig.job->failed(), 0u);
   EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
   EXPECT_GT(rig.job->checks(), 0u);
+}
+
+// The names of this process's threads, as `ps -L` and /proc show them.
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  return names;
+}
+
+TEST(Engine, WorkersCarryNamesThatTellThemFromTheJobsThreads) {
+  // A look at a slow job's threads (their CPU time, where they ran) must tell actpage's from the
+  // job's: each engine worker and the host pool's pinning thread has a name of its own.
+  const std::multiset<std::string> before = thread_names();
+  {
+    Rig rig(testing::small_offload_options());
+    Forward forward = run_forward(*rig.job, 2, 1, 1 * kMiB);
+    rig.engine.quiesce();
+    const std::multiset<std::string> during = thread_names();
+    for (const char* name : {"actpage-d2h", "actpage-vmm", "actpage-h2d", "actpage-h2d-end", "actpage-pin"}) {
+      EXPECT_EQ(during.count(name), before.count(name) + 1) << name;
+    }
+    run_backward(*rig.job, forward, 2);
+  }
+  // Shut down, the workers are gone (joined, not left behind under their names).
+  const std::multiset<std::string> after = thread_names();
+  EXPECT_EQ(after.count("actpage-d2h"), before.count("actpage-d2h"));
+  EXPECT_EQ(after.count("actpage-pin"), before.count("actpage-pin"));
 }
 
 TEST(Engine, OffloadGivesDeviceMemoryBackAsMemInfoShows) {
