@@ -44,7 +44,7 @@ void report_lost(benchmark::State& state, std::uint64_t lost_before) {
 void BM_RecordAlloc(benchmark::State& state) {
   Writer& writer = bench_writer();
   const std::uint64_t lost_before = writer.records_lost();
-  AllocPayload payload{0x7f0000000000ull, 1u << 20, 0x10, 7, 3, 0, 0};
+  AllocPayload payload{0x7f0000000000ull, 1u << 20, 0x10, 7, 3, 0, 0, 0};
   for (auto _ : state) {
     payload.ptr += 256;
     writer.record(RecordType::alloc, payload);

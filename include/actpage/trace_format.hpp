@@ -95,7 +95,12 @@ struct AllocPayload {
   std::uint16_t api;      // id from api_list.def
   std::int8_t device;     // device ordinal, -1 unknown
   std::uint8_t flags;     // kAlloc*
+  std::uint64_t duration_ns;  // how long the call took the job's thread (the real call, or actpage's
+                              // own service of it); the record is written when it returned. 0 unknown.
+                              // Appended after version 1's first 32 bytes: older traces lack it.
 };
+// The bytes of an AllocPayload every writer wrote; readers take shorter payloads than sizeof as old ones.
+inline constexpr std::size_t kAllocPayloadMinBytes = 32;
 
 struct FreePayload {
   std::uint64_t ptr;
@@ -186,7 +191,7 @@ struct IterationPayload {
 
 // The layout is the format: a change to any of these sizes is a format change (docs/trace-format.md).
 static_assert(std::endian::native == std::endian::little, "the trace is written in the host's byte order");
-static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 32 &&
+static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 40 &&
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&

@@ -1,7 +1,9 @@
 #include "interpose/interposer.hpp"
 
+#include <algorithm>
 #include <string>
 
+#include "common/clock.hpp"
 #include "common/log.hpp"
 
 namespace actpage::interpose {
@@ -41,6 +43,9 @@ std::uint64_t Interposer::stream_value(const Site& site, const void* stream) noe
 Interposer::AllocDecision Interposer::before_alloc(const Site& site, std::size_t bytes, std::uint64_t stream,
                                                    bool per_tensor, bool out_valid) noexcept {
   AllocDecision decision;
+  // Time inside the call as the job's thread sees it (actpage's work and the real call's): a call
+  // that waits, e.g. while the driver grows the job's pool, shows in the trace as long as it was.
+  if (sink_.enabled()) decision.started_ns = monotonic_ns();
   decision.path = ranges::current();
   decision.stream = stream;
   engine::AllocationHandler* handler = handler_.load(std::memory_order_acquire);
@@ -74,6 +79,7 @@ void Interposer::after_alloc(const Site& site, const AllocDecision& decision, st
   record.api = site.api;
   record.device = decision.device;
   record.flags = static_cast<std::uint8_t>(decision.flags | (succeeded ? 0 : trace::kAllocFailed));
+  if (decision.started_ns != 0) record.duration_ns = std::max<std::uint64_t>(1, monotonic_ns() - decision.started_ns);
   sink_.alloc(record);
 }
 

@@ -139,6 +139,7 @@ class Interposer {
     std::int8_t device = -1;
     std::uint8_t flags = 0;
     std::uint64_t stream = 0;
+    std::uint64_t started_ns = 0;  // when the job's call came in (only while recording: a clock read)
   };
   enum class FreeRoute { pass_through, served, call_real };
 

@@ -123,8 +123,9 @@ std::uint32_t TraceBuilder::path(std::string_view slash_path, std::uint32_t flag
 }
 
 TraceBuilder& TraceBuilder::alloc(std::uint64_t ptr, std::uint64_t bytes, std::uint32_t path_id, std::uint8_t flags,
-                                  std::uint16_t api, std::uint64_t stream, std::int8_t device) {
-  return record(RecordType::alloc, AllocPayload{ptr, bytes, stream, path_id, api, device, flags});
+                                  std::uint16_t api, std::uint64_t stream, std::int8_t device,
+                                  std::uint64_t duration_ns) {
+  return record(RecordType::alloc, AllocPayload{ptr, bytes, stream, path_id, api, device, flags, duration_ns});
 }
 
 TraceBuilder& TraceBuilder::free(std::uint64_t ptr, std::uint32_t path_id, std::uint8_t flags, std::uint16_t api,

@@ -55,7 +55,8 @@ class TraceBuilder {
   // `flags` applies to the innermost node only.
   std::uint32_t path(std::string_view slash_path, std::uint32_t flags = 0);
   TraceBuilder& alloc(std::uint64_t ptr, std::uint64_t bytes, std::uint32_t path_id, std::uint8_t flags = 0,
-                      std::uint16_t api = 3, std::uint64_t stream = 0, std::int8_t device = 0);
+                      std::uint16_t api = 3, std::uint64_t stream = 0, std::int8_t device = 0,
+                      std::uint64_t duration_ns = 0);
   TraceBuilder& free(std::uint64_t ptr, std::uint32_t path_id = 0, std::uint8_t flags = 0, std::uint16_t api = 4,
                      std::uint64_t stream = 0, std::int8_t device = 0);
   TraceBuilder& range_push(std::uint32_t path_id, std::uint32_t domain = 0);

@@ -189,10 +189,16 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
       const AllocPayload& a = change.alloc->data;
       const bool failed = (a.flags & kAllocFailed) != 0 || a.ptr == 0;
       const std::string module = module_name(trace, a.path_id);
-      out.instant(change.alloc->tid, change.time_ns, (failed ? "failed alloc " : "alloc ") + format_bytes(a.bytes),
-                  "alloc",
-                  {{"bytes", a.bytes}, {"ptr", hex(a.ptr)}, {"stream", hex(a.stream)}, {"module", module},
-                   {"api", api_name(a.api)}, {"flags", a.flags}});
+      std::string label = (failed ? "failed alloc " : "alloc ") + format_bytes(a.bytes);
+      Json args = {{"bytes", a.bytes}, {"ptr", hex(a.ptr)}, {"stream", hex(a.stream)}, {"module", module},
+                   {"api", api_name(a.api)}, {"flags", a.flags}};
+      if (a.duration_ns > 0 && a.duration_ns <= change.time_ns) {
+        // Traces that time the call: a slice as long as the job's thread was inside it.
+        out.complete(change.alloc->tid, change.time_ns - a.duration_ns, change.time_ns, std::move(label), "alloc",
+                     std::move(args));
+      } else {
+        out.instant(change.alloc->tid, change.time_ns, std::move(label), "alloc", std::move(args));
+      }
       if (failed) continue;
       auto [it, inserted] = live.try_emplace(a.ptr, a.bytes);
       if (!inserted) {

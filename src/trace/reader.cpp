@@ -75,6 +75,8 @@ class Decoder {
   static constexpr std::size_t min_bytes() {
     if constexpr (std::is_same_v<Payload, VmmPayload>) {
       return kVmmPayloadMinBytes;
+    } else if constexpr (std::is_same_v<Payload, AllocPayload>) {
+      return kAllocPayloadMinBytes;
     } else {
       return sizeof(Payload);
     }

@@ -158,6 +158,11 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
         << format_duration(m.drain_wait_ns);
   }
   out << ", its own VMM calls " << format_duration(m.job_vmm_ns) << " (" << m.job_vmm_calls << ")\n";
+  if (time.has_alloc_durations) {
+    out << "  job's allocs   " << format_duration(m.job_alloc_ns) << " in " << m.job_alloc_calls << " calls, "
+        << format_duration(m.job_slow_alloc_ns) << " of it in " << m.job_slow_allocs << " of "
+        << format_duration(kSlowAllocNs) << " or more\n";
+  }
   out << "  workers        VMM calls " << format_duration(m.worker_vmm_ns) << " (" << m.worker_vmm_calls << ")";
   if (time.has_host_pins) {
     out << ", pinning host memory " << format_duration(m.host_pin_ns) << " (" << format_bytes(m.host_pin_bytes)

@@ -127,6 +127,18 @@ TimeBreakdown time_breakdown(const TraceFile& trace) {
       ++it->worker_vmm_calls;
     }
   }
+  for (const auto& alloc : trace.allocs) {
+    if (alloc.data.duration_ns == 0) continue;
+    result.has_alloc_durations = true;
+    IterationTime* it = at(alloc.time_ns);
+    if (it == nullptr) continue;
+    it->job_alloc_ns += alloc.data.duration_ns;
+    ++it->job_alloc_calls;
+    if (alloc.data.duration_ns >= kSlowAllocNs) {
+      it->job_slow_alloc_ns += alloc.data.duration_ns;
+      ++it->job_slow_allocs;
+    }
+  }
   for (const auto& pin : trace.host_pins) {
     if (IterationTime* it = at(pin.time_ns)) {
       it->host_pin_ns += pin.data.duration_ns;

@@ -9,7 +9,9 @@
 //   the iteration its time falls in.
 // - The job's thread is the thread that wrote the ITERATION records; MAP/UNMAP records of that
 //   thread are its own VMM time, of any other thread the workers'. STALL and WAIT records are the
-//   job thread's by definition.
+//   job thread's by definition. ALLOC records with a duration (newer traces) are the job's calls on
+//   whichever of its threads (actpage's own allocations are not recorded); a call counts as slow
+//   from kSlowAllocNs.
 // - forward_ns: from the iteration's start to the first push of a backward range (kPathBackward) in
 //   it; 0 when the iteration has none.
 // - Offloads in flight: the union of [OFFLOAD_BEGIN, OFFLOAD_END] of each pointer (paired in time
@@ -40,6 +42,12 @@ struct IterationTime {
   std::uint64_t drain_wait_ns = 0;
   std::uint64_t job_vmm_ns = 0;
   std::uint64_t job_vmm_calls = 0;
+  // The job's allocation calls, on any of its threads (traces that time them: AllocPayload::duration_ns):
+  // all of them, and those of 1 ms or more (a call that waited, e.g. while the driver grew its pool).
+  std::uint64_t job_alloc_ns = 0;
+  std::uint64_t job_alloc_calls = 0;
+  std::uint64_t job_slow_alloc_ns = 0;
+  std::uint64_t job_slow_allocs = 0;
   // Workers.
   std::uint64_t worker_vmm_ns = 0;
   std::uint64_t worker_vmm_calls = 0;
@@ -67,6 +75,10 @@ inline constexpr IterationTimeField kIterationTimeFields[] = {
     {"drain_wait_ns", &IterationTime::drain_wait_ns},
     {"job_vmm_ns", &IterationTime::job_vmm_ns},
     {"job_vmm_calls", &IterationTime::job_vmm_calls},
+    {"job_alloc_ns", &IterationTime::job_alloc_ns},
+    {"job_alloc_calls", &IterationTime::job_alloc_calls},
+    {"job_slow_alloc_ns", &IterationTime::job_slow_alloc_ns},
+    {"job_slow_allocs", &IterationTime::job_slow_allocs},
     {"worker_vmm_ns", &IterationTime::worker_vmm_ns},
     {"worker_vmm_calls", &IterationTime::worker_vmm_calls},
     {"host_pin_ns", &IterationTime::host_pin_ns},
@@ -83,7 +95,11 @@ struct TimeBreakdown {
   IterationTime steady;            // field-wise median (index: how many iterations it is over)
   bool has_waits = false;          // the trace has WAIT records (older traces lack them)
   bool has_host_pins = false;      // HOST_PIN records (likewise)
+  bool has_alloc_durations = false;  // ALLOC records that time the call (likewise)
 };
+
+// A job's allocation call this long or longer counts as slow (job_slow_allocs).
+inline constexpr std::uint64_t kSlowAllocNs = 1'000'000;
 
 TimeBreakdown time_breakdown(const TraceFile& trace);
 

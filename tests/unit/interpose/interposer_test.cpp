@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 #include "fake_cuda.hpp"
@@ -63,6 +64,19 @@ TEST_F(InterposerTest, PassesAllocationThroughAndTagsItWithTheThreadsInnermostRa
   EXPECT_EQ(record.api, api_id(Symbol::cudaMallocAsync));
   EXPECT_EQ(record.flags, 0);
   EXPECT_EQ(record.device, -1);  // no handler: the device is not asked for
+}
+
+TEST_F(InterposerTest, ARecordedAllocationCarriesHowLongTheCallHeldTheJobsThread) {
+  // A call the driver holds (growing the job's pool, say) must show as long as it was; a quick one short.
+  void* ptr = nullptr;
+  ASSERT_EQ(interposer_.runtime_malloc_async<Symbol::cudaMallocAsync>(&ptr, 4096, stream_of(1)), cudaSuccess);
+  fake::state().inside_real = [] { std::this_thread::sleep_for(std::chrono::milliseconds(3)); };
+  ASSERT_EQ(interposer_.runtime_malloc_async<Symbol::cudaMallocAsync>(&ptr, 4096, stream_of(1)), cudaSuccess);
+  fake::state().inside_real = nullptr;
+  ASSERT_EQ(sink_.allocs.size(), 2u);
+  EXPECT_GT(sink_.allocs[0].duration_ns, 0u);  // timed (0 would mean unknown)
+  EXPECT_LT(sink_.allocs[0].duration_ns, 3'000'000u);
+  EXPECT_GE(sink_.allocs[1].duration_ns, 3'000'000u);
 }
 
 TEST_F(InterposerTest, AllocationOutsideAnyRangeHasNoPath) {

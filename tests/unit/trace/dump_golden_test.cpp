@@ -345,14 +345,16 @@ TEST(TraceDumpGolden, PerfettoOfTwoRanksHasTwoProcessesOnOneTimeAxis) {
 
 
 // The committed files pin the version-1 layout: the builder must still produce the current one byte
-// for byte, and the reader must still decode both: `format_v1.trace.bin` was written before
+// for byte, and the reader must still decode every one: `format_v1.trace.bin` was written before
 // VmmPayload::duration_ns was appended (24-byte VMM payloads, as the first actpage wrote them),
-// `format_v1_vmm_duration.trace.bin` after. A change here is a format change (docs/trace-format.md).
+// `format_v1_vmm_duration.trace.bin` after it and before AllocPayload::duration_ns (32-byte ALLOC
+// payloads), `format_v1_alloc_duration.trace.bin` after both. A change here is a format change
+// (docs/trace-format.md).
 TraceBuilder format_sample() {
   TraceBuilder b;
   b.pid(7).rank(2).device(1).hostname("format-host").start_unix_ns(1'000'000'000ull);
   b.at(1, 5).name(1, "layer").path_node(1, 0, 1).path_node(2, 1, 1, kPathBackward);
-  b.at(2).alloc(0x1000, 4096, 1, kAllocCandidate, 3, 0x20, 1);
+  b.at(2).alloc(0x1000, 4096, 1, kAllocCandidate, 3, 0x20, 1, 7);
   b.at(3).free(0x1000, 1, 0, 4, 0x20, 1);
   b.at(4).range_push(1, 9).range_pop(1, 9);
   b.at(5).page(RecordType::offload_begin, 0x1000, 4096, 1, 3).page(RecordType::offload_end, 0x1000, 4096, 1, 3);
@@ -387,7 +389,7 @@ void expect_format_sample(const TraceFile& file) {
 }
 
 TEST(TraceFormatGolden, VersionOneLayoutIsStable) {
-  const std::string path = kGoldenDir + "format_v1_vmm_duration.trace.bin";
+  const std::string path = kGoldenDir + "format_v1_alloc_duration.trace.bin";
   const std::vector<std::byte> built = format_sample().bytes();
   if (updating()) {
     ASSERT_TRUE(format_sample().write_file(path).ok());
@@ -401,6 +403,18 @@ TEST(TraceFormatGolden, VersionOneLayoutIsStable) {
   expect_format_sample(*file);
   EXPECT_EQ(file->vmm.at(0).data.duration_ns, 3u);
   EXPECT_EQ(file->vmm.at(1).data.duration_ns, 2u);
+  EXPECT_EQ(file->allocs.at(0).data.duration_ns, 7u);
+}
+
+TEST(TraceFormatGolden, TracesWrittenBeforeTheAllocDurationStillRead) {
+  // Never rewritten: the bytes of the writers with VMM durations and 32-byte ALLOC payloads.
+  const std::string path = kGoldenDir + "format_v1_vmm_duration.trace.bin";
+  auto file = read_trace_file(path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  expect_format_sample(*file);
+  EXPECT_EQ(file->vmm.at(0).data.duration_ns, 3u);
+  EXPECT_EQ(file->allocs.at(0).data.duration_ns, 0u);
+  EXPECT_EQ(testing::read_bytes(path).size() + 8, format_sample().bytes().size());  // one ALLOC record
 }
 
 TEST(TraceFormatGolden, TracesWrittenBeforeTheVmmDurationStillRead) {
@@ -410,6 +424,7 @@ TEST(TraceFormatGolden, TracesWrittenBeforeTheVmmDurationStillRead) {
   ASSERT_TRUE(file.ok()) << file.status().message();
   expect_format_sample(*file);
   for (const auto& call : file->vmm) EXPECT_EQ(call.data.duration_ns, 0u);
+  EXPECT_EQ(file->allocs.at(0).data.duration_ns, 0u);
   EXPECT_LT(testing::read_bytes(path).size(), format_sample().bytes().size());
 }
 

@@ -217,7 +217,7 @@ TEST(TraceReader, ShortPayloadIsSkippedLongPayloadAccepted) {
     AllocPayload known;
     std::uint64_t appended;
   };
-  builder.at(2).record(RecordType::alloc, LongerAlloc{AllocPayload{0x40, 64, 0, 0, 3, 0, 0}, 0xFFFF});
+  builder.at(2).record(RecordType::alloc, LongerAlloc{AllocPayload{0x40, 64, 0, 0, 3, 0, 0, 0}, 0xFFFF});
   builder.at(3).iteration(4);
   const auto bytes = builder.bytes();
   auto file = read_trace_bytes(bytes);
@@ -228,8 +228,33 @@ TEST(TraceReader, ShortPayloadIsSkippedLongPayloadAccepted) {
   EXPECT_EQ(file->iterations.size(), 1u);
   ASSERT_EQ(file->warnings.size(), 1u);
   EXPECT_EQ(file->warnings[0], "alloc record at byte " + std::to_string(sizeof(FileHeader)) +
-                                   " has a 8-byte payload, shorter than its " + std::to_string(sizeof(AllocPayload)) +
+                                   " has a 8-byte payload, shorter than its " + std::to_string(kAllocPayloadMinBytes) +
                                    " bytes: skipped");
+}
+
+TEST(TraceReader, AllocRecordsOfEarlierWritersLackTheDurationAndReadAsZero) {
+  // Until session 19 writers wrote 32 bytes of AllocPayload (no duration_ns); newer ones 40.
+  struct EarlierAlloc {
+    std::uint64_t ptr, bytes, stream;
+    std::uint32_t path_id;
+    std::uint16_t api;
+    std::int8_t device;
+    std::uint8_t flags;
+  };
+  static_assert(sizeof(EarlierAlloc) == kAllocPayloadMinBytes);
+  TraceBuilder builder;
+  builder.at(1).record(RecordType::alloc, EarlierAlloc{0x200000, 4096, 7, 0, 3, 1, kAllocOwned});
+  builder.at(2).alloc(0x400000, 8192, 0, 0, 3, 0, 0, 1'500'000);
+  auto file = read_trace_bytes(builder.bytes());
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ(file->allocs.size(), 2u);
+  EXPECT_EQ(file->allocs[0].data.ptr, 0x200000u);
+  EXPECT_EQ(file->allocs[0].data.stream, 7u);
+  EXPECT_EQ(file->allocs[0].data.flags, kAllocOwned);
+  EXPECT_EQ(file->allocs[0].data.duration_ns, 0u);
+  EXPECT_EQ(file->allocs[1].data.bytes, 8192u);
+  EXPECT_EQ(file->allocs[1].data.duration_ns, 1'500'000u);
+  EXPECT_EQ(file->malformed_records, 0u);
 }
 
 TEST(TraceReader, VmmRecordsOfTheFirstWritersLackTheDurationAndReadAsZero) {

@@ -151,6 +151,45 @@ TEST(TimeBreakdown, TheReportNamesWaitsAndPinningOnlyWhenTheTraceRecordsThem) {
   EXPECT_EQ(old_out.str().find("pinning host memory"), std::string::npos) << old_out.str();
 }
 
+TEST(TimeBreakdown, TheJobsAllocationCallsAndTheSlowOnesAmongThem) {
+  // Iteration 0: three timed calls, on the job's thread and on the autograd thread (4), one of them
+  // 3 ms (the driver growing the pool); iteration 1: one call of exactly the 1 ms bound and an
+  // untimed one (an older writer's record in the same trace counts for nothing).
+  constexpr std::uint32_t kAutograd = 4;
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  b.at(10 * ms, kJob).alloc(0x1000, MiB, 0, 0, 3, 0, 0, 20'000);
+  b.at(20 * ms, kJob).alloc(0x2000, MiB, 0, 0, 3, 0, 0, 3 * ms);
+  b.at(70 * ms, kAutograd).alloc(0x3000, MiB, 0, 0, 3, 0, 0, 500'000);
+  b.at(100 * ms, kJob).iteration(2);
+  b.at(110 * ms, kAutograd).alloc(0x4000, MiB, 0, 0, 3, 0, 0, 1 * ms);
+  b.at(120 * ms, kJob).alloc(0x5000, MiB, 0);
+  b.at(200 * ms, kJob).iteration(3);
+  auto file = read_trace_bytes(b.bytes(), "allocs");
+  ASSERT_TRUE(file.ok());
+  const TimeBreakdown time = time_breakdown(*file);
+  EXPECT_TRUE(time.has_alloc_durations);
+  ASSERT_EQ(time.iterations.size(), 2u);
+  EXPECT_EQ(time.iterations[0].job_alloc_calls, 3u);
+  EXPECT_EQ(time.iterations[0].job_alloc_ns, 20'000u + 3 * ms + 500'000u);
+  EXPECT_EQ(time.iterations[0].job_slow_allocs, 1u);
+  EXPECT_EQ(time.iterations[0].job_slow_alloc_ns, 3 * ms);
+  EXPECT_EQ(time.iterations[1].job_alloc_calls, 1u);
+  EXPECT_EQ(time.iterations[1].job_slow_allocs, 1u);
+  EXPECT_EQ(time.iterations[1].job_slow_alloc_ns, 1 * ms);
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  EXPECT_NE(out.str().find("job's allocs"), std::string::npos) << out.str();
+
+  // A trace whose allocation records carry no time (older writers): the line is left out.
+  auto old_file = read_trace_bytes(built().bytes(), "built");
+  ASSERT_TRUE(old_file.ok());
+  EXPECT_FALSE(time_breakdown(*old_file).has_alloc_durations);
+  std::ostringstream old_out;
+  write_text_report(summarize(*old_file), old_out);
+  EXPECT_EQ(old_out.str().find("job's allocs"), std::string::npos) << old_out.str();
+}
+
 TEST(TimeBreakdown, ALongRunsTableShowsItsEndsAndSaysHowManyRowsItLeftOut) {
   TraceBuilder b;
   for (std::uint64_t i = 0; i < 51; ++i) b.at(i * 10 * ms, kJob).iteration(i + 1);  // 50 iterations

@@ -52,7 +52,7 @@ TraceFile read_back(const std::string& path) {
 }
 
 AllocPayload alloc_payload(std::uint64_t ptr, std::uint64_t bytes) {
-  return AllocPayload{ptr, bytes, 0x5, 0, 3, 0, kAllocCandidate};
+  return AllocPayload{ptr, bytes, 0x5, 0, 3, 0, kAllocCandidate, 0};
 }
 
 TEST(TraceWriter, EveryRecordTypeRoundTrips) {
@@ -64,7 +64,7 @@ TEST(TraceWriter, EveryRecordTypeRoundTrips) {
   writer->record_text(RecordType::name, 11, "model.layers.0.mlp");
   writer->record(RecordType::path, PathPayload{20, 0, 11, 0});
   writer->record(RecordType::path, PathPayload{21, 20, 11, kPathBackward});
-  writer->record(RecordType::alloc, AllocPayload{0x7f0000001000, 4096, 0x99, 21, 3, 1, kAllocOwned | kAllocCandidate});
+  writer->record(RecordType::alloc, AllocPayload{0x7f0000001000, 4096, 0x99, 21, 3, 1, kAllocOwned | kAllocCandidate, 2500});
   writer->record(RecordType::free, FreePayload{0x7f0000001000, 0x99, 21, 4, 1, kAllocOwned});
   writer->record(RecordType::range_push, RangePayload{21, 5});
   writer->record(RecordType::range_pop, RangePayload{21, 5});
@@ -105,6 +105,7 @@ TEST(TraceWriter, EveryRecordTypeRoundTrips) {
   EXPECT_EQ(file.allocs[0].data.ptr, 0x7f0000001000u);
   EXPECT_EQ(file.allocs[0].data.bytes, 4096u);
   EXPECT_EQ(file.allocs[0].data.stream, 0x99u);
+  EXPECT_EQ(file.allocs[0].data.duration_ns, 2500u);
   EXPECT_EQ(file.allocs[0].data.path_id, 21u);
   EXPECT_EQ(file.allocs[0].data.api, 3);
   EXPECT_EQ(file.allocs[0].data.device, 1);
