@@ -322,6 +322,40 @@ Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
   return static_cast<std::size_t>(reserved > after->reserved_bytes ? reserved - after->reserved_bytes : 0);
 }
 
+Result<std::size_t> CudaDevice::grow_job_pool(std::size_t bytes, StreamHandle stream) {
+  auto pool = current_pool();
+  if (!pool.ok()) return pool.status();
+  auto usage = usage_of(*pool);
+  if (!usage.ok()) return usage.status();
+  const std::uint64_t unused = usage->reserved_bytes > usage->used_bytes ? usage->reserved_bytes - usage->used_bytes : 0;
+  if (bytes == 0 || unused >= bytes) return std::size_t{0};
+  // One allocation of the shortfall, freed at once: the pool keeps the block as reserve (torch never
+  // lets it shrink on its own), and splits it for the job's allocations.
+  const std::size_t shortfall = static_cast<std::size_t>(bytes - unused);
+  CUdeviceptr block = 0;
+  const std::string what = "growing the memory pool of " + device_text(ordinal_) + " by " + format_bytes(shortfall);
+  if (Status s = driver_.check(driver_.cuMemAllocFromPoolAsync(&block, shortfall, *pool, to_cu(stream)),
+                               "cuMemAllocFromPoolAsync", what);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = driver_.check(driver_.cuMemFreeAsync(block, to_cu(stream)), "cuMemFreeAsync", what); !s.ok()) {
+    return s;
+  }
+  // The job's streams take a freed block only once its free has run (the pool's opportunistic
+  // reuse): wait for it here, on actpage's worker, not on the job's thread.
+  auto reached = create_event();
+  if (!reached.ok()) return reached.status();
+  Status waited = record_event(*reached, stream);
+  if (waited.ok()) waited = synchronize_event(*reached);
+  (void)destroy_event(*reached);
+  if (!waited.ok()) return waited.context(what);
+  auto after = usage_of(*pool);
+  if (!after.ok()) return after.status();
+  return static_cast<std::size_t>(after->reserved_bytes > usage->reserved_bytes ? after->reserved_bytes - usage->reserved_bytes
+                                                                                 : 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pinned host memory
 

@@ -75,6 +75,7 @@ class CudaDevice final : public Device {
   // cuDeviceGetMemPool + cuMemPoolGetAttribute (reserve, used) + cuMemPoolTrimTo.
   Result<std::size_t> trim_job_pool(std::size_t bytes) override;
   Result<PoolUsage> job_pool_usage() override;
+  Result<std::size_t> grow_job_pool(std::size_t bytes, StreamHandle stream) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
   Status free_pinned(void* ptr) override;

@@ -21,6 +21,11 @@ namespace {
 // activations turns the loss into NaN instead of slightly changing it.
 constexpr std::uint8_t kPoisonByte = 0xFF;
 
+// vmm.grow_job_pool_for_head: how long before the last iteration's layers' end the VMM worker grows
+// the job's pool. On the H100 a 1000 MiB growth took the job's thread 1.2-1.6 ms (session 19), the
+// head's three ~3 GiB; earlier, the reserve would stack on offloaded pages still being copied.
+constexpr std::uint64_t kPoolGrowLeadNs = 6'000'000;
+
 void trace_page(trace::RecordType type, DevPtr va, std::size_t bytes, ranges::PathId path,
                 std::uint32_t group) {
   if (auto* writer = trace::active()) {
@@ -83,7 +88,7 @@ bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chu
 
 bool DeviceEngine::vmm_has_work() const {
   return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || !map_ahead_sizes().empty() ||
-         prefill_due() || pool_watch_due();
+         prefill_due() || pool_watch_due() || pool_grow_due();
 }
 
 bool DeviceEngine::reload_has_work() const {
@@ -566,6 +571,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   const TurnScope turn(*this, Turn::job);
   const auto thread = std::this_thread::get_id();
   if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
+    const std::uint64_t layers_end_ns = monotonic_ns();
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
     // the step's peak: what is still being copied would count there.
     if (options_.offload_drain_at_layers_end) wait_for_offload_backlog(lock, 0);
@@ -578,6 +584,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
       lock.lock();
       if (trim) record_pool_trim(*trim);
     }
+    if (options_.vmm_grow_job_pool_for_head) note_pool_at_layers_end(layers_end_ns, lock);
   }
   if (open_groups_.empty()) return;
   std::vector<Group*> to_seal;
@@ -809,7 +816,9 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
       layer != ranges::kNoPath && layer != verdict.selected && layer != parent) {
     group->names.push_back(registry.node(layer).name);
   }
-  if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end) && thread == forward_thread_) {
+  if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end ||
+       options_.vmm_grow_job_pool_for_head) &&
+      thread == forward_thread_) {
     // Where the layers end: the range holding them, not the selected module's parent's parent (for
     // Qwen3-MoE's experts that is their layer, and the forward waited for the copies after every
     // selected layer: x1.45 for 1.2 GiB on the H100, session 16).
@@ -913,6 +922,7 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
+  if (options_.vmm_grow_job_pool_for_head) learn_head_pool_growth();
   pool_trim_debt_ = 0;
   if (options_.vmm_trim_job_pool_in_backward) open_pool_watch(PoolWatch::backward);
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
@@ -1636,16 +1646,18 @@ void DeviceEngine::vmm_worker() {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto ready = [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); };
   while (true) {
-    if (pool_watch_ != PoolWatch::none && !serialized_) {
-      // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
+    if (const std::optional<std::uint64_t> wake = timed_vmm_work_ns(); wake && !serialized_) {
+      // A watch on the job's pool is open, or its growth is due later: wake then, if nothing else
+      // comes first.
       const std::uint64_t now = monotonic_ns();
-      const std::uint64_t wait_ns = pool_watch_next_ns_ > now ? pool_watch_next_ns_ - now : 0;
+      const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
       if (!offload_cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
     } else {
       offload_cv_.wait(lock, ready);
     }
     if (stopping_) break;
     const TurnScope turn(*this, Turn::vmm);
+    if (pool_grow_due()) grow_job_pool_ahead(lock);
     if (pool_watch_due()) watch_job_pool(lock);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
@@ -2326,6 +2338,19 @@ void DeviceEngine::start_iteration() {
   prefilled_ = false;
   pool_trim_debt_ = 0;  // the pool grows back in this forward: nothing more to give back for backward's reloads
   open_pool_watch(options_.vmm_trim_job_pool_at_forward_start ? PoolWatch::forward_start : PoolWatch::none);
+  iteration_started_ns_ = monotonic_ns();
+  pool_base_at_layers_end_.reset();
+  pool_grown_this_iteration_ = 0;
+  pool_grow_at_ns_ = 0;
+  if (options_.vmm_grow_job_pool_for_head && head_pool_growth_ > 0 && layers_end_after_ns_ > 0 && !pool_grow_failed_) {
+    // The head will grow the pool by about what it grew by last time: grow it now, on the VMM worker,
+    // shortly before the layers end (where actpage's offloaded pages have gone, so that the reserve
+    // does not stack on them), so that the job's own allocations there find it.
+    const std::uint64_t after = layers_end_after_ns_ > kPoolGrowLeadNs ? layers_end_after_ns_ - kPoolGrowLeadNs : 0;
+    pool_grow_at_ns_ = std::max<std::uint64_t>(1, iteration_started_ns_ + after);
+    pool_grow_bytes_ = head_pool_growth_;
+    offload_cv_.notify_all();
+  }
   ++iteration_;
   ++stats_.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
@@ -2371,6 +2396,67 @@ void DeviceEngine::open_pool_watch(PoolWatch kind) {
   pool_watch_looks_left_ = kForwardPoolWatchLooks;
   pool_watch_next_ns_ = 0;  // the first look at once
   if (pool_watch_ != PoolWatch::none) offload_cv_.notify_all();
+}
+
+std::optional<std::uint64_t> DeviceEngine::timed_vmm_work_ns() const {
+  std::optional<std::uint64_t> wake;
+  if (pool_watch_ != PoolWatch::none) wake = pool_watch_next_ns_;
+  if (pool_grow_at_ns_ != 0) wake = wake ? std::min(*wake, pool_grow_at_ns_) : pool_grow_at_ns_;
+  return wake;
+}
+
+bool DeviceEngine::pool_grow_due() const {
+  return pool_grow_at_ns_ != 0 && (serialized_ || monotonic_ns() >= pool_grow_at_ns_);
+}
+
+void DeviceEngine::grow_job_pool_ahead(std::unique_lock<std::mutex>& lock) {
+  const std::uint64_t bytes = pool_grow_bytes_;
+  pool_grow_at_ns_ = 0;
+  pool_grow_bytes_ = 0;
+  ++trimming_;  // quiesce() waits for the call to end, as for a trim
+  lock.unlock();
+  const std::uint64_t started = monotonic_ns();
+  // On the reload stream: idle in the forward (reloads begin in backward), and never the copy
+  // stream, whose queued copies would hold the free back.
+  Result<std::size_t> grown = device_.grow_job_pool(static_cast<std::size_t>(bytes), reload_stream_);
+  const std::uint64_t took = monotonic_ns() - started;
+  lock.lock();
+  --trimming_;
+  ++stats_.pool_grows;
+  stats_.pool_grow_ns += took;
+  if (grown.ok()) {
+    stats_.pool_grown_bytes += *grown;
+    pool_grown_this_iteration_ += *grown;
+  } else if (!pool_grow_failed_) {
+    // Only time is at stake (the job grows its pool itself, as without the option): stop trying.
+    pool_grow_failed_ = true;
+    ACTPAGE_LOG_WARN("device {}: growing the job's memory pool ahead of the head failed, no more growths this run: {}",
+                     device_.ordinal(), grown.status().message());
+  }
+  issued_cv_.notify_all();
+}
+
+void DeviceEngine::note_pool_at_layers_end(std::uint64_t layers_end_ns, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  Result<PoolUsage> usage = device_.job_pool_usage();
+  lock.lock();
+  if (!usage.ok() || in_backward_) return;
+  // What the reserve would be had actpage not grown it: the head's growth is measured from there.
+  pool_base_at_layers_end_ = usage->reserved_bytes - std::min(usage->reserved_bytes, pool_grown_this_iteration_);
+  layers_end_after_ns_this_iteration_ = layers_end_ns > iteration_started_ns_ ? layers_end_ns - iteration_started_ns_ : 0;
+}
+
+void DeviceEngine::learn_head_pool_growth() {
+  // A growth not made by now comes too late to spare the head anything and would add to backward's
+  // peak: drop it.
+  pool_grow_at_ns_ = 0;
+  pool_grow_bytes_ = 0;
+  if (!pool_base_at_layers_end_) return;
+  Result<PoolUsage> usage = device_.job_pool_usage();
+  if (!usage.ok()) return;
+  head_pool_growth_ = usage->reserved_bytes > *pool_base_at_layers_end_ ? usage->reserved_bytes - *pool_base_at_layers_end_ : 0;
+  layers_end_after_ns_ = layers_end_after_ns_this_iteration_;
+  pool_base_at_layers_end_.reset();
 }
 
 bool DeviceEngine::pool_watch_due() const {

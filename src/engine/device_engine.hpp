@@ -363,6 +363,17 @@ class DeviceEngine {
   enum class PoolWatch : std::uint8_t { none, forward_start, backward, reload_debt };
   void open_pool_watch(PoolWatch kind);
   bool pool_watch_due() const;
+  // vmm.grow_job_pool_for_head: the growth of the job's pool this iteration's head will need is due
+  // (kPoolGrowLeadNs before the layers ended in the last iteration); the VMM worker makes it.
+  bool pool_grow_due() const;
+  void grow_job_pool_ahead(std::unique_lock<std::mutex>& lock);
+  // When the VMM worker must wake for timed work of its own (a pool watch's next look, the pool's
+  // growth); nullopt: only when told.
+  std::optional<std::uint64_t> timed_vmm_work_ns() const;
+  // vmm.grow_job_pool_for_head: at the layers' end (the job's thread, lock held; released around the
+  // driver's query) and when backward begins (lock held), what the head's growth of the pool was.
+  void note_pool_at_layers_end(std::uint64_t layers_end_ns, std::unique_lock<std::mutex>& lock);
+  void learn_head_pool_growth();
   // One look (and trim); unlocks around the driver calls.
   void watch_job_pool(std::unique_lock<std::mutex>& lock);
   // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
@@ -457,6 +468,20 @@ class DeviceEngine {
   // Bytes of reload pages created in this backward that the job's pool has not given back yet
   // (vmm.trim_job_pool_catch_up).
   std::uint64_t pool_trim_debt_ = 0;
+  // vmm.grow_job_pool_for_head. Learned in the last iteration: how much the job's pool grew from the
+  // layers' end to backward's start (the logits, the loss, its gradient; what actpage grew it by
+  // counts as the job's), and how long after the iteration's start the layers ended. This
+  // iteration: its start, the pool's reserve at the layers' end less what actpage grew it by before
+  // (nullopt until then), what actpage grew it by, and the growth due (at 0: none).
+  std::uint64_t head_pool_growth_ = 0;
+  std::uint64_t layers_end_after_ns_ = 0;
+  std::uint64_t iteration_started_ns_ = 0;
+  std::optional<std::uint64_t> pool_base_at_layers_end_;
+  std::uint64_t layers_end_after_ns_this_iteration_ = 0;
+  std::uint64_t pool_grown_this_iteration_ = 0;
+  std::uint64_t pool_grow_at_ns_ = 0;
+  std::uint64_t pool_grow_bytes_ = 0;
+  bool pool_grow_failed_ = false;
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

@@ -29,6 +29,8 @@ namespace actpage::engine {
 //   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
 //     pool at a forward's start and through backward (vmm.trim_job_pool_at_forward_start,
 //     vmm.trim_job_pool_in_backward), the trims they made and what those gave back
+//   pool_grows, pool_grown_bytes, pool_grow_ns: growths of the job's pool the VMM worker made ahead
+//     of the head (vmm.grow_job_pool_for_head), the bytes its reserve rose by, the time they took
 //   pool_trim_debt_bytes: bytes reloads created that their trim of the job's pool did not give back
 //     at once (vmm.trim_job_pool_catch_up then gives them back later in backward, through the watch
 //     counters above)
@@ -87,6 +89,9 @@ namespace actpage::engine {
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
   X(pool_trim_debt_bytes) \
+  X(pool_grows) \
+  X(pool_grown_bytes) \
+  X(pool_grow_ns) \
   X(reload_pool_waits) \
   X(bytes_topped_up) \
   X(backlog_waits) \

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "common/units.hpp"
@@ -41,6 +42,38 @@ class CudaGpu : public ::testing::Test {
   std::unique_ptr<CudaDevice> device_;
 };
 
+// The job's side of the device's stream-ordered pool, through the driver the process loaded (what
+// torch's cudaMallocAsync backend amounts to), with the pool made to keep what is freed, as torch
+// sets it.
+struct JobPool {
+  CUresult (*alloc_async)(CUdeviceptr*, size_t, CUstream) = nullptr;
+  CUresult (*free_async)(CUdeviceptr, CUstream) = nullptr;
+  CUresult (*set_attribute)(CUmemoryPool, CUmemPool_attribute, void*) = nullptr;
+  CUresult (*synchronize)(CUstream) = nullptr;
+  CUmemoryPool pool = nullptr;
+
+  // Empty `error` when every entry point was found and the pool keeps its frees.
+  std::string open(CUdevice device) {
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (library == nullptr) return "libcuda.so.1 is not loaded";
+    alloc_async = reinterpret_cast<decltype(alloc_async)>(dlsym(library, "cuMemAllocAsync"));
+    free_async = reinterpret_cast<decltype(free_async)>(dlsym(library, "cuMemFreeAsync"));
+    auto get_pool = reinterpret_cast<CUresult (*)(CUmemoryPool*, CUdevice)>(dlsym(library, "cuDeviceGetMemPool"));
+    set_attribute = reinterpret_cast<decltype(set_attribute)>(dlsym(library, "cuMemPoolSetAttribute"));
+    synchronize = reinterpret_cast<decltype(synchronize)>(dlsym(library, "cuStreamSynchronize"));
+    if (!(alloc_async && free_async && get_pool && set_attribute && synchronize)) return "an entry point is missing";
+    if (get_pool(&pool, device) != CUDA_SUCCESS) return "cuDeviceGetMemPool failed";
+    cuuint64_t keep_all = UINT64_MAX;
+    if (set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) != CUDA_SUCCESS) return "the release threshold";
+    return {};
+  }
+  // Back to the driver's default: the pool releases what is freed at each synchronization.
+  CUresult release_at_sync() {
+    cuuint64_t release_all = 0;
+    return set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all);
+  }
+};
+
 TEST_F(CudaGpu, AFailedCallNamesTheCallTheErrorAndWhatWasBeingDone) {
   const std::size_t g = device_->granularity();
   // An address that was reserved and given back: certainly not reserved now.
@@ -59,19 +92,11 @@ TEST_F(CudaGpu, AFailedCallNamesTheCallTheErrorAndWhatWasBeingDone) {
 TEST_F(CudaGpu, TrimmingTheJobsPoolGivesItsUnusedReserveBack) {
   // The pool a job's cudaMallocAsync draws from, made to keep what is freed (as torch sets it), with
   // 256 MiB allocated and freed: all of it unused reserve.
-  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(library, nullptr);
-  auto alloc_async = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(dlsym(library, "cuMemAllocAsync"));
-  auto free_async = reinterpret_cast<CUresult (*)(CUdeviceptr, CUstream)>(dlsym(library, "cuMemFreeAsync"));
-  auto get_pool = reinterpret_cast<CUresult (*)(CUmemoryPool*, CUdevice)>(dlsym(library, "cuDeviceGetMemPool"));
-  auto set_attribute = reinterpret_cast<CUresult (*)(CUmemoryPool, CUmemPool_attribute, void*)>(
-      dlsym(library, "cuMemPoolSetAttribute"));
-  auto synchronize = reinterpret_cast<CUresult (*)(CUstream)>(dlsym(library, "cuStreamSynchronize"));
-  ASSERT_TRUE(alloc_async && free_async && get_pool && set_attribute && synchronize);
-  CUmemoryPool pool = nullptr;
-  ASSERT_EQ(get_pool(&pool, device_->device()), CUDA_SUCCESS);
-  cuuint64_t keep_all = UINT64_MAX;
-  ASSERT_EQ(set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+  JobPool job;
+  ASSERT_EQ(job.open(device_->device()), "");
+  auto alloc_async = job.alloc_async;
+  auto free_async = job.free_async;
+  auto synchronize = job.synchronize;
   const std::size_t bytes = 256 * MiB;
   CUdeviceptr pointer = 0;
   ASSERT_EQ(alloc_async(&pointer, bytes, nullptr), CUDA_SUCCESS);
@@ -96,8 +121,54 @@ TEST_F(CudaGpu, TrimmingTheJobsPoolGivesItsUnusedReserveBack) {
   auto again = device_->trim_job_pool(bytes);
   ACTPAGE_ASSERT_OK(again);
   EXPECT_EQ(*again, 0u);
-  cuuint64_t release_all = 0;
-  EXPECT_EQ(set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all), CUDA_SUCCESS);
+  EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
+}
+
+TEST_F(CudaGpu, GrowingTheJobsPoolLeavesAReserveTheJobsStreamTakes) {
+  // vmm.grow_job_pool_for_head: actpage grows the pool on a stream of its own; the job's allocations
+  // of about that size on the job's stream (here the legacy stream) must then take the reserve, the
+  // pool not growing again.
+  JobPool job;
+  ASSERT_EQ(job.open(device_->device()), "");
+  auto alloc_async = job.alloc_async;
+  auto free_async = job.free_async;
+  auto synchronize = job.synchronize;
+  (void)device_->trim_job_pool(std::size_t{1} << 40);  // start from no reserve
+  auto stream = device_->create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  const std::size_t bytes = 512 * MiB;
+  const auto started = std::chrono::steady_clock::now();
+  auto grown = device_->grow_job_pool(bytes, *stream);
+  const double grow_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  ACTPAGE_ASSERT_OK(grown);
+  auto usage = device_->job_pool_usage();
+  ACTPAGE_ASSERT_OK(usage);
+  std::printf("grew the pool by %zu MiB in %.2f ms: %llu MiB reserved, %llu MiB used\n", *grown / MiB, grow_ms,
+              static_cast<unsigned long long>(usage->reserved_bytes / MiB),
+              static_cast<unsigned long long>(usage->used_bytes / MiB));
+  EXPECT_GE(*grown, bytes);
+  EXPECT_GE(usage->reserved_bytes - usage->used_bytes, bytes);
+  // Asked again, it holds enough unused: no growth.
+  auto again = device_->grow_job_pool(bytes, *stream);
+  ACTPAGE_ASSERT_OK(again);
+  EXPECT_EQ(*again, 0u);
+  // The job: two allocations of half of it on its own stream, from the reserve.
+  CUdeviceptr first = 0, second = 0;
+  const auto job_started = std::chrono::steady_clock::now();
+  ASSERT_EQ(alloc_async(&first, bytes / 2, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(alloc_async(&second, bytes / 2, nullptr), CUDA_SUCCESS);
+  const double job_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - job_started).count();
+  auto during = device_->job_pool_usage();
+  ACTPAGE_ASSERT_OK(during);
+  std::printf("the job's two allocations took %.3f ms: %llu MiB reserved\n", job_ms,
+              static_cast<unsigned long long>(during->reserved_bytes / MiB));
+  EXPECT_EQ(during->reserved_bytes, usage->reserved_bytes);  // taken from the reserve, not grown
+  ASSERT_EQ(free_async(first, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(free_async(second, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(nullptr), CUDA_SUCCESS);
+  (void)device_->trim_job_pool(std::size_t{1} << 40);
+  ACTPAGE_EXPECT_OK(device_->destroy_stream(*stream));
+  EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
 }
 
 TEST_F(CudaGpu, AnotherThreadWorksAfterBindThread) {

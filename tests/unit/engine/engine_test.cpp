@@ -932,6 +932,76 @@ TEST(Engine, TheJobsPoolGivesBackItsReserveWhereTheForwardBegins) {
   }
 }
 
+TEST(Engine, TheJobsPoolGrowsAheadOfTheHeadByWhatTheHeadGrewItByLastTime) {
+  // vmm.grow_job_pool_for_head: the head (logits, loss) grew the job's pool by 3 GiB after the layers
+  // ended, because actpage's trims had left it no reserve. From the second iteration on, the VMM
+  // worker grows the pool by that much before the layers end, and the head's allocations find the
+  // reserve instead of growing the pool on the job's thread. Without the option the job grows it
+  // every time.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (bool grow : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.vmm_trim_job_pool = false;  // the test plays the trims: no reserve at each forward's start
+    options.vmm_grow_job_pool_for_head = grow;
+    Rig rig(options);
+    std::uint64_t job_growths = 0;  // the head's allocations that found too little reserve
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      const std::string where = "grow " + std::to_string(grow) + " iteration " + std::to_string(iteration);
+      rig.device.set_job_pool(kGiB, kGiB);
+      Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+      if (grow && iteration > 0) {
+        EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 4 * kGiB; }))
+            << where << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved";
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(rig.device.job_pool_reserved(), kGiB) << where;
+      }
+      // The head: 3 GiB more in use, from the reserve where there is one.
+      const PoolUsage usage = *rig.device.job_pool_usage();
+      if (usage.reserved_bytes < usage.used_bytes + 3 * kGiB) ++job_growths;
+      rig.device.set_job_pool(std::max(usage.reserved_bytes, usage.used_bytes + 3 * kGiB), usage.used_bytes + 3 * kGiB);
+      run_backward(*rig.job, forward, 4);
+      rig.engine.quiesce();
+    }
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(job_growths, grow ? 1u : 3u) << "grow " << grow;
+    EXPECT_EQ(stats.pool_grows, grow ? 2u : 0u);
+    EXPECT_EQ(stats.pool_grown_bytes, grow ? 6 * kGiB : 0u);
+    EXPECT_EQ(rig.device.job_pool_growths(), grow ? 2u : 0u);
+    rig.device.synchronize();
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "grow " << grow;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "grow " << grow;
+  }
+}
+
+TEST(Engine, AGrowthOfTheJobsPoolThatFailsIsLeftToTheJob) {
+  // The growth only saves time: when the driver refuses it, the engine warns once, stops growing the
+  // pool and the job goes on as without the option.
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = false;
+  options.vmm_grow_job_pool_for_head = true;
+  Rig rig(options);
+  rig.device.set_fault_plan(device::SimFaultPlan().fail_nth(device::SimOp::grow_pool, 1));
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    rig.device.set_job_pool(kGiB, kGiB);
+    Forward forward = run_forward(*rig.job, 4, 2, 2 * kMiB);
+    if (iteration == 1) {
+      EXPECT_TRUE(eventually([&] { return rig.engine.stats().pool_grows == 1; }));
+    }
+    const PoolUsage usage = *rig.device.job_pool_usage();
+    rig.device.set_job_pool(std::max(usage.reserved_bytes, usage.used_bytes + 3 * kGiB), usage.used_bytes + 3 * kGiB);
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+  }
+  EXPECT_EQ(rig.engine.stats().pool_grows, 1u);  // the failed one, and none after it
+  EXPECT_EQ(rig.engine.stats().pool_grown_bytes, 0u);
+  EXPECT_EQ(rig.device.call_count(device::SimOp::grow_pool), 1u);
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
 TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   // vmm.trim_job_pool_in_backward: backward frees what the loss grew the job's pool to, and the pool
   // keeps it reserved while reloads map pages beside it. With the watch, its reserve follows its use
