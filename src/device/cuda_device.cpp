@@ -327,14 +327,15 @@ Result<std::size_t> CudaDevice::grow_job_pool(std::size_t bytes, StreamHandle st
   if (!pool.ok()) return pool.status();
   auto usage = usage_of(*pool);
   if (!usage.ok()) return usage.status();
-  const std::uint64_t unused = usage->reserved_bytes > usage->used_bytes ? usage->reserved_bytes - usage->used_bytes : 0;
-  if (bytes == 0 || unused >= bytes) return std::size_t{0};
-  // One allocation of the shortfall, freed at once: the pool keeps the block as reserve (torch never
-  // lets it shrink on its own), and splits it for the job's allocations.
-  const std::size_t shortfall = static_cast<std::size_t>(bytes - unused);
+  if (bytes == 0) return std::size_t{0};
+  // One allocation of all of it, freed at once: the pool serves it from a free block where it has
+  // one that large, and grows by a block that large where not (its unused reserve may be many small
+  // blocks, which the head's large allocations cannot use: on the H100 it held enough unused bytes
+  // and still grew for each 1000 MiB logits allocation). It keeps the block as reserve (torch never
+  // lets it shrink on its own) and splits it for the job's allocations.
   CUdeviceptr block = 0;
-  const std::string what = "growing the memory pool of " + device_text(ordinal_) + " by " + format_bytes(shortfall);
-  if (Status s = driver_.check(driver_.cuMemAllocFromPoolAsync(&block, shortfall, *pool, to_cu(stream)),
+  const std::string what = "growing the memory pool of " + device_text(ordinal_) + " by a block of " + format_bytes(bytes);
+  if (Status s = driver_.check(driver_.cuMemAllocFromPoolAsync(&block, bytes, *pool, to_cu(stream)),
                                "cuMemAllocFromPoolAsync", what);
       !s.ok()) {
     return s;

@@ -31,7 +31,8 @@
 // - The job's memory pool (what cudaMallocAsync draws from) is a reserve and a part of it in use,
 //   set by the test (set_job_pool); its reserve counts as device memory in use. trim_job_pool()
 //   gives back exactly min(asked, unused): the driver's block granularity is not modelled;
-//   grow_job_pool(bytes) adds to the reserve what it lacks of `bytes` unused.
+//   grow_job_pool(bytes) adds to the reserve what it lacks of `bytes` unused (the model's reserve is
+//   one block: it has a free block of `bytes` exactly when that much is unused).
 // - Errors read like the driver's: "cuMemMap (simulated): CUDA_ERROR_INVALID_VALUE (range overlaps
 //   a mapping) while mapping 2 MiB at 0x7f0000000000".
 // - Thread safety: every method may be called from any thread, including from inside a launched

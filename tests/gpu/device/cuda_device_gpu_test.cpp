@@ -148,7 +148,7 @@ TEST_F(CudaGpu, GrowingTheJobsPoolLeavesAReserveTheJobsStreamTakes) {
               static_cast<unsigned long long>(usage->used_bytes / MiB));
   EXPECT_GE(*grown, bytes);
   EXPECT_GE(usage->reserved_bytes - usage->used_bytes, bytes);
-  // Asked again, it holds enough unused: no growth.
+  // Asked again, the pool has a free block that large: no growth.
   auto again = device_->grow_job_pool(bytes, *stream);
   ACTPAGE_ASSERT_OK(again);
   EXPECT_EQ(*again, 0u);
