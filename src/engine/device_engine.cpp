@@ -22,8 +22,9 @@ namespace {
 constexpr std::uint8_t kPoisonByte = 0xFF;
 
 // vmm.grow_job_pool_for_head: how long before the last iteration's layers' end the VMM worker grows
-// the job's pool. On the H100 a 1000 MiB growth took the job's thread 1.2-1.6 ms (session 19), the
-// head's three ~3 GiB; earlier, the reserve would stack on offloaded pages still being copied.
+// the job's pool. On the H100 each of the head's three 1000 MiB allocations took the job's thread
+// 1.2-1.6 ms when the pool had to grow (session 19); much earlier, the reserve would stack on
+// offloaded pages still being copied.
 constexpr std::uint64_t kPoolGrowLeadNs = 6'000'000;
 
 void trace_page(trace::RecordType type, DevPtr va, std::size_t bytes, ranges::PathId path,

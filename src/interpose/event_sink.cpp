@@ -8,8 +8,8 @@ bool TraceEventSink::enabled() const noexcept {
   return trace::recording() && trace::active() != nullptr;
 }
 
-void TraceEventSink::alloc(const trace::AllocPayload& record) noexcept {
-  if (trace::Writer* writer = trace::active()) writer->record(trace::RecordType::alloc, record);
+void TraceEventSink::alloc(const trace::AllocPayload& record, std::uint64_t at_mono_ns) noexcept {
+  if (trace::Writer* writer = trace::active()) writer->record_at(trace::RecordType::alloc, at_mono_ns, record);
 }
 
 void TraceEventSink::free(const trace::FreePayload& record) noexcept {

@@ -13,7 +13,8 @@ class EventSink {
  public:
   virtual ~EventSink() = default;
   virtual bool enabled() const noexcept = 0;
-  virtual void alloc(const trace::AllocPayload& record) noexcept = 0;
+  // `at_mono_ns`: when the call returned (monotonic_ns()), the record's time; 0: now.
+  virtual void alloc(const trace::AllocPayload& record, std::uint64_t at_mono_ns) noexcept = 0;
   virtual void free(const trace::FreePayload& record) noexcept = 0;
   virtual void vmm_call(const trace::VmmPayload& record) noexcept = 0;
 };
@@ -23,7 +24,7 @@ class EventSink {
 class TraceEventSink final : public EventSink {
  public:
   bool enabled() const noexcept override;
-  void alloc(const trace::AllocPayload& record) noexcept override;
+  void alloc(const trace::AllocPayload& record, std::uint64_t at_mono_ns) noexcept override;
   void free(const trace::FreePayload& record) noexcept override;
   void vmm_call(const trace::VmmPayload& record) noexcept override;
 };

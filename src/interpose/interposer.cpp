@@ -79,8 +79,10 @@ void Interposer::after_alloc(const Site& site, const AllocDecision& decision, st
   record.api = site.api;
   record.device = decision.device;
   record.flags = static_cast<std::uint8_t>(decision.flags | (succeeded ? 0 : trace::kAllocFailed));
-  if (decision.started_ns != 0) record.duration_ns = std::max<std::uint64_t>(1, monotonic_ns() - decision.started_ns);
-  sink_.alloc(record);
+  // One clock read for the call's end and the record's time.
+  const std::uint64_t ended = decision.started_ns != 0 ? monotonic_ns() : 0;
+  if (ended != 0) record.duration_ns = std::max<std::uint64_t>(1, ended - decision.started_ns);
+  sink_.alloc(record, ended);
 }
 
 Interposer::FreeRoute Interposer::route_free(const Site& site, DevPtr ptr, std::uint64_t stream,

@@ -222,8 +222,9 @@ struct WriterState {
   bool closed = false;
 
   // The hot path: see Writer::record.
+  // `mono_ns`: the record's monotonic_ns() time, 0 to read the clock here.
   void append(RecordType type, const void* first, std::size_t first_bytes, const void* second,
-              std::size_t second_bytes) noexcept {
+              std::size_t second_bytes, std::uint64_t mono_ns = 0) noexcept {
     if (!accepting.load(std::memory_order_relaxed)) return;
     const std::size_t total = sizeof(RecordHeader) + ((first_bytes + second_bytes + 7) & ~std::size_t{7});
     if (total > max_record_bytes) {
@@ -232,7 +233,8 @@ struct WriterState {
     }
     ThreadCache& cache = t_cache;
     Ring* ring = cache.writer_id == id ? cache.ring : attach_thread(cache);
-    const RecordHeader header{type, static_cast<std::uint16_t>(total), cache.tid, monotonic_ns() - start_mono_ns};
+    const std::uint64_t now = mono_ns != 0 ? mono_ns : monotonic_ns();
+    const RecordHeader header{type, static_cast<std::uint16_t>(total), cache.tid, now > start_mono_ns ? now - start_mono_ns : 0};
     if (ring == nullptr) {
       append_shared(header, first, first_bytes, second, second_bytes);
       return;
@@ -586,6 +588,10 @@ Writer::~Writer() {
 
 void Writer::record(RecordType type, const void* payload, std::size_t payload_bytes) noexcept {
   impl_->append(type, payload, payload_bytes, nullptr, 0);
+}
+
+void Writer::record_at(RecordType type, std::uint64_t mono_ns, const void* payload, std::size_t payload_bytes) noexcept {
+  impl_->append(type, payload, payload_bytes, nullptr, 0, mono_ns);
 }
 
 void Writer::record_text(RecordType type, std::uint32_t id, std::string_view text) noexcept {

@@ -61,6 +61,13 @@ class Writer {
   void record(RecordType type, const Payload& payload) noexcept {
     record(type, &payload, sizeof payload);
   }
+  // The same with the record's time given: `mono_ns` a monotonic_ns() the caller read anyway (the
+  // end of a call it timed), which spares the writer a second clock read.
+  void record_at(RecordType type, std::uint64_t mono_ns, const void* payload, std::size_t payload_bytes) noexcept;
+  template <class Payload>
+  void record_at(RecordType type, std::uint64_t mono_ns, const Payload& payload) noexcept {
+    record_at(type, mono_ns, &payload, sizeof payload);
+  }
   // NAME and MESSAGE records: an id followed by text.
   void record_text(RecordType type, std::uint32_t id, std::string_view text) noexcept;
 

@@ -88,12 +88,16 @@ std::vector<RuntimeQuery>& runtime_queries();
 class RecordingSink final : public actpage::interpose::EventSink {
  public:
   bool enabled() const noexcept override { return enabled_; }
-  void alloc(const actpage::trace::AllocPayload& record) noexcept override { allocs.push_back(record); }
+  void alloc(const actpage::trace::AllocPayload& record, std::uint64_t at_mono_ns) noexcept override {
+    allocs.push_back(record);
+    alloc_times.push_back(at_mono_ns);
+  }
   void free(const actpage::trace::FreePayload& record) noexcept override { frees.push_back(record); }
   void vmm_call(const actpage::trace::VmmPayload& record) noexcept override { vmm.push_back(record); }
 
   bool enabled_ = true;
   std::vector<actpage::trace::AllocPayload> allocs;
+  std::vector<std::uint64_t> alloc_times;  // the time each alloc record was given (0: none)
   std::vector<actpage::trace::FreePayload> frees;
   std::vector<actpage::trace::VmmPayload> vmm;
 };

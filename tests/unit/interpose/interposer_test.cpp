@@ -77,6 +77,10 @@ TEST_F(InterposerTest, ARecordedAllocationCarriesHowLongTheCallHeldTheJobsThread
   EXPECT_GT(sink_.allocs[0].duration_ns, 0u);  // timed (0 would mean unknown)
   EXPECT_LT(sink_.allocs[0].duration_ns, 3'000'000u);
   EXPECT_GE(sink_.allocs[1].duration_ns, 3'000'000u);
+  // The record's time is the call's end, the same clock read as the duration's.
+  ASSERT_EQ(sink_.alloc_times.size(), 2u);
+  EXPECT_GT(sink_.alloc_times[0], 0u);
+  EXPECT_GE(sink_.alloc_times[1], sink_.alloc_times[0] + sink_.allocs[1].duration_ns);
 }
 
 TEST_F(InterposerTest, AllocationOutsideAnyRangeHasNoPath) {

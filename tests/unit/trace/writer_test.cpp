@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.hpp"
 #include "temp_dir.hpp"
 #include "trace/reader.hpp"
 
@@ -154,6 +155,26 @@ TEST(TraceWriter, EveryRecordTypeRoundTrips) {
   for (std::size_t i = 1; i < order.size(); ++i) EXPECT_LE(order[i - 1].second, order[i].second);
   EXPECT_EQ(file.allocs[0].tid, this_tid());
   EXPECT_EQ(file.messages[0].tid, this_tid());
+}
+
+TEST(TraceWriter, ARecordGivenItsTimeKeepsIt) {
+  // record_at: the caller read the clock at the end of what it timed; the record carries that time,
+  // not the (later) moment the writer took it.
+  TempDir dir;
+  const std::string path = dir.file("at.trace");
+  auto writer = open_writer(path);
+  ASSERT_NE(writer, nullptr);
+  const std::uint64_t ended = monotonic_ns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  writer->record_at(RecordType::alloc, ended, AllocPayload{0x1000, 64, 0, 0, 3, 0, 0, 1234});
+  writer->record(RecordType::iteration, IterationPayload{1});
+  writer->close();
+  const TraceFile file = read_back(path);
+  ASSERT_EQ(file.allocs.size(), 1u);
+  ASSERT_EQ(file.iterations.size(), 1u);
+  EXPECT_EQ(file.allocs[0].time_ns, ended - file.header.start_mono_ns);
+  EXPECT_EQ(file.allocs[0].data.duration_ns, 1234u);
+  EXPECT_GE(file.iterations[0].time_ns, file.allocs[0].time_ns + 5'000'000u);  // the writer's own clock
 }
 
 TEST(TraceWriter, ConcurrentThreadsDeliverEveryRecordInOrder) {
