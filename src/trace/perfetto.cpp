@@ -55,6 +55,11 @@ struct Emitter {
     events.emplace_back(time + offset_ns, Json{{"name", name}, {"ph", "C"}, {"ts", us(time + offset_ns)},
                                                {"pid", pid}, {"args", {{"bytes", bytes}}}});
   }
+  // One counter of several series: Perfetto draws a track per series, stacked in one group.
+  void counter(std::uint64_t time, const char* name, Json series) {
+    events.emplace_back(time + offset_ns, Json{{"name", name}, {"ph", "C"}, {"ts", us(time + offset_ns)},
+                                               {"pid", pid}, {"args", std::move(series)}});
+  }
   void thread_name(std::uint32_t tid, const std::string& name, std::uint64_t sort_index) {
     metadata.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
     metadata.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", tid},
@@ -268,6 +273,19 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
     const std::uint64_t used =
         sample.data.total_bytes > sample.data.free_bytes ? sample.data.total_bytes - sample.data.free_bytes : 0;
     out.counter(sample.time_ns, "device memory", used);
+  }
+  // What held it, from the ENGINE_MEMORY record written with each sample: where the device-used
+  // peak's bytes were (the job's pool's unused reserve, actpage's pages), moment by moment.
+  for (const auto& held : trace.engine_memory) {
+    Json series = Json::object();
+    if ((held.data.flags & kEngineMemoryPoolKnown) != 0) {
+      series["job's pool, in use"] = held.data.job_pool_used;
+      series["job's pool, unused"] =
+          held.data.job_pool_reserved > held.data.job_pool_used ? held.data.job_pool_reserved - held.data.job_pool_used : 0;
+    }
+    series["actpage's activations"] = held.data.resident_bytes;
+    series["actpage's range cache"] = held.data.cached_bytes;
+    out.counter(held.time_ns, "held device memory", std::move(series));
   }
   for (const auto& v : trace.vmm) {
     const char* what = v.type == RecordType::map ? "map" : v.type == RecordType::unmap ? "unmap" : "job VMM call";

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "common/units.hpp"
@@ -341,6 +342,36 @@ TEST(TraceDumpGolden, PerfettoOfTwoRanksHasTwoProcessesOnOneTimeAxis) {
   EXPECT_EQ(pids, (std::set<std::uint64_t>{4242, 4243}));
   // Rank 1 started 1 us later by the wall clock: its records sit 1 us later on the common axis.
   EXPECT_DOUBLE_EQ(rank1_first_ts - rank0_first_ts, 1.0);
+}
+
+// Each ENGINE_MEMORY record becomes one "held device memory" counter whose series split the sample:
+// the pool's unused reserve is what it holds minus what the job uses; without the pool's figures
+// (kEngineMemoryPoolKnown unset) only actpage's own series are drawn, never a made-up zero.
+TEST(TraceDumpGolden, PerfettoSplitsDeviceMemoryIntoWhatHeldIt) {
+  TempDir dir;
+  TraceBuilder b;
+  b.pid(11).start_unix_ns(1'000'000'000ull);
+  b.at(1000, 11).mem_sample(2 * GiB, 8 * GiB, 0);
+  b.at(1000, 11).engine_memory(EngineMemoryPayload{5 * GiB, 3 * GiB, 256 * MiB, 128 * MiB, 0, kEngineMemoryPoolKnown});
+  b.at(3000, 11).engine_memory(EngineMemoryPayload{0, 0, 64 * MiB, 0, 0, 0});
+  cli::DumpArgs args;
+  args.trace_paths = {write_golden(dir, "held.trace", b)};
+  args.perfetto_path = dir.file("held.json");
+  ASSERT_EQ(run_dump(args).exit_code, 0);
+  const auto json = nlohmann::json::parse(read_text(args.perfetto_path));
+  std::vector<nlohmann::json> held;
+  for (const auto& event : json["traceEvents"]) {
+    if (event["name"] == "held device memory") held.push_back(event);
+  }
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0]["ph"], "C");
+  EXPECT_EQ(held[0]["args"]["job's pool, in use"], 3 * GiB);
+  EXPECT_EQ(held[0]["args"]["job's pool, unused"], 2 * GiB);
+  EXPECT_EQ(held[0]["args"]["actpage's activations"], 256 * MiB);
+  EXPECT_EQ(held[0]["args"]["actpage's range cache"], 128 * MiB);
+  EXPECT_DOUBLE_EQ(held[1]["ts"].get<double>() - held[0]["ts"].get<double>(), 2.0);
+  EXPECT_FALSE(held[1]["args"].contains("job's pool, unused"));
+  EXPECT_EQ(held[1]["args"]["actpage's activations"], 64 * MiB);
 }
 
 
