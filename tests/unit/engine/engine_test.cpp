@@ -1694,6 +1694,64 @@ TEST(Engine, AReloadDoesNotWaitForPagesWhoseFreeTheDeviceHasNotRun) {
   }
 }
 
+TEST(Engine, BackwardsFirstReloadTakesThePagesOfTheKeptLayerFreedBeforeIt) {
+  // On the H100 Llama job the first reload of backward created fresh pages on top of the job's pool
+  // (one MLP's 352 MiB above the pool's reserve: the step's device-memory peak, ~25 ms into
+  // backward). A layer kept resident by keep_last is still served from our VMM ranges: when
+  // backward frees it, its ranges go to the range cache, and the first reload (the last offloaded
+  // layer) maps those pages instead of creating new ones. With keep_last 0 nothing is freed before
+  // the first reload, which must create its pages.
+  // 4 layers x 2 MLP activations of 4 MiB (one size: every range fits every reload), 3 iterations,
+  // the last one judged. prefetch.ahead_bytes 0: each layer's reload is asked for by its own
+  // marker, so the first one comes after the kept layer's frees. With a budget, the kept layer's
+  // markers prefetch the layers before it before anything is freed, and those reloads create pages
+  // (here 4 of 6 with 8 MiB: each marker prefetches the budget beyond what is already coming back,
+  // the layer's and the MLP's alike; all 6 with 64 MiB). The device runs those
+  // frees before the next layer's marker (the attn call's `after_reads` comes after the MLP's
+  // frees), so that the reload may take them whether or not it waits for frees.
+  constexpr int kLayers = 4;
+  constexpr int kPerModule = 2;
+  for (std::uint64_t keep_last : {std::uint64_t{1}, std::uint64_t{0}}) {
+    for (bool waits : {true, false}) {
+      const std::string where = "keep_last " + std::to_string(keep_last) + ", waits for frees " + std::to_string(waits);
+      Options options = testing::small_offload_options();
+      options.keep_last = keep_last;
+      options.prefetch_ahead_bytes = 0;
+      options.vmm_cache_bytes = 256 * kMiB;  // more than a forward's ranges (32 MiB)
+      options.vmm_reload_waits_for_frees = waits;
+      options.vmm_trim_job_pool = false;
+      Rig rig(options);
+      EngineStats before;
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        Forward forward = run_mlp_forward(*rig.job, kLayers, kPerModule, 4 * kMiB);
+        rig.engine.quiesce();
+        for (const auto& [name, tensors] : forward.saved) {
+          for (const Tensor& tensor : tensors) ASSERT_TRUE(tensor.owned) << where << ": " << name;
+        }
+        before = rig.engine.stats();
+        ASSERT_EQ(before.offloaded_bytes_now, (kLayers - keep_last) * kPerModule * 4 * kMiB) << where;
+        run_backward(*rig.job, forward, kLayers, [&] { rig.device.synchronize(); });
+        rig.engine.quiesce();
+      }
+      const EngineStats after = rig.engine.stats();
+      EXPECT_EQ(after.reloads_completed - before.reloads_completed, (kLayers - keep_last) * kPerModule) << where;
+      if (keep_last == 1) {
+        EXPECT_EQ(after.groups_kept_resident - before.groups_kept_resident, 1u) << where;
+        EXPECT_EQ(after.reload_creates - before.reload_creates, 0u) << where << ": a reload created pages";
+      } else {
+        // The last layer's reloads found nothing freed yet: they created its pages; the reloads
+        // after them took the pages the layers before freed.
+        EXPECT_EQ(after.reload_creates - before.reload_creates, std::uint64_t{kPerModule}) << where;
+      }
+      rig.device.synchronize();
+      EXPECT_EQ(rig.job->mismatches(), 0u) << where;
+      EXPECT_EQ(rig.job->failed(), 0u) << where;
+      EXPECT_GT(rig.job->checks(), 0u) << where;
+      EXPECT_EQ(rig.device.fault_count(), 0u) << where << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+    }
+  }
+}
+
 TEST(Engine, BackwardStartBringsTheLastOffloadedLayersBackAtOnce) {
   // 4 layers x 2 MLP activations of 3 MiB, all offloaded. The first backward marker names no
   // offloaded module: with prefetch.at_backward_start the last layer's two (within the 8 MiB
