@@ -70,7 +70,7 @@ def peaks(trace):
         if not samples:
             continue
         ts, used = max(samples, key=lambda s: s[1])
-        resident = max(((b - trace.off_at(t)), t) for t, b in trace.live if start <= t < end) if trace.live else (0, start)
+        resident = max((((b - trace.off_at(t)), t) for t, b in trace.live if start <= t < end), default=(0, start))
         held = trace.held_at(ts)
         row = {"iteration": index, "peak_gib": used / GIB, "at_ms": (ts - start) / 1e3,
                "resident_peak_gib": resident[0] / GIB, "resident_at_ms": (resident[1] - start) / 1e3}
