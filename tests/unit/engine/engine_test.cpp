@@ -30,6 +30,7 @@ using testing::SimJob;
 using testing::Tensor;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
 
 SimDeviceConfig sim_config(std::uint64_t seed, std::uint32_t max_delay_us) {
   SimDeviceConfig config;
@@ -911,7 +912,6 @@ TEST(Engine, TheJobsPoolGivesBackItsReserveWhereTheForwardBegins) {
   // vmm.trim_job_pool_at_forward_start: when a forward pass begins, the VMM worker gives back what
   // the job's pool holds unused beyond the slack (on the H100, the reserve backward and the optimizer
   // step left, next to the range cache prefilled for the forward); without it the pool keeps it.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool watch : {false, true}) {
     Rig rig(pool_watch_options(/*at_forward_start=*/watch, /*in_backward=*/false));
     for (int iteration = 0; iteration < 3; ++iteration) {
@@ -938,7 +938,6 @@ TEST(Engine, TheJobsPoolGrowsAheadOfTheHeadByWhatTheHeadGrewItByLastTime) {
   // worker grows the pool by that much before the layers end, and the head's allocations find the
   // reserve instead of growing the pool on the job's thread. Without the option the job grows it
   // every time.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool grow : {false, true}) {
     Options options = testing::small_offload_options();
     options.vmm_trim_job_pool = false;  // the test plays the trims: no reserve at each forward's start
@@ -977,7 +976,6 @@ TEST(Engine, TheJobsPoolGrowsAheadOfTheHeadByWhatTheHeadGrewItByLastTime) {
 TEST(Engine, AGrowthOfTheJobsPoolThatFailsIsLeftToTheJob) {
   // The growth only saves time: when the driver refuses it, the engine warns once, stops growing the
   // pool and the job goes on as without the option.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = false;
   options.vmm_grow_job_pool_for_head = true;
@@ -1006,7 +1004,6 @@ TEST(Engine, TheJobsPoolFollowsItsUseThroughBackward) {
   // vmm.trim_job_pool_in_backward: backward frees what the loss grew the job's pool to, and the pool
   // keeps it reserved while reloads map pages beside it. With the watch, its reserve follows its use
   // down (within the slack) all backward long; without, it stays.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool watch : {false, true}) {
     Rig rig(pool_watch_options(/*at_forward_start=*/false, /*in_backward=*/watch));
     for (int iteration = 0; iteration < 2; ++iteration) {
@@ -1045,7 +1042,6 @@ TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
   // pool has nothing to give (here: all of it in use), and the reloads' pages then add to the peak.
   // With vmm.trim_job_pool_catch_up the pool gives that back once backward frees (here: two layers
   // in), exactly that and no more; without, it keeps its reserve.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool catch_up : {false, true}) {
     Options options = testing::small_offload_options();
     options.vmm_trim_job_pool = true;
@@ -1097,7 +1093,6 @@ TEST(Engine, APrefetchHeldForThePoolDoesNotHoldUpQuiesce) {
   // The pool never has anything to give (all of it in use), so what the first reload owes is never
   // paid and the prefetches behind it wait; quiesce() in the middle of backward must still return,
   // with the prefetches issued, and the data must come back intact.
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = true;
   options.vmm_trim_job_pool_catch_up = true;
@@ -1557,7 +1552,6 @@ std::uint64_t run_backward_sampling_peak(Rig& rig, Forward& forward, int layers)
 }
 
 TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
-  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
   for (bool trim : {false, true}) {
     Options options = testing::small_offload_options();
     options.vmm_cache_bytes = 0;  // every reload creates its pages
