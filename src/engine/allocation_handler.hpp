@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "actpage/device.hpp"
 #include "ranges/registry.hpp"
@@ -36,6 +37,9 @@ class AllocationHandler {
   virtual void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept = 0;
   // A one-line account of what the handler did (JSON), for the end-of-run report; may be empty.
   virtual std::string report() const { return {}; }
+  // What the user could change, from what the run showed: one sentence each, naming the option and
+  // the value to set (logged as warnings at the end of the run). Empty when nothing is to be said.
+  virtual std::vector<std::string> advice() const { return {}; }
 };
 
 }  // namespace actpage::engine

@@ -771,7 +771,31 @@ EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   EngineStats stats = stats_;
   stats.job_thread_ns = job_thread_ns_.load(std::memory_order_relaxed);
+  if (host_pool_) stats.host_pinned_bytes = host_pool_->stats().slab_bytes;
   return stats;
+}
+
+namespace {
+// A size as a policy file takes it: whole GiB when it is one, else whole MiB (rounded up).
+std::string policy_size(std::uint64_t bytes) {
+  if (bytes % GiB == 0) return std::to_string(bytes / GiB) + "GiB";
+  return std::to_string(round_up(bytes, MiB) / MiB) + "MiB";
+}
+}  // namespace
+
+std::optional<std::string> DeviceEngine::advice() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!host_pool_ || stats_.host_pool_misses == 0) return std::nullopt;
+  const hostpool::HostPoolStats pool = host_pool_->stats();
+  if (pool.budget_exhausted || pool.slab_bytes <= options_.host_pool_prealloc_bytes) return std::nullopt;
+  const std::string suggested = policy_size(pool.slab_bytes);
+  return "device " + std::to_string(device_.ordinal()) + ": " + std::to_string(stats_.host_pool_misses) +
+         " offload(s) found no pinned host memory ready and their activations stayed on the device: the host pool "
+         "pinned " + format_bytes(pool.slab_bytes - options_.host_pool_prealloc_bytes) +
+         " beyond host_pool.prealloc_bytes (" + format_bytes(options_.host_pool_prealloc_bytes) +
+         ") while the job ran, which holds the driver (the first iterations run slower and peak higher). Set "
+         "host_pool.prealloc_bytes to " + suggested + " (ACTPAGE_HOST_POOL_PREALLOC_BYTES=" + suggested +
+         ") to pin it at start-up.";
 }
 
 std::size_t DeviceEngine::open_groups() const {

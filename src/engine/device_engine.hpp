@@ -83,6 +83,15 @@ class DeviceEngine {
   // (no two workers overlap), for the simulated device only; off, nothing changes.
   void set_serialized(bool serialized) { serialized_ = serialized; }
   EngineStats stats() const;
+  // What the run showed the user could change, or nullopt (Engine::advice()). Today one thing: the
+  // host pool pinned memory after start-up, beyond host_pool.prealloc_bytes, and activations stayed
+  // on the device meanwhile (host_pool_misses): pinning holds the driver (~155 ms per 256 MiB slab
+  // on the H100 machine), so the first iterations ran slower and peaked higher than the steady ones
+  // (0.4-0.7 GiB higher with every Llama MLP selected, docs/performance.md, session 21). The advice
+  // names the preallocation that would have pinned it all at start-up: what the pool holds now.
+  // Not given when the budget ran out (the pool warned then: the budget is the limit, not the
+  // preallocation).
+  std::optional<std::string> advice() const;
   // Without the engine's lock: it runs after every engine call of the job's threads.
   void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.

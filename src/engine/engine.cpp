@@ -135,6 +135,16 @@ EngineStats Engine::stats() const {
 
 std::string Engine::report() const { return stats_json(stats()); }
 
+std::vector<std::string> Engine::advice() const {
+  std::vector<std::string> lines;
+  for (const auto& slot : devices_) {
+    const DeviceEngine* engine = slot.load(std::memory_order_acquire);
+    if (!engine) continue;
+    if (std::optional<std::string> line = engine->advice()) lines.push_back(std::move(*line));
+  }
+  return lines;
+}
+
 std::string stats_json(const EngineStats& s) {
   nlohmann::ordered_json json;
 #define ACTPAGE_ENGINE_STAT_JSON(name) json[#name] = s.name;

@@ -50,6 +50,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   void shutdown();
   EngineStats stats() const;  // summed over devices
   std::string report() const override;
+  std::vector<std::string> advice() const override;  // every device's, in ordinal order
   // Replay: offloads wait for pinned memory being prepared rather than skip (a prediction must
   // not depend on timing). Applies to device engines created afterwards.
   void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }

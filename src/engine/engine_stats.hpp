@@ -46,6 +46,8 @@ namespace actpage::engine {
 //     module's end to offload_backlog_bytes or at the layers' end to nothing
 //     (offload_drain_at_layers_end), and for how long in all
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
+//   host_pinned_bytes: pinned host memory the host pool holds (its slabs); more than
+//     host_pool.prealloc_bytes means it pinned while the job ran (see DeviceEngine::advice())
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
 //   cached_bytes: mapped ranges kept for reuse
@@ -97,6 +99,7 @@ namespace actpage::engine {
   X(backlog_waits) \
   X(backlog_wait_ns) \
   X(host_pool_misses) \
+  X(host_pinned_bytes) \
   X(iterations) \
   X(live_owned_bytes) \
   X(offloaded_bytes_now) \

@@ -251,6 +251,12 @@ void shutdown() noexcept {
         ACTPAGE_LOG_INFO("engine: {}", report);
         if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, "engine " + report);
       }
+      // What the run showed the user could set (a preallocation...): a warning, so that it is seen
+      // at the default log level; and in the trace ("advice ..."), where `actpage dump` shows it.
+      for (const std::string& line : process().handler->advice()) {
+        ACTPAGE_LOG_WARN("{}", line);
+        if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, "advice " + line);
+      }
     }
     trace::Writer* writer = trace::active();
     trace::set_active(nullptr);

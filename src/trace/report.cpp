@@ -227,6 +227,10 @@ void write_text_report(const Summary& s, std::ostream& out) {
       << s.malformed_records << " malformed)" << (s.truncated ? ", truncated" : "") << '\n';
   out << "  warnings  " << (s.warnings.empty() ? std::string("none") : std::to_string(s.warnings.size())) << '\n';
   for (const std::string& warning : s.warnings) out << "    " << warning << '\n';
+  if (!s.advice.empty()) {
+    out << "  advice    " << s.advice.size() << " (from the library at the end of the run)\n";
+    for (const std::string& line : s.advice) out << "    " << line << '\n';
+  }
 
   out << "\nAllocations: " << s.allocations << " (" << format_bytes(s.bytes) << "), " << s.failed_allocations
       << " failed; frees: " << s.frees << " (" << s.unmatched_frees << " unmatched)\n";
@@ -357,6 +361,7 @@ nlohmann::ordered_json json_report(const Summary& s) {
                        {"malformed", s.malformed_records},
                        {"truncated", s.truncated}};
   report["warnings"] = s.warnings;
+  report["advice"] = s.advice;
   report["allocations"] = {{"count", s.allocations},
                            {"bytes", s.bytes},
                            {"failed", s.failed_allocations},

@@ -116,6 +116,9 @@ struct Summary {
   std::uint64_t lost_records = 0;
   bool truncated = false;
   std::vector<std::string> warnings;
+  // What the library advised at the end of the run (MESSAGE records "advice <sentence>", written
+  // by the interposer's shutdown from AllocationHandler::advice()), the sentences without the prefix.
+  std::vector<std::string> advice;
 
   // Allocations.
   std::uint64_t allocations = 0;  // successful

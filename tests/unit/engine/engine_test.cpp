@@ -1931,6 +1931,64 @@ TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+// The host pool pinned while the job ran (nothing preallocated): the first offloads found no pinned
+// memory and stayed on the device. The advice names the preallocation that covers what the pool
+// pinned, as a policy file and the environment take it.
+TEST(Engine, PinningWhileTheJobRunsIsAdvisedWithThePreallocationThatCoversIt) {
+  Options options = testing::small_offload_options();
+  options.host_pool_slab_bytes = 4 * kMiB;
+  options.host_pool_prealloc_bytes = 0;
+  Rig rig(options);
+  rig.engine.set_wait_for_host_memory(false);  // as in a job: a miss leaves the activation resident
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    Forward forward = run_forward(*rig.job, 4, 1, 3 * kMiB);
+    rig.engine.quiesce();
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+  }
+  const EngineStats stats = rig.engine.stats();
+  ASSERT_GE(stats.host_pool_misses, 1u);  // the very first offload found an empty pool
+  ASSERT_GT(stats.host_pinned_bytes, 0u);
+  EXPECT_EQ(stats.host_pinned_bytes % (4 * kMiB), 0u);  // whole slabs
+  const std::vector<std::string> advice = rig.engine.advice();
+  ASSERT_EQ(advice.size(), 1u);
+  const std::string size = std::to_string(stats.host_pinned_bytes / kMiB) + "MiB";
+  EXPECT_NE(advice[0].find("host_pool.prealloc_bytes to " + size), std::string::npos) << advice[0];
+  EXPECT_NE(advice[0].find("ACTPAGE_HOST_POOL_PREALLOC_BYTES=" + size), std::string::npos) << advice[0];
+  EXPECT_NE(advice[0].find(std::to_string(stats.host_pool_misses) + " offload(s)"), std::string::npos) << advice[0];
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+}
+
+// Nothing to advise: the preallocation covered the run (the pool never grew past it), or the budget
+// ran out (the pool warned about that; a larger preallocation would not help).
+TEST(Engine, NoPinningAdviceWhenThePreallocationCoveredTheRunOrTheBudgetRanOut) {
+  {
+    Rig rig(testing::small_offload_options());  // 64 MiB preallocated, waited for
+    Forward forward = run_forward(*rig.job, 4, 1, 3 * kMiB);
+    rig.engine.quiesce();
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_GT(stats.offloads_completed, 0u);
+    EXPECT_EQ(stats.host_pool_misses, 0u);
+    EXPECT_EQ(stats.host_pinned_bytes, 64 * kMiB);
+    EXPECT_TRUE(rig.engine.advice().empty());
+  }
+  {
+    Options options = testing::small_offload_options();
+    options.host_pool_bytes = 4 * kMiB;
+    options.host_pool_slab_bytes = 4 * kMiB;
+    options.host_pool_prealloc_bytes = 0;
+    Rig rig(options);
+    Forward forward = run_forward(*rig.job, 4, 1, 3 * kMiB);
+    rig.engine.quiesce();
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+    EXPECT_GE(rig.engine.stats().host_pool_misses, 1u);
+    EXPECT_TRUE(rig.engine.advice().empty());
+  }
+}
+
 TEST(Engine, ShutdownLeavesNothingBehind) {
   SimDeviceConfig config = sim_config(7, 10);
   auto device = std::make_unique<SimDevice>(config);

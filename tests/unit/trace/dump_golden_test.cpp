@@ -141,6 +141,8 @@ TraceBuilder golden_trace(bool paging = true, std::int32_t rank = 0, std::uint64
   b.at(5401 * us).stall(1100 * us, mlp[0], 1);
   b.at(5402 * us).lost(3);
   b.at(5403 * us).message(1, "host pool: 1.00 GiB of 32.00 GiB in use");
+  // What the library advises at the end of a run: the report lists it under the warnings.
+  b.at(5404 * us).message(2, "advice device 0: 2 offload(s) found no pinned host memory ready; set host_pool.prealloc_bytes to 3GiB");
   // The sampler.
   for (std::uint64_t i = 0; i < 4; ++i) {
     const std::uint64_t used[4] = {1 * GiB, 2 * GiB, 3 * GiB / 2, 1 * GiB};
