@@ -89,6 +89,9 @@ TEST(ShippedConfig, LlamaMlpCappedOffloadsEveryLayersMlpWithTheCapAndThePrefill)
   // Backward's reload pages paid for by the job's pool (session 16: 4.79 against 4.25 GiB, and 4.44
   // against 4.04, at the same time).
   EXPECT_TRUE(options.vmm_trim_job_pool_catch_up);
+  // Pinned host memory for every MLP (5.5 GiB) prepared from start-up: with the 2 GiB default the
+  // first iterations pinned the rest and peaked 0.4-0.7 GiB above the steady ones (session 21).
+  EXPECT_EQ(options.host_pool_prealloc_bytes, std::uint64_t{6} << 30);
   const ModuleMatcher matcher(options);
   EXPECT_TRUE(matcher.match("model.layers.0.mlp"));
   EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
@@ -134,6 +137,10 @@ TEST(ShippedConfig, LlamaNearFreeMovesSixLayersBeforeTheLoss) {
   // served and kept: backward frees it first, and the first reload maps its pages instead of new
   // ones on top of the job's pool (session 20: reload page creations 75 to 16 in 16 steps).
   expect_llama_near_free("llama-near-free.json", 10, /*serves_last_layer=*/true);
+  // The six MLPs' 2.06 GiB need nine 256 MiB slabs pinned, one more than the 2 GiB default: with
+  // 3 GiB no offload found the host pool empty (session 21: 8 misses and ~640 ms of pinning in the
+  // first two iterations without it).
+  EXPECT_EQ(load_config("llama-near-free.json").host_pool_prealloc_bytes, std::uint64_t{3} << 30);
 }
 
 TEST(ShippedConfig, LlamaNearFree7TradesTimeForASeventhLayer) {
