@@ -2336,6 +2336,9 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
 
 void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
+  // The last forward's offloads that found no pinned memory are asked for again in this one; the
+  // host pool's growth already answers them (HostPool::start_burst).
+  if (host_pool_) host_pool_->start_burst();
   if (!sizes_this_iteration_.empty()) {
     sizes_last_iteration_ = std::move(sizes_this_iteration_);
     freed_in_forward_last_iteration_ = std::move(freed_in_forward_this_iteration_);

@@ -125,6 +125,11 @@ void HostPool::free(const HostBlock& block) noexcept {
   add_free(block.slab, offset, bytes);
 }
 
+void HostPool::start_burst() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  unserved_bytes_ = 0;
+}
+
 std::optional<HostBlock> HostPool::take_best_fit(std::size_t bytes) {
   auto it = free_extents_.lower_bound(FreeExtent{bytes, 0, 0});
   if (it == free_extents_.end()) return std::nullopt;

@@ -14,7 +14,8 @@
 //   pool's shortfall and asks the background thread for slabs (a dedicated slab of the block's size
 //   when the block is larger than a slab) until the growth on its way covers the shortfall: a burst
 //   of misses (one forward's activations) asks for all it needs at once. Slabs that land reduce the
-//   shortfall. When nothing on its way can hold the block and a slab for it would pass the budget,
+//   shortfall, and start_burst() (the next forward) clears it: a miss repeated before its slab
+//   landed is not asked for twice. When nothing on its way can hold the block and a slab for it would pass the budget,
 //   the pool is *exhausted*: one warning ("host pool budget of X
 //   exhausted: offloading of further activations stops") and exhausted() turns true for good.
 //   The caller treats nullopt as "keep this activation resident". A single request larger than the
@@ -90,6 +91,12 @@ class HostPool {
 
   std::optional<HostBlock> try_allocate(std::size_t bytes) noexcept;
   void free(const HostBlock& block) noexcept;
+  // The caller's next burst of requests begins (a new forward pass): the misses counted so far were
+  // activations that stayed on the device and will be asked for again, and the growth on its way
+  // already answers them, so they stop counting toward the shortfall. Without it a miss repeated
+  // before its slab landed (pinning takes ~155 ms a slab on the H100 machine, and a job's first
+  // forward passes can come faster than their slabs) was asked for once per forward pass.
+  void start_burst() noexcept;
 
   // True once offloading should stop: the budget ran out or pinning failed (see the contract).
   bool exhausted() const noexcept;
@@ -131,7 +138,7 @@ class HostPool {
   std::deque<std::size_t> growth_queue_;  // slab sizes to pin, in order
   std::uint64_t slab_total_ = 0;
   std::uint64_t pending_bytes_ = 0;       // in growth_queue_ or being pinned now
-  std::uint64_t unserved_bytes_ = 0;      // misses since the last slabs landed, not yet covered by them
+  std::uint64_t unserved_bytes_ = 0;      // misses of this burst not yet covered by slabs that landed
   bool growing_ = false;                  // the background thread is pinning a slab now
   std::size_t inflight_bytes_ = 0;        // the size of that slab
   std::uint64_t bytes_in_use_ = 0;

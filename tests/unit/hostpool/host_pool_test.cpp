@@ -336,6 +336,36 @@ TEST(HostPool, ABurstOfMissesAsksForAllItNeedsAtOnce) {
   EXPECT_TRUE(log.all().empty());
 }
 
+TEST(HostPool, AMissRepeatedInTheNextBurstBeforeItsSlabLandedIsNotAskedForTwice) {
+  SimDevice sim;
+  GatedDevice gated(sim);
+  WarningLog log;
+  HostPool pool(gated, pool_config(16 * kSlab, 0, log));
+  // A forward's 10 quarter-slab activations miss while pinning is held back: 3 slabs asked for.
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
+  // The next forward asks for the same activations before any slab landed: they miss again, and
+  // the growth on its way already answers them.
+  pool.start_burst();
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
+  // A burst that needs more than before still asks for the difference.
+  pool.start_burst();
+  for (int i = 0; i < 14; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 4 * kSlab);
+  gated.open();
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  EXPECT_EQ(pool.stats().slab_bytes, 4 * kSlab);
+  std::vector<HostBlock> blocks;
+  for (int i = 0; i < 14; ++i) {
+    auto block = pool.try_allocate(kSlab / 4);
+    ASSERT_TRUE(block.has_value()) << i;
+    blocks.push_back(*block);
+  }
+  for (const HostBlock& block : blocks) pool.free(block);
+  EXPECT_TRUE(log.all().empty());
+}
+
 TEST(HostPool, ABurstNearTheBudgetGetsWhatIsLeftAndOnlyThenExhausts) {
   SimDevice sim;
   GatedDevice gated(sim);
