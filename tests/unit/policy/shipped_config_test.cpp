@@ -137,10 +137,6 @@ TEST(ShippedConfig, LlamaNearFreeMovesSixLayersBeforeTheLoss) {
   // served and kept: backward frees it first, and the first reload maps its pages instead of new
   // ones on top of the job's pool (session 20: reload page creations 75 to 16 in 16 steps).
   expect_llama_near_free("llama-near-free.json", 10, /*serves_last_layer=*/true);
-  // The six MLPs' 2.06 GiB need nine 256 MiB slabs pinned, one more than the 2 GiB default: with
-  // 3 GiB no offload found the host pool empty (session 21: 8 misses and ~640 ms of pinning in the
-  // first two iterations without it).
-  EXPECT_EQ(load_config("llama-near-free.json").host_pool_prealloc_bytes, std::uint64_t{3} << 30);
 }
 
 TEST(ShippedConfig, LlamaNearFree7TradesTimeForASeventhLayer) {
