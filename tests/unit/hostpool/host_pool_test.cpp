@@ -304,6 +304,22 @@ TEST(HostPool, GrowsOnDemandWhenNothingWasPreallocated) {
   EXPECT_FALSE(pool.exhausted());
 }
 
+// `count` quarter-slab requests, each expected to miss (pinning held back, or no room).
+void miss_quarter_slabs(HostPool& pool, int count) {
+  for (int i = 0; i < count; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+}
+
+// `count` quarter-slab blocks, each expected to be served.
+std::vector<HostBlock> take_quarter_slabs(HostPool& pool, int count) {
+  std::vector<HostBlock> blocks;
+  for (int i = 0; i < count; ++i) {
+    auto block = pool.try_allocate(kSlab / 4);
+    EXPECT_TRUE(block.has_value()) << i;
+    if (block) blocks.push_back(*block);
+  }
+  return blocks;
+}
+
 TEST(HostPool, ABurstOfMissesAsksForAllItNeedsAtOnce) {
   SimDevice sim;
   GatedDevice gated(sim);
@@ -311,18 +327,14 @@ TEST(HostPool, ABurstOfMissesAsksForAllItNeedsAtOnce) {
   HostPool pool(gated, pool_config(16 * kSlab, 0, log));
   // One forward's worth of activations, none of which fits: 10 quarter-slab blocks while pinning is
   // held back. The growth asked for covers all of them (3 slabs), not one slab per burst.
-  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  miss_quarter_slabs(pool, 10);
   EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
   EXPECT_FALSE(pool.exhausted());
   gated.open();
   ASSERT_TRUE(pool.wait_for_growth(5s));
   // The next forward finds room for every one of them, and asks for nothing more.
-  std::vector<HostBlock> blocks;
-  for (int i = 0; i < 10; ++i) {
-    auto block = pool.try_allocate(kSlab / 4);
-    ASSERT_TRUE(block.has_value()) << i;
-    blocks.push_back(*block);
-  }
+  const std::vector<HostBlock> blocks = take_quarter_slabs(pool, 10);
+  ASSERT_EQ(blocks.size(), 10u);
   EXPECT_EQ(pool.stats().slabs, 3u);
   EXPECT_EQ(pool.stats().pending_growth_bytes, 0u);
   // Misses that the landed slabs covered are not asked for again. Gated again: with the gate open
@@ -342,26 +354,22 @@ TEST(HostPool, AMissRepeatedInTheNextBurstBeforeItsSlabLandedIsNotAskedForTwice)
   WarningLog log;
   HostPool pool(gated, pool_config(16 * kSlab, 0, log));
   // A forward's 10 quarter-slab activations miss while pinning is held back: 3 slabs asked for.
-  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  miss_quarter_slabs(pool, 10);
   EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
   // The next forward asks for the same activations before any slab landed: they miss again, and
   // the growth on its way already answers them.
   pool.start_burst();
-  for (int i = 0; i < 10; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  miss_quarter_slabs(pool, 10);
   EXPECT_EQ(pool.stats().pending_growth_bytes, 3 * kSlab);
   // A burst that needs more than before still asks for the difference.
   pool.start_burst();
-  for (int i = 0; i < 14; ++i) EXPECT_FALSE(pool.try_allocate(kSlab / 4).has_value()) << i;
+  miss_quarter_slabs(pool, 14);
   EXPECT_EQ(pool.stats().pending_growth_bytes, 4 * kSlab);
   gated.open();
   ASSERT_TRUE(pool.wait_for_growth(5s));
   EXPECT_EQ(pool.stats().slab_bytes, 4 * kSlab);
-  std::vector<HostBlock> blocks;
-  for (int i = 0; i < 14; ++i) {
-    auto block = pool.try_allocate(kSlab / 4);
-    ASSERT_TRUE(block.has_value()) << i;
-    blocks.push_back(*block);
-  }
+  const std::vector<HostBlock> blocks = take_quarter_slabs(pool, 14);
+  ASSERT_EQ(blocks.size(), 14u);
   for (const HostBlock& block : blocks) pool.free(block);
   EXPECT_TRUE(log.all().empty());
 }
