@@ -15,9 +15,9 @@
 //   when the block is larger than a slab) until the growth on its way covers the shortfall: a burst
 //   of misses (one forward's activations) asks for all it needs at once. Slabs that land reduce the
 //   shortfall, and start_burst() (the next forward) clears it: a miss repeated before its slab
-//   landed is not asked for twice. When nothing on its way can hold the block and a slab for it would pass the budget,
-//   the pool is *exhausted*: one warning ("host pool budget of X
-//   exhausted: offloading of further activations stops") and exhausted() turns true for good.
+//   landed is not asked for twice. When nothing on its way can hold the block and a slab for it
+//   would pass the budget, the pool is *exhausted*: one warning ("host pool budget of X exhausted:
+//   offloading of further activations stops") and exhausted() turns true for good.
 //   The caller treats nullopt as "keep this activation resident". A single request larger than the
 //   whole budget is refused with its own one-time warning and does not make the pool exhausted.
 //   A budget of 0 pins nothing: the first request makes the pool exhausted.
