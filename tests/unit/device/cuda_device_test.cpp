@@ -76,16 +76,25 @@ TEST(CudaDevice, CreationWithoutADriverFailsWithAClearStatus) {
 
 class FakeDriver : public ::testing::Test {
  protected:
+  // A failure here is kept for SetUp() to report: a fatal failure in SetUpTestSuite() makes
+  // GoogleTest skip the suite's tests, which CTest then counts as skipped, not failed (the fake
+  // lacked two functions the driver table needs, and these tests went unrun for a while).
   static void SetUpTestSuite() {
     handle_ = dlopen(ACTPAGE_FAKE_CUDA_DRIVER, RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(handle_, nullptr) << dlerror();
+    if (handle_ == nullptr) {
+      load_error_ = dlerror();
+      return;
+    }
     auto api = DriverApi::load(ACTPAGE_FAKE_CUDA_DRIVER);
-    ASSERT_TRUE(api.ok()) << api.status().message();
+    if (!api.ok()) {
+      load_error_ = api.status().message();
+      return;
+    }
     api_ = std::move(api.value()).release();
   }
 
   void SetUp() override {
-    ASSERT_NE(api_, nullptr);
+    ASSERT_NE(api_, nullptr) << "the fake driver did not load: " << load_error_;
     control<void (*)()>("fake_cuda_reset")();
   }
 
@@ -112,6 +121,7 @@ class FakeDriver : public ::testing::Test {
 
   static inline void* handle_ = nullptr;
   static inline DriverApi* api_ = nullptr;  // kept for the whole process, as a real driver table is
+  static inline std::string load_error_;
 };
 
 TEST_F(FakeDriver, EveryFunctionIsResolvedAtCuda12WithLegacyStreams) {
@@ -458,6 +468,38 @@ TEST_F(FakeDriver, TrimmingTheJobsPoolGivesBackWholeUnusedBlocksUpToTheAsk) {
   trimmed = device->trim_job_pool(64 * MiB);
   ASSERT_FALSE(trimmed.ok());
   EXPECT_NE(trimmed.status().message().find("cuDeviceGetMemPool"), std::string::npos);
+}
+
+TEST_F(FakeDriver, GrowingTheJobsPoolAllocatesABlockFromItAndFreesItAtOnce) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto stream = device->create_stream(0);
+  ACTPAGE_ASSERT_OK(stream);
+  auto set_pool = control<void (*)(unsigned long long, unsigned long long)>("fake_cuda_set_pool");
+  auto reserved = control<unsigned long long (*)()>("fake_cuda_pool_reserved");
+  // 256 MiB reserved, 200 MiB in use: a 100 MiB block does not fit in the 56 MiB unused, so the pool
+  // grows by whole 32 MiB blocks (to 320 MiB), and keeps them once the block is freed.
+  set_pool(256 * MiB, 200 * MiB);
+  auto grown = device->grow_job_pool(100 * MiB, *stream);
+  ACTPAGE_ASSERT_OK(grown);
+  EXPECT_EQ(*grown, 64 * MiB);
+  EXPECT_EQ(reserved(), 320 * MiB);
+  EXPECT_EQ(calls("cuMemAllocFromPoolAsync"), 1);
+  EXPECT_EQ(calls("cuMemFreeAsync"), 1);
+  // A block the unused reserve holds grows nothing.
+  grown = device->grow_job_pool(100 * MiB, *stream);
+  ACTPAGE_ASSERT_OK(grown);
+  EXPECT_EQ(*grown, 0u);
+  EXPECT_EQ(reserved(), 320 * MiB);
+  // Failures carry the call and what was being done.
+  fail("cuMemAllocFromPoolAsync", CUDA_ERROR_OUT_OF_MEMORY);
+  grown = device->grow_job_pool(512 * MiB, *stream);
+  ASSERT_FALSE(grown.ok());
+  EXPECT_NE(grown.status().message().find("cuMemAllocFromPoolAsync: CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
+      << grown.status().message();
+  EXPECT_NE(grown.status().message().find("growing the memory pool of"), std::string::npos);
+  EXPECT_EQ(reserved(), 320 * MiB);
+  (void)device->destroy_stream(*stream);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct State {
   std::size_t pool_used = 0;
   std::size_t pool_block = std::size_t{32} << 20;
   std::size_t last_trim_keep = 0;
+  std::map<CUdeviceptr, std::size_t> pool_allocations;  // cuMemAllocFromPoolAsync's, by address
 };
 
 State& state() {
@@ -239,6 +240,29 @@ CUresult CUDAAPI fake_cuMemPoolTrimTo(CUmemoryPool, size_t keep) {
   while (s.pool_reserved >= keep && s.pool_reserved >= s.pool_used + s.pool_block) s.pool_reserved -= s.pool_block;
   return CUDA_SUCCESS;
 }
+// Serves from the reserve's unused bytes, else grows it by whole blocks (as the real pool grows).
+CUresult CUDAAPI fake_cuMemAllocFromPoolAsync(CUdeviceptr* ptr, size_t bytes, CUmemoryPool, CUstream) {
+  FAKE_ENTER("cuMemAllocFromPoolAsync");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.pool_used += bytes;
+  while (s.pool_reserved < s.pool_used) s.pool_reserved += s.pool_block;
+  *ptr = s.next_va;
+  s.next_va += (bytes + s.pool_block - 1) / s.pool_block * s.pool_block;
+  s.pool_allocations[*ptr] = bytes;
+  return CUDA_SUCCESS;
+}
+// The bytes go back to the pool's unused reserve; the reserve stays (trims give it back).
+CUresult CUDAAPI fake_cuMemFreeAsync(CUdeviceptr ptr, CUstream) {
+  FAKE_ENTER("cuMemFreeAsync");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.pool_allocations.find(ptr);
+  if (it == s.pool_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  s.pool_used -= it->second;
+  s.pool_allocations.erase(it);
+  return CUDA_SUCCESS;
+}
 CUresult CUDAAPI fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int) {
   FAKE_ENTER("cuMemHostAlloc");
   *ptr = std::malloc(bytes);
@@ -368,6 +392,8 @@ const Entry kEntries[] = {
     {"cuDeviceGetMemPool", reinterpret_cast<void*>(&fake_cuDeviceGetMemPool)},
     {"cuMemPoolGetAttribute", reinterpret_cast<void*>(&fake_cuMemPoolGetAttribute)},
     {"cuMemPoolTrimTo", reinterpret_cast<void*>(&fake_cuMemPoolTrimTo)},
+    {"cuMemAllocFromPoolAsync", reinterpret_cast<void*>(&fake_cuMemAllocFromPoolAsync)},
+    {"cuMemFreeAsync", reinterpret_cast<void*>(&fake_cuMemFreeAsync)},
     {"cuMemHostAlloc", reinterpret_cast<void*>(&fake_cuMemHostAlloc)},
     {"cuMemFreeHost", reinterpret_cast<void*>(&fake_cuMemFreeHost)},
     {"cuMemHostRegister", reinterpret_cast<void*>(&fake_cuMemHostRegister)},
@@ -432,6 +458,7 @@ FAKE_EXPORT void fake_cuda_reset() {
   s.pool_reserved = 0;
   s.pool_used = 0;
   s.last_trim_keep = 0;
+  s.pool_allocations.clear();
   current_context = nullptr;
 }
 // `name` fails with `result` for the next `times` calls (-1: always). cuMemCreate of host NUMA
