@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace actpage::trace {
 
@@ -71,6 +72,10 @@ struct NamePayload {
   std::uint32_t id;
   std::uint32_t length;
 };
+
+// A MESSAGE record whose text starts with this is advice the library gave at the end of the run
+// (AllocationHandler::advice()); `actpage dump` lists it.
+inline constexpr std::string_view kAdviceMessagePrefix = "advice ";
 
 // A range path: the node `id` is the range `name_id` opened inside the node `parent` (0: top level).
 struct PathPayload {

@@ -12,6 +12,7 @@
 #include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "engine/forward_pass.hpp"
+#include "policy/sizes.hpp"
 #include "trace/writer.hpp"
 
 namespace actpage::engine {
@@ -775,20 +776,12 @@ EngineStats DeviceEngine::stats() const {
   return stats;
 }
 
-namespace {
-// A size as a policy file takes it: whole GiB when it is one, else whole MiB (rounded up).
-std::string policy_size(std::uint64_t bytes) {
-  if (bytes % GiB == 0) return std::to_string(bytes / GiB) + "GiB";
-  return std::to_string(round_up(bytes, MiB) / MiB) + "MiB";
-}
-}  // namespace
-
 std::optional<std::string> DeviceEngine::advice() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!host_pool_ || stats_.host_pool_misses == 0) return std::nullopt;
   const hostpool::HostPoolStats pool = host_pool_->stats();
   if (pool.budget_exhausted || pool.slab_bytes <= options_.host_pool_prealloc_bytes) return std::nullopt;
-  const std::string suggested = policy_size(pool.slab_bytes);
+  const std::string suggested = policy::format_size(pool.slab_bytes);  // as a policy file takes it
   return "device " + std::to_string(device_.ordinal()) + ": " + std::to_string(stats_.host_pool_misses) +
          " offload(s) found no pinned host memory ready and their activations stayed on the device: the host pool "
          "pinned " + format_bytes(pool.slab_bytes - options_.host_pool_prealloc_bytes) +

@@ -255,7 +255,7 @@ void shutdown() noexcept {
       // at the default log level; and in the trace ("advice ..."), where `actpage dump` shows it.
       for (const std::string& line : process().handler->advice()) {
         ACTPAGE_LOG_WARN("{}", line);
-        if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, "advice " + line);
+        if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, std::string(trace::kAdviceMessagePrefix) + line);
       }
     }
     trace::Writer* writer = trace::active();

@@ -51,14 +51,13 @@ struct Emitter {
     if (!args.empty()) event["args"] = std::move(args);
     events.emplace_back(time + offset_ns, std::move(event));
   }
-  void counter(std::uint64_t time, const char* name, std::uint64_t bytes) {
-    events.emplace_back(time + offset_ns, Json{{"name", name}, {"ph", "C"}, {"ts", us(time + offset_ns)},
-                                               {"pid", pid}, {"args", {{"bytes", bytes}}}});
-  }
-  // One counter of several series: Perfetto draws a track per series, stacked in one group.
+  // A counter of several series: Perfetto draws a track per series, stacked in one group.
   void counter(std::uint64_t time, const char* name, Json series) {
     events.emplace_back(time + offset_ns, Json{{"name", name}, {"ph", "C"}, {"ts", us(time + offset_ns)},
                                                {"pid", pid}, {"args", std::move(series)}});
+  }
+  void counter(std::uint64_t time, const char* name, std::uint64_t bytes) {
+    counter(time, name, Json{{"bytes", bytes}});
   }
   void thread_name(std::uint32_t tid, const std::string& name, std::uint64_t sort_index) {
     metadata.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});

@@ -400,10 +400,9 @@ Summary summarize(const TraceFile& trace) {
   summary.lost_records = trace.lost_records;
   summary.truncated = trace.truncated;
   summary.warnings = trace.warnings;
-  constexpr std::string_view kAdvicePrefix = "advice ";
   for (const auto& message : trace.messages) {
     const std::string& text = message.data.text;
-    if (text.compare(0, kAdvicePrefix.size(), kAdvicePrefix) == 0) summary.advice.push_back(text.substr(kAdvicePrefix.size()));
+    if (text.starts_with(kAdviceMessagePrefix)) summary.advice.push_back(text.substr(kAdviceMessagePrefix.size()));
   }
 
   summarize_allocations(trace, summary);
