@@ -772,7 +772,11 @@ EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   EngineStats stats = stats_;
   stats.job_thread_ns = job_thread_ns_.load(std::memory_order_relaxed);
-  if (host_pool_) stats.host_pinned_bytes = host_pool_->stats().slab_bytes;
+  if (host_pool_) {
+    const hostpool::HostPoolStats pool = host_pool_->stats();
+    stats.host_pinned_bytes = pool.slab_bytes;
+    stats.host_scattered_blocks = pool.scattered_allocations;
+  }
   return stats;
 }
 
@@ -1271,7 +1275,7 @@ bool DeviceEngine::start_offload(Allocation& allocation) {
     keep_resident(allocation);
     return false;
   }
-  allocation.host = *block;
+  allocation.host = std::move(*block);
   allocation.copy_issued = 0;
   allocation.copy_failed = false;
   allocation.copy_end_unknown = false;
@@ -1309,9 +1313,17 @@ bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
   const std::size_t chunk = whole || options_.copy_chunk_bytes == 0 ? allocation.bytes : options_.copy_chunk_bytes;
   const std::size_t bytes = std::min(chunk, allocation.bytes - offset);
   const bool last = offset + bytes == allocation.bytes;
-  Status status = device_.copy_to_host(static_cast<std::byte*>(allocation.host->pointer) + offset,
-                                       allocation.va + offset, bytes, copy_stream_);
-  const bool copy_enqueued = status.ok();
+  // One copy per piece of the host block the chunk spans (a scattered block, HostPool), all before
+  // the chunk's one event: the chunks stay copy_chunk_bytes long, and a whole copy stays one chunk.
+  Status status;
+  bool copy_enqueued = false;
+  for (std::size_t at = offset; at < offset + bytes && status.ok();) {
+    const auto [host, contiguous] = allocation.host->contiguous_at(at);
+    const std::size_t run = std::min(contiguous, offset + bytes - at);
+    status = device_.copy_to_host(host, allocation.va + at, run, copy_stream_);
+    copy_enqueued = copy_enqueued || status.ok();
+    at += run;
+  }
   if (status.ok() && last && options_.stray_access == StrayAccess::poison) {
     status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
   }
@@ -2689,7 +2701,14 @@ void DeviceEngine::reload_worker() {
       stats_.offloaded_bytes_now -= bytes;
     }
     EventHandle done = acquire_event();
-    Status status = device_.copy_to_device(allocation->va, allocation->host->pointer, allocation->bytes, reload_stream_);
+    // One copy per piece of the host block (a scattered block, HostPool), the event after the last.
+    Status status;
+    for (std::size_t at = 0; at < allocation->bytes && status.ok();) {
+      const auto [host, contiguous] = allocation->host->contiguous_at(at);
+      const std::size_t run = std::min(contiguous, allocation->bytes - at);
+      status = device_.copy_to_device(allocation->va + at, host, run, reload_stream_);
+      at += run;
+    }
     if (status.ok()) status = device_.record_event(done, reload_stream_);
     if (!status.ok()) {
       recycle_event(done);

@@ -48,6 +48,8 @@ namespace actpage::engine {
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   host_pinned_bytes: pinned host memory the host pool holds (its slabs); more than
 //     host_pool.prealloc_bytes means it pinned while the job ran (see DeviceEngine::advice())
+//   host_scattered_blocks: offloads whose host block is in pieces in several slabs, no one free
+//     extent holding it (HostPool)
 //   live_owned_bytes: mapped bytes of live owned allocations on the device
 //   offloaded_bytes_now: mapped bytes whose device pages are given back
 //   cached_bytes: mapped ranges kept for reuse
@@ -100,6 +102,7 @@ namespace actpage::engine {
   X(backlog_wait_ns) \
   X(host_pool_misses) \
   X(host_pinned_bytes) \
+  X(host_scattered_blocks) \
   X(iterations) \
   X(live_owned_bytes) \
   X(offloaded_bytes_now) \

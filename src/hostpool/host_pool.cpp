@@ -22,6 +22,14 @@ std::size_t round_block(std::size_t bytes) {
 
 }  // namespace
 
+std::pair<std::byte*, std::size_t> HostBlock::contiguous_at(std::size_t offset) const noexcept {
+  for (const HostPiece& piece : pieces) {
+    if (offset < piece.bytes) return {static_cast<std::byte*>(piece.pointer) + offset, piece.bytes - offset};
+    offset -= piece.bytes;
+  }
+  return {nullptr, 0};
+}
+
 HostPool::HostPool(Device& device, HostPoolConfig config)
     : device_(device),
       config_(std::move(config)),
@@ -62,10 +70,11 @@ std::optional<HostBlock> HostPool::try_allocate(std::size_t bytes) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (bytes <= config_.budget_bytes) {
-      block = take_best_fit(round_block(bytes));
+      block = take(round_block(bytes));
     }
     if (block) {
       ++allocations_;
+      if (block->scattered()) ++scattered_allocations_;
       bytes_in_use_ += block->bytes;
       peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
       return block;
@@ -93,22 +102,27 @@ std::optional<HostBlock> HostPool::try_allocate(std::size_t bytes) noexcept {
 
 void HostPool::free(const HostBlock& block) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = in_use_.find(block.pointer);
-  if (it == in_use_.end() || it->second.first != block.slab || it->second.second != block.bytes) {
-    ACTPAGE_LOG_ERROR("host pool: ignoring the free of a block it did not hand out ({} bytes at {}, slab {})",
-                      block.bytes, block.pointer, block.slab);
+  auto it = block.pieces.empty() ? in_use_.end() : in_use_.find(block.pieces.front().pointer);
+  if (it == in_use_.end() || it->second.bytes != block.bytes || it->second.pieces != block.pieces) {
+    ACTPAGE_LOG_ERROR("host pool: ignoring the free of a block it did not hand out ({} bytes, {} piece(s) from {})",
+                      block.bytes, block.pieces.size(),
+                      block.pieces.empty() ? nullptr : block.pieces.front().pointer);
     return;
   }
   in_use_.erase(it);
   bytes_in_use_ -= block.bytes;
-  Slab& slab = slabs_[block.slab];
-  std::size_t offset = static_cast<std::size_t>(static_cast<std::byte*>(block.pointer) - slab.base);
-  std::size_t bytes = block.bytes;
+  for (const HostPiece& piece : block.pieces) release(piece);
+}
+
+void HostPool::release(const HostPiece& piece) {
+  Slab& slab = slabs_[piece.slab];
+  std::size_t offset = static_cast<std::size_t>(static_cast<std::byte*>(piece.pointer) - slab.base);
+  std::size_t bytes = piece.bytes;
   // Merge with the free neighbours on both sides, so that best fit sees the largest extents.
   auto next = slab.free_by_offset.lower_bound(offset);
   if (next != slab.free_by_offset.end() && next->first == offset + bytes) {
     const std::size_t next_bytes = next->second;
-    remove_free(block.slab, offset + bytes, next_bytes);
+    remove_free(piece.slab, offset + bytes, next_bytes);
     bytes += next_bytes;
   }
   auto after = slab.free_by_offset.lower_bound(offset);
@@ -117,38 +131,63 @@ void HostPool::free(const HostBlock& block) noexcept {
     if (prev->first + prev->second == offset) {
       const std::size_t prev_offset = prev->first;
       const std::size_t prev_bytes = prev->second;
-      remove_free(block.slab, prev_offset, prev_bytes);
+      remove_free(piece.slab, prev_offset, prev_bytes);
       offset = prev_offset;
       bytes += prev_bytes;
     }
   }
-  add_free(block.slab, offset, bytes);
+  add_free(piece.slab, offset, bytes);
 }
 
 void HostPool::start_burst() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   unserved_bytes_ = 0;
+  counted_free_bytes_ = 0;
 }
 
-std::optional<HostBlock> HostPool::take_best_fit(std::size_t bytes) {
-  auto it = free_extents_.lower_bound(FreeExtent{bytes, 0, 0});
-  if (it == free_extents_.end()) return std::nullopt;
-  const auto [extent_bytes, slab, offset] = *it;
-  remove_free(slab, offset, extent_bytes);
-  if (extent_bytes > bytes) add_free(slab, offset + bytes, extent_bytes - bytes);
-  HostBlock block{slabs_[slab].base + offset, bytes, slab};
-  in_use_.emplace(block.pointer, std::make_pair(slab, bytes));
+std::optional<HostBlock> HostPool::take(std::size_t bytes) {
+  if (free_bytes_ < bytes) return std::nullopt;
+  // The pieces are chosen before anything changes: running out of memory for the list leaves the
+  // pool as it was. Each step takes the smallest extent that holds the rest of the block, which
+  // ends it (best fit: the only step for nearly every block), or else the largest extent, whole.
+  // Largest first gives the fewest pieces any choice could (fewer copies, and the small holes stay
+  // for the blocks that fit them whole); best fit for the rest keeps the large extents large.
+  // free_bytes_ >= bytes guarantees that the extents run out no earlier than the block does.
+  HostBlock block;
+  block.bytes = bytes;
+  std::size_t rest = bytes;
+  std::size_t last_extent_bytes = 0;
+  auto taken_whole = free_extents_.end();  // the extents from here to the end are in the block
+  while (rest > 0) {
+    auto fit = free_extents_.lower_bound(FreeExtent{rest, 0, 0});
+    const bool fits = fit != free_extents_.end() && (taken_whole == free_extents_.end() || *fit < *taken_whole);
+    const auto [extent_bytes, slab, offset] = fits ? *fit : *--taken_whole;
+    const std::size_t piece = std::min(rest, extent_bytes);
+    block.pieces.push_back(HostPiece{slabs_[slab].base + offset, piece, slab});
+    last_extent_bytes = extent_bytes;
+    rest -= piece;
+  }
+  // Only the last piece may leave part of its extent free.
+  for (const HostPiece& piece : block.pieces) {
+    const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(piece.pointer) - slabs_[piece.slab].base);
+    const std::size_t extent_bytes = &piece == &block.pieces.back() ? last_extent_bytes : piece.bytes;
+    remove_free(piece.slab, offset, extent_bytes);
+    if (extent_bytes > piece.bytes) add_free(piece.slab, offset + piece.bytes, extent_bytes - piece.bytes);
+  }
+  in_use_.emplace(block.pieces.front().pointer, block);
   return block;
 }
 
 void HostPool::add_free(std::uint32_t slab, std::size_t offset, std::size_t bytes) {
   slabs_[slab].free_by_offset.emplace(offset, bytes);
   free_extents_.emplace(bytes, slab, offset);
+  free_bytes_ += bytes;
 }
 
 void HostPool::remove_free(std::uint32_t slab, std::size_t offset, std::size_t bytes) {
   slabs_[slab].free_by_offset.erase(offset);
   free_extents_.erase(FreeExtent{bytes, slab, offset});
+  free_bytes_ -= bytes;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,31 +196,33 @@ void HostPool::remove_free(std::uint32_t slab, std::size_t offset, std::size_t b
 bool HostPool::request_growth(std::size_t bytes) {
   // After a pinning failure nothing grows; that was warned about and is not a budget problem.
   if (growth_failed_) return true;
+  // A miss means the free bytes of all slabs together are fewer than the block (a scattered block
+  // could use every one of them): what it lacks is the rest. Free bytes that an earlier miss of this
+  // burst counted on are not counted again: 41 missed 88 MiB activations with 24 MiB free lack
+  // 41 x 88 - 24 MiB, not 41 x 64.
+  const std::uint64_t uncounted = free_bytes_ - std::min(free_bytes_, counted_free_bytes_);
+  counted_free_bytes_ += uncounted;
   // Misses come in bursts (a layer's activations, one after the other, in the same forward): each
   // adds to the shortfall, and slabs are queued until the growth on its way covers it, so that one
   // burst asks for all it needs at once rather than a slab per forward.
-  unserved_bytes_ += bytes;
-  // Whether a slab on its way (queued or being pinned) can hold this block.
-  bool on_its_way = std::max(growth_queue_.empty() ? 0 : *std::max_element(growth_queue_.begin(), growth_queue_.end()),
-                             inflight_bytes_) >= bytes;
+  unserved_bytes_ += bytes - uncounted;
   bool queued = false;
-  while (!on_its_way || unserved_bytes_ > pending_bytes_) {
+  while (unserved_bytes_ > pending_bytes_) {
     const std::uint64_t used = slab_total_ + pending_bytes_;
     const std::uint64_t room =
         used >= config_.budget_bytes ? 0 : (config_.budget_bytes - used) / kHostBlockAlignment * kHostBlockAlignment;
-    // A block larger than a slab gets a dedicated slab of its own size; the last slab may be cut
-    // short to what is left of the budget, as long as the block fits.
-    std::size_t size = std::max(bytes, slab_bytes_);
+    // More than a slab missing (a block larger than a slab) comes in one slab of that size: one
+    // pinning call, and the block in few pieces. The last slab is cut to what is left of the budget.
+    std::size_t size = static_cast<std::size_t>(std::max<std::uint64_t>(slab_bytes_, unserved_bytes_ - pending_bytes_));
     if (size > room) size = static_cast<std::size_t>(room);
-    // The budget is spent: exhausted unless something already on its way can hold the block.
-    if (size < bytes) break;
+    if (size == 0) break;
     growth_queue_.push_back(size);
     pending_bytes_ += size;
-    on_its_way = true;
     queued = true;
   }
   if (queued) work_cv_.notify_one();
-  return on_its_way;
+  // Exhausted unless the block fits once everything on its way has landed.
+  return free_bytes_ + pending_bytes_ >= bytes;
 }
 
 void HostPool::grow_loop() {
@@ -193,7 +234,6 @@ void HostPool::grow_loop() {
     const std::size_t size = growth_queue_.front();
     growth_queue_.pop_front();
     growing_ = true;
-    inflight_bytes_ = size;
     lock.unlock();
 
     // Pinning takes long (~0.45 s per GiB): never with the lock held.
@@ -213,13 +253,16 @@ void HostPool::grow_loop() {
 
     lock.lock();
     growing_ = false;
-    inflight_bytes_ = 0;
     pending_bytes_ -= size;
     if (pinned.ok()) {
       const auto id = static_cast<std::uint32_t>(slabs_.size());
       slabs_.push_back(Slab{static_cast<std::byte*>(*pinned), size, {}});
       slab_total_ += size;
-      unserved_bytes_ -= std::min<std::uint64_t>(unserved_bytes_, size);
+      // The slab answers this burst's misses first: what it covers is spoken for, and a later miss
+      // of the burst must not count on it too.
+      const std::uint64_t covered = std::min<std::uint64_t>(unserved_bytes_, size);
+      unserved_bytes_ -= covered;
+      counted_free_bytes_ += covered;
       add_free(id, 0, size);
     } else {
       growth_failed_ = true;
@@ -283,6 +326,7 @@ HostPoolStats HostPool::stats() const {
   stats.blocks_in_use = in_use_.size();
   stats.largest_free_block = free_extents_.empty() ? 0 : std::get<0>(*free_extents_.rbegin());
   stats.allocations = allocations_;
+  stats.scattered_allocations = scattered_allocations_;
   stats.failed_requests = failed_requests_;
   stats.pending_growth_bytes = pending_bytes_;
   stats.budget_exhausted = budget_exhausted_;

@@ -9,22 +9,34 @@
 // - The constructor starts the background thread and asks it for prealloc_bytes (whole slabs, within
 //   the budget). It never blocks on pinning.
 // - try_allocate(bytes) never blocks on pinning or on the background thread (it takes one short
-//   lock). It returns a block of at least `bytes` (rounded up to 256 bytes; its pointer is 256-byte
-//   aligned) from the existing slabs, best fit, or nullopt. On nullopt it adds the block to the
-//   pool's shortfall and asks the background thread for slabs (a dedicated slab of the block's size
-//   when the block is larger than a slab) until the growth on its way covers the shortfall: a burst
-//   of misses (one forward's activations) asks for all it needs at once. Slabs that land reduce the
-//   shortfall, and start_burst() (the next forward) clears it: a miss repeated before its slab
-//   landed is not asked for twice. When nothing on its way can hold the block and a slab for it
-//   would pass the budget, the pool is *exhausted*: one warning ("host pool budget of X exhausted:
-//   offloading of further activations stops") and exhausted() turns true for good.
+//   lock). It returns a block of `bytes` rounded up to 256 bytes (kHostBlockAlignment), or nullopt:
+//   - one piece, the smallest free extent that holds the whole block (best fit), when one does;
+//   - otherwise, when the free extents of all slabs together hold it, a *scattered* block of several
+//     pieces in different slabs (see HostBlock). Why: one piece per block left 80 MiB of every
+//     256 MiB slab unused with 88 MiB activations (31% of what was pinned). The pieces are the
+//     largest free extents, whole, and the rest from the smallest extent that holds it: no block
+//     takes more pieces than it needs;
+//   - nullopt (a miss) only when the free bytes of all slabs together are fewer than the block.
+// - On a miss, what the free bytes lack (the block less the free bytes that no earlier miss of this
+//   burst counted on already) adds to the pool's shortfall, and the background thread is asked for
+//   slabs until the growth on its way covers the shortfall: a burst of misses (one forward's
+//   activations) asks for all it needs at once, and a block that the free bytes almost hold asks
+//   for what is missing, not for a whole block. Where the shortfall not yet on its way is more than
+//   a slab (a block larger than a slab), it comes in one slab of that size: one pinning call, and
+//   the block in few pieces. A slab that lands reduces the shortfall by what it covers, and those
+//   bytes are spoken for: a later miss of the burst does not count on them. start_burst() (the next
+//   forward) clears both: a miss repeated before its slab landed is not asked for twice. Slabs are
+//   asked for up to the budget, the last one cut to what is left of it. When the free bytes and all
+//   growth on its way together still cannot hold the block, the pool is *exhausted*: one warning
+//   ("host pool budget of X exhausted: offloading of further activations stops") and exhausted()
+//   turns true for good.
 //   The caller treats nullopt as "keep this activation resident". A single request larger than the
 //   whole budget is refused with its own one-time warning and does not make the pool exhausted.
 //   A budget of 0 pins nothing: the first request makes the pool exhausted.
 // - A slab whose alloc_pinned() fails stops all growth, with one warning; exhausted() turns true.
 //   Nothing crashes; existing slabs keep serving.
-// - free(block) returns the block; adjacent free space in a slab is merged. Freeing a block the pool
-//   did not hand out (or twice) is logged and ignored.
+// - free(block) returns every piece of the block; adjacent free space in a slab is merged. Freeing a
+//   block the pool did not hand out (or twice, or only some of its pieces) is logged and ignored.
 // - Slabs are kept until the pool is destroyed (pinned memory is too slow to get to give it back).
 // - Thread safety: every method may be called from any thread.
 // - Destruction stops the background thread (waiting for a slab being pinned) and frees every slab.
@@ -45,6 +57,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "actpage/device.hpp"
@@ -59,14 +72,29 @@ struct HostPoolConfig {
   std::function<void(const std::string& message)> warn;
 };
 
-// A piece of pinned host memory handed out by the pool. Pass it back to free() unchanged.
-struct HostBlock {
-  void* pointer = nullptr;
-  std::size_t bytes = 0;    // the block's size: the request rounded up to kHostBlockAlignment
+inline constexpr std::size_t kHostBlockAlignment = 256;
+
+// One contiguous run of a block's bytes, inside one slab.
+struct HostPiece {
+  void* pointer = nullptr;  // kHostBlockAlignment-aligned
+  std::size_t bytes = 0;    // a multiple of kHostBlockAlignment
   std::uint32_t slab = 0;   // which slab it was carved from
+  bool operator==(const HostPiece&) const = default;
 };
 
-inline constexpr std::size_t kHostBlockAlignment = 256;
+// Pinned host memory handed out by the pool: one piece when a free extent holds the whole block
+// (the common case), several in different slabs when none does ("scattered"). The block's bytes
+// are its pieces' bytes one after the other; a copy to or from it goes out one piece at a time
+// (contiguous_at). Pass it back to free() unchanged.
+struct HostBlock {
+  std::size_t bytes = 0;          // the request rounded up to kHostBlockAlignment: the pieces' sum
+  std::vector<HostPiece> pieces;  // never empty in a block the pool handed out
+
+  // The host address of the block's byte `offset` (< bytes), and how many bytes from there on are
+  // contiguous (to the end of its piece).
+  std::pair<std::byte*, std::size_t> contiguous_at(std::size_t offset) const noexcept;
+  bool scattered() const noexcept { return pieces.size() > 1; }
+};
 
 struct HostPoolStats {
   std::uint64_t slabs = 0;
@@ -76,6 +104,7 @@ struct HostPoolStats {
   std::uint64_t blocks_in_use = 0;
   std::uint64_t largest_free_block = 0;
   std::uint64_t allocations = 0;          // try_allocate() calls that returned a block
+  std::uint64_t scattered_allocations = 0;  // of those, blocks of more than one piece
   std::uint64_t failed_requests = 0;      // try_allocate() calls that returned nullopt
   std::uint64_t pending_growth_bytes = 0; // slabs asked of the background thread, not there yet
   bool budget_exhausted = false;
@@ -116,10 +145,14 @@ class HostPool {
   using FreeExtent = std::tuple<std::size_t, std::uint32_t, std::size_t>;  // bytes, slab, offset
 
   // With mutex_ held.
-  std::optional<HostBlock> take_best_fit(std::size_t bytes);
+  // A block of `bytes` (rounded) from the free extents, scattered where no one extent holds it.
+  std::optional<HostBlock> take(std::size_t bytes);
+  // Returns a piece to its slab, merged with the free space on both sides.
+  void release(const HostPiece& piece);
   void add_free(std::uint32_t slab, std::size_t offset, std::size_t bytes);
   void remove_free(std::uint32_t slab, std::size_t offset, std::size_t bytes);
-  // Asks for growth that can serve `bytes`; false when the budget does not allow it.
+  // Asks for the growth that a missed block of `bytes` (rounded) needs; false when the free bytes
+  // and the growth on its way cannot hold it, the budget allowing no more.
   bool request_growth(std::size_t bytes);
   void warn(const std::string& message);
 
@@ -134,16 +167,18 @@ class HostPool {
   std::condition_variable grown_cv_;  // the background thread finished a request
   std::vector<Slab> slabs_;
   std::set<FreeExtent> free_extents_;
-  std::unordered_map<const void*, std::pair<std::uint32_t, std::size_t>> in_use_;  // pointer -> slab, bytes
+  std::unordered_map<const void*, HostBlock> in_use_;  // first piece's pointer -> the block handed out
   std::deque<std::size_t> growth_queue_;  // slab sizes to pin, in order
   std::uint64_t slab_total_ = 0;
+  std::uint64_t free_bytes_ = 0;          // in free_extents_, all slabs together
   std::uint64_t pending_bytes_ = 0;       // in growth_queue_ or being pinned now
-  std::uint64_t unserved_bytes_ = 0;      // misses of this burst not yet covered by slabs that landed
+  std::uint64_t unserved_bytes_ = 0;      // what this burst's misses lack, less the slabs that landed since
+  std::uint64_t counted_free_bytes_ = 0;  // free bytes this burst's misses counted on (not counted twice)
   bool growing_ = false;                  // the background thread is pinning a slab now
-  std::size_t inflight_bytes_ = 0;        // the size of that slab
   std::uint64_t bytes_in_use_ = 0;
   std::uint64_t peak_bytes_in_use_ = 0;
   std::uint64_t allocations_ = 0;
+  std::uint64_t scattered_allocations_ = 0;
   std::uint64_t failed_requests_ = 0;
   bool budget_exhausted_ = false;
   bool growth_failed_ = false;

@@ -242,6 +242,8 @@ TEST_F(CudaGpu, TheHostPoolServesRealPinnedMemoryForCopies) {
   const std::size_t bytes = round_up(8 * MiB, device_->granularity());
   auto block = pool.try_allocate(bytes);
   ASSERT_TRUE(block.has_value());
+  ASSERT_EQ(block->pieces.size(), 1u);  // 8 MiB in a free 16 MiB slab: one piece
+  void* host = block->pieces.front().pointer;
   auto va = device_->reserve(bytes);
   ACTPAGE_ASSERT_OK(va);
   auto handle = device_->create_physical(bytes, MemoryLocation::device);
@@ -250,9 +252,9 @@ TEST_F(CudaGpu, TheHostPoolServesRealPinnedMemoryForCopies) {
   auto stream = device_->create_stream(0);
   ACTPAGE_ASSERT_OK(stream);
   ACTPAGE_ASSERT_OK(device_->fill(*va, 0x3c, bytes, *stream));
-  ACTPAGE_ASSERT_OK(device_->copy_to_host(block->pointer, *va, bytes, *stream));
+  ACTPAGE_ASSERT_OK(device_->copy_to_host(host, *va, bytes, *stream));
   drain(*stream);
-  const auto* seen = static_cast<const std::uint8_t*>(block->pointer);
+  const auto* seen = static_cast<const std::uint8_t*>(host);
   EXPECT_TRUE(std::all_of(seen, seen + bytes, [](std::uint8_t b) { return b == 0x3c; }));
   pool.free(*block);
   EXPECT_TRUE(warnings.empty());

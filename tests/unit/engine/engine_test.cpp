@@ -1989,6 +1989,38 @@ TEST(Engine, NoPinningAdviceWhenThePreallocationCoveredTheRunOrTheBudgetRanOut) 
   }
 }
 
+// Activations of 3/4 of a host pool slab: each slab holds one whole, and the leftovers of three
+// slabs hold one more, scattered (HostPool). Copied out and back piece by piece, every byte comes
+// back: in chunks that end inside a piece, and in whole copies (copy_chunk_bytes 0).
+TEST(Engine, ActivationsScatteredOverHostPoolSlabsComeBackIntact) {
+  for (const std::uint64_t chunk : {std::uint64_t{768 * 1024}, std::uint64_t{0}}) {
+    SCOPED_TRACE("copy_chunk_bytes " + std::to_string(chunk));
+    Options options = testing::small_offload_options();
+    options.copy_chunk_bytes = chunk;
+    options.host_pool_bytes = 24 * kMiB;
+    options.host_pool_slab_bytes = 4 * kMiB;
+    options.host_pool_prealloc_bytes = 24 * kMiB;
+    Rig rig(options);
+    Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+    rig.engine.quiesce();
+    const EngineStats after_forward = rig.engine.stats();
+    // 8 MLP activations of 3 MiB in 6 slabs of 4 MiB: 6 whole, 2 in three 1 MiB pieces each.
+    // One piece per block, only 6 would fit.
+    EXPECT_EQ(after_forward.offloads_completed, 8u);
+    EXPECT_EQ(after_forward.host_pool_misses, 0u);
+    EXPECT_EQ(after_forward.host_scattered_blocks, 2u);
+    EXPECT_EQ(after_forward.host_pinned_bytes, 24 * kMiB);
+    run_backward(*rig.job, forward, 4);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.reloads_completed, 8u);
+    EXPECT_EQ(rig.job->mismatches(), 0u);
+    EXPECT_EQ(rig.job->failed(), 0u);
+    EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  }
+}
+
 TEST(Engine, ShutdownLeavesNothingBehind) {
   SimDeviceConfig config = sim_config(7, 10);
   auto device = std::make_unique<SimDevice>(config);

@@ -1,5 +1,5 @@
-// HostPool: background growth, best fit with merging, budget exhaustion, pinning failures,
-// concurrency. The device is a SimDevice, wrapped where a test must hold pinning back.
+// HostPool: background growth, best fit with merging, scattered blocks, budget exhaustion, pinning
+// failures, concurrency. The device is a SimDevice, wrapped where a test must hold pinning back.
 #include "hostpool/host_pool.hpp"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -139,7 +138,42 @@ HostPoolConfig pool_config(std::uint64_t budget, std::uint64_t prealloc, Warning
   return config;
 }
 
-std::uintptr_t address(const HostBlock& block) { return reinterpret_cast<std::uintptr_t>(block.pointer); }
+std::uintptr_t address(const HostPiece& piece) { return reinterpret_cast<std::uintptr_t>(piece.pointer); }
+std::uintptr_t address(const HostBlock& block) { return address(block.pieces.front()); }
+
+// The byte a block written with `seed` holds at `offset`: depends on the offset, so that pieces
+// put in the wrong order, or a copy cut at the wrong place, show.
+std::uint8_t pattern_byte(std::uint8_t seed, std::size_t offset) {
+  return static_cast<std::uint8_t>(seed + offset * 31 + offset / 251);
+}
+
+// Writes the pattern through contiguous_at(), a run at a time, as the engine's copies do.
+void write_pattern(const HostBlock& block, std::uint8_t seed) {
+  for (std::size_t offset = 0; offset < block.bytes;) {
+    const auto [run, contiguous] = block.contiguous_at(offset);
+    for (std::size_t i = 0; i < contiguous; ++i) run[i] = std::byte{pattern_byte(seed, offset + i)};
+    offset += contiguous;
+  }
+}
+
+// Reads it back piece by piece: the pieces, one after the other, are the block.
+bool holds_pattern(const HostBlock& block, std::uint8_t seed) {
+  std::size_t offset = 0;
+  for (const HostPiece& piece : block.pieces) {
+    const auto* bytes = static_cast<const std::uint8_t*>(piece.pointer);
+    for (std::size_t i = 0; i < piece.bytes; ++i) {
+      if (bytes[i] != pattern_byte(seed, offset + i)) return false;
+    }
+    offset += piece.bytes;
+  }
+  return offset == block.bytes;
+}
+
+std::size_t sum_of_pieces(const HostBlock& block) {
+  std::size_t bytes = 0;
+  for (const HostPiece& piece : block.pieces) bytes += piece.bytes;
+  return bytes;
+}
 
 TEST(HostPool, PinsOnItsOwnThreadAndNeverMakesTheCallerWait) {
   SimDevice sim;
@@ -180,7 +214,11 @@ TEST(HostPool, BlocksAreRoundedAndAligned) {
   EXPECT_EQ(a->bytes, 256u);
   EXPECT_EQ(b->bytes, 512u);
   EXPECT_EQ(c->bytes, 512u);
-  for (const HostBlock* block : {&*a, &*b, &*c}) EXPECT_EQ(address(*block) % kHostBlockAlignment, 0u);
+  for (const HostBlock* block : {&*a, &*b, &*c}) {
+    ASSERT_EQ(block->pieces.size(), 1u);
+    EXPECT_EQ(block->pieces[0].bytes, block->bytes);
+    EXPECT_EQ(address(*block) % kHostBlockAlignment, 0u);
+  }
   EXPECT_EQ(pool.stats().bytes_in_use, 1280u);
   pool.free(*a);
   pool.free(*b);
@@ -206,10 +244,12 @@ TEST(HostPool, BestFitTakesTheSmallestHoleThatFits) {
   pool.free(*d);  // 4K hole further on
   auto small = pool.try_allocate(3 * KiB);
   ASSERT_TRUE(small);
-  EXPECT_EQ(small->pointer, d->pointer) << "best fit should use the 4K hole, not the 16K one";
+  EXPECT_EQ(address(*small), address(*d)) << "best fit should use the 4K hole, not the 16K one";
   auto middle = pool.try_allocate(12 * KiB);
   ASSERT_TRUE(middle);
-  EXPECT_EQ(middle->pointer, a->pointer);
+  EXPECT_EQ(address(*middle), address(*a));
+  EXPECT_FALSE(small->scattered());
+  EXPECT_FALSE(middle->scattered());
   for (const auto& block : {b, c, e, small, middle}) pool.free(*block);
   EXPECT_EQ(pool.stats().largest_free_block, kSlab);
 }
@@ -232,27 +272,27 @@ TEST(HostPool, FreedNeighboursMergeIntoTheWholeSlab) {
 }
 
 // Random sizes, random frees: live blocks never overlap, each keeps the bytes written into it, and
-// everything is free again at the end.
+// everything is free again at the end. Near the budget the free space is in holes, and blocks that
+// no hole holds are scattered over several: those are checked piece by piece too.
 TEST(HostPool, RandomAllocateAndFreeKeepBlocksDisjoint) {
   SimDevice sim;
   WarningLog log;
   HostPool pool(sim, pool_config(16 * kSlab, 2 * kSlab, log));
   ASSERT_TRUE(pool.wait_for_growth(5s));
   std::mt19937_64 random(11);
-  std::map<std::uintptr_t, std::pair<HostBlock, std::uint8_t>> live;  // start -> block, fill byte
-  auto check_and_free = [&](std::map<std::uintptr_t, std::pair<HostBlock, std::uint8_t>>::iterator it) {
-    const auto& [block, tag] = it->second;
-    const auto* bytes = static_cast<const std::uint8_t*>(block.pointer);
-    EXPECT_TRUE(std::all_of(bytes, bytes + block.bytes, [tag = tag](std::uint8_t v) { return v == tag; }))
-        << "a block's contents changed while it was handed out";
+  std::vector<std::pair<HostBlock, std::uint8_t>> live;  // block, pattern seed
+  std::map<std::uintptr_t, std::uintptr_t> pieces;       // every live piece: start -> end
+  auto check_and_free = [&](std::size_t index) {
+    const auto& [block, seed] = live[index];
+    EXPECT_TRUE(holds_pattern(block, seed)) << "a block's contents changed while it was handed out";
+    for (const HostPiece& piece : block.pieces) pieces.erase(address(piece));
     pool.free(block);
-    live.erase(it);
+    live[index] = std::move(live.back());
+    live.pop_back();
   };
   for (int step = 0; step < 3000; ++step) {
     if (!live.empty() && random() % 100 < 45) {
-      auto it = live.begin();
-      std::advance(it, static_cast<long>(random() % live.size()));
-      check_and_free(it);
+      check_and_free(static_cast<std::size_t>(random() % live.size()));
       continue;
     }
     const std::size_t bytes = 1 + random() % (kSlab / 3);
@@ -264,28 +304,169 @@ TEST(HostPool, RandomAllocateAndFreeKeepBlocksDisjoint) {
       continue;
     }
     ASSERT_GE(block->bytes, bytes);
-    ASSERT_EQ(address(*block) % kHostBlockAlignment, 0u);
-    const std::uintptr_t start = address(*block);
-    auto next = live.lower_bound(start);
-    if (next != live.end()) {
-      ASSERT_LE(start + block->bytes, next->first) << "overlaps the next block";
+    ASSERT_EQ(sum_of_pieces(*block), block->bytes);
+    for (const HostPiece& piece : block->pieces) {
+      ASSERT_EQ(address(piece) % kHostBlockAlignment, 0u);
+      ASSERT_EQ(piece.bytes % kHostBlockAlignment, 0u);
+      const std::uintptr_t start = address(piece);
+      auto next = pieces.lower_bound(start);
+      if (next != pieces.end()) {
+        ASSERT_LE(start + piece.bytes, next->first) << "overlaps the next piece";
+      }
+      if (next != pieces.begin()) {
+        ASSERT_LE(std::prev(next)->second, start) << "overlaps the previous piece";
+      }
+      pieces.emplace(start, start + piece.bytes);
     }
-    if (next != live.begin()) {
-      auto prev = std::prev(next);
-      ASSERT_LE(prev->first + prev->second.first.bytes, start) << "overlaps the previous block";
-    }
-    const auto tag = static_cast<std::uint8_t>(random());
-    std::memset(block->pointer, tag, block->bytes);
-    live.emplace(start, std::make_pair(*block, tag));
+    const auto seed = static_cast<std::uint8_t>(random());
+    write_pattern(*block, seed);
+    live.emplace_back(std::move(*block), seed);
   }
-  while (!live.empty()) check_and_free(live.begin());
+  while (!live.empty()) check_and_free(0);
   const HostPoolStats stats = pool.stats();
   EXPECT_EQ(stats.bytes_in_use, 0u);
   EXPECT_EQ(stats.blocks_in_use, 0u);
   EXPECT_GT(stats.peak_bytes_in_use, 2 * kSlab) << "the test never made the pool grow";
+  EXPECT_GT(stats.scattered_allocations, 0u) << "the test never scattered a block";
   EXPECT_LE(stats.slab_bytes, 16 * kSlab);
   // Every slab is one free extent again: the largest is the largest slab.
   EXPECT_EQ(stats.largest_free_block, kSlab);
+}
+
+// 88 MiB activations in 256 MiB slabs, scaled down: a slab holds two whole, and the 80 MiB left in
+// each are enough for a fifth block between them.
+constexpr std::size_t kActivation = kSlab * 88 / 256;
+
+TEST(HostPool, ABlockNoFreeExtentHoldsIsScatteredOverTheSlabsLeftovers) {
+  SimDevice sim;
+  WarningLog log;
+  HostPool pool(sim, pool_config(8 * kSlab, 2 * kSlab, log));
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  std::vector<HostBlock> whole;
+  for (int i = 0; i < 4; ++i) {
+    auto block = pool.try_allocate(kActivation);
+    ASSERT_TRUE(block.has_value()) << i;
+    EXPECT_FALSE(block->scattered()) << i << ": a free extent held it";
+    whole.push_back(std::move(*block));
+  }
+  const std::size_t leftover = kSlab - 2 * kActivation;
+  ASSERT_EQ(pool.stats().largest_free_block, leftover);
+  ASSERT_LT(leftover, kActivation);
+
+  auto scattered = pool.try_allocate(kActivation);
+  ASSERT_TRUE(scattered.has_value()) << "the leftovers of two slabs hold it";
+  EXPECT_EQ(scattered->bytes, kActivation);
+  ASSERT_EQ(scattered->pieces.size(), 2u);
+  EXPECT_EQ(sum_of_pieces(*scattered), kActivation);
+  // The largest leftover whole, the rest from the other one.
+  EXPECT_EQ(scattered->pieces[0].bytes, leftover);
+  EXPECT_EQ(scattered->pieces[1].bytes, kActivation - leftover);
+  EXPECT_NE(scattered->pieces[0].slab, scattered->pieces[1].slab);
+  for (const HostPiece& piece : scattered->pieces) EXPECT_EQ(address(piece) % kHostBlockAlignment, 0u);
+  // contiguous_at() walks the pieces: a run ends at its piece's end.
+  auto* const first = static_cast<std::byte*>(scattered->pieces[0].pointer);
+  auto* const second = static_cast<std::byte*>(scattered->pieces[1].pointer);
+  EXPECT_EQ(scattered->contiguous_at(0), std::make_pair(first, leftover));
+  EXPECT_EQ(scattered->contiguous_at(leftover - 1), std::make_pair(first + leftover - 1, std::size_t{1}));
+  EXPECT_EQ(scattered->contiguous_at(leftover + 256), std::make_pair(second + 256, kActivation - leftover - 256));
+  write_pattern(*scattered, 7);
+  EXPECT_TRUE(holds_pattern(*scattered, 7));
+
+  // No growth was asked for: nothing missed.
+  HostPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.failed_requests, 0u);
+  EXPECT_EQ(stats.pending_growth_bytes, 0u);
+  EXPECT_EQ(stats.allocations, 5u);
+  EXPECT_EQ(stats.scattered_allocations, 1u);
+  EXPECT_EQ(stats.bytes_in_use, 5 * kActivation);
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  EXPECT_EQ(pool.stats().slabs, 2u);
+
+  // Freed, both pieces go back to where they came from.
+  pool.free(*scattered);
+  stats = pool.stats();
+  EXPECT_EQ(stats.bytes_in_use, 4 * kActivation);
+  EXPECT_EQ(stats.blocks_in_use, 4u);
+  EXPECT_EQ(stats.largest_free_block, leftover);
+  // And merge with their neighbours: each slab is whole again.
+  for (const HostBlock& block : whole) pool.free(block);
+  EXPECT_EQ(pool.stats().largest_free_block, kSlab);
+  auto slab = pool.try_allocate(kSlab);
+  ASSERT_TRUE(slab.has_value());
+  EXPECT_FALSE(slab->scattered());
+  auto other = pool.try_allocate(kSlab);
+  ASSERT_TRUE(other.has_value());
+  pool.free(*slab);
+  pool.free(*other);
+  EXPECT_TRUE(log.all().empty());
+}
+
+TEST(HostPool, AScatteredBlockTakesAsFewPiecesAsItCan) {
+  SimDevice sim;
+  WarningLog log;
+  HostPool pool(sim, pool_config(kSlab, kSlab, log));
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  // Slab: [a 4K][1K][c 12K][1K][e 8K][1K][rest]: with a, c and e freed, holes of 4K, 12K and 8K.
+  auto a = pool.try_allocate(4 * KiB);
+  auto b = pool.try_allocate(1 * KiB);
+  auto c = pool.try_allocate(12 * KiB);
+  auto d = pool.try_allocate(1 * KiB);
+  auto e = pool.try_allocate(8 * KiB);
+  auto f = pool.try_allocate(1 * KiB);
+  auto rest = pool.try_allocate(kSlab - 27 * KiB);
+  ASSERT_TRUE(a && b && c && d && e && f && rest);
+  pool.free(*a);
+  pool.free(*c);
+  pool.free(*e);
+  // 18K: the 12K hole whole and 6K of the 8K one (two pieces; smallest first would take three).
+  auto first = pool.try_allocate(18 * KiB);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->pieces.size(), 2u);
+  EXPECT_EQ(address(first->pieces[0]), address(*c));
+  EXPECT_EQ(first->pieces[0].bytes, 12 * KiB);
+  EXPECT_EQ(address(first->pieces[1]), address(*e));
+  EXPECT_EQ(first->pieces[1].bytes, 6 * KiB);
+  // A block that the 4K hole holds is not scattered, though the 2K left of the 8K hole is smaller.
+  auto fits = pool.try_allocate(3 * KiB);
+  ASSERT_TRUE(fits.has_value());
+  EXPECT_FALSE(fits->scattered());
+  EXPECT_EQ(address(*fits), address(*a));
+  // What is left (1K and 2K) serves a 3K block in two pieces, and then nothing more.
+  auto last = pool.try_allocate(3 * KiB);
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->pieces.size(), 2u);
+  EXPECT_EQ(pool.stats().scattered_allocations, 2u);
+  EXPECT_FALSE(pool.try_allocate(256).has_value());
+  for (const auto& block : {b, d, f, rest, first, fits, last}) pool.free(*block);
+  EXPECT_EQ(pool.stats().largest_free_block, kSlab);
+}
+
+// Blocks whose size does not divide a slab fill the slabs to the last byte: growing on demand, the
+// pool pins as many slabs as their bytes need, and not one more.
+TEST(HostPool, BlocksThatDoNotDivideASlabNeedOnlyTheSlabsTheirBytesFill) {
+  SimDevice sim;
+  WarningLog log;
+  HostPool pool(sim, pool_config(64 * kSlab, 0, log));
+  constexpr int kBlocks = 32;  // 32 x 88/256 of a slab: exactly 11 slabs
+  std::vector<HostBlock> blocks;
+  for (int i = 0; i < kBlocks; ++i) {
+    auto block = pool.try_allocate(kActivation);
+    if (!block) {
+      ASSERT_TRUE(pool.wait_for_growth(5s));
+      block = pool.try_allocate(kActivation);
+    }
+    ASSERT_TRUE(block.has_value()) << i;
+    write_pattern(*block, static_cast<std::uint8_t>(i));
+    blocks.push_back(std::move(*block));
+  }
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  const HostPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.slabs, (kBlocks * kActivation + kSlab - 1) / kSlab);
+  EXPECT_EQ(stats.slab_bytes, stats.bytes_in_use);
+  EXPECT_GT(stats.scattered_allocations, 0u);
+  for (int i = 0; i < kBlocks; ++i) EXPECT_TRUE(holds_pattern(blocks[i], static_cast<std::uint8_t>(i))) << i;
+  for (const HostBlock& block : blocks) pool.free(block);
+  EXPECT_FALSE(pool.exhausted());
 }
 
 TEST(HostPool, GrowsOnDemandWhenNothingWasPreallocated) {
@@ -340,7 +521,7 @@ TEST(HostPool, ABurstOfMissesAsksForAllItNeedsAtOnce) {
   // Misses that the landed slabs covered are not asked for again. Gated again: with the gate open
   // the slab could land before the count is read (seen under load).
   gated.close();
-  EXPECT_FALSE(pool.try_allocate(kSlab * 3 / 4).has_value());  // half a slab is left, in pieces at most
+  EXPECT_FALSE(pool.try_allocate(kSlab * 3 / 4).has_value());  // half a slab is free: a quarter lacks
   EXPECT_EQ(pool.stats().pending_growth_bytes, kSlab);
   gated.open();
   ASSERT_TRUE(pool.wait_for_growth(5s));
@@ -374,6 +555,48 @@ TEST(HostPool, AMissRepeatedInTheNextBurstBeforeItsSlabLandedIsNotAskedForTwice)
   EXPECT_TRUE(log.all().empty());
 }
 
+// A miss asks for what the free bytes lack, not for the whole block; two misses of a burst do not
+// count on the same free bytes.
+TEST(HostPool, AMissAsksForWhatTheFreeBytesLack) {
+  SimDevice sim;
+  GatedDevice gated(sim);
+  WarningLog log;
+  HostPool pool(gated, pool_config(16 * kSlab, 2 * kSlab, log));
+  gated.open();
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  gated.close();
+  // Three quarters of each slab taken: a quarter slab free in each, half a slab in all.
+  auto a = pool.try_allocate(kSlab * 3 / 4);
+  auto b = pool.try_allocate(kSlab * 3 / 4);
+  ASSERT_TRUE(a && b);
+  ASSERT_NE(a->pieces[0].slab, b->pieces[0].slab);
+  // A block of a slab and a quarter lacks three quarters of a slab: one slab, not a slab of the
+  // block's size.
+  EXPECT_FALSE(pool.try_allocate(kSlab * 5 / 4).has_value());
+  EXPECT_EQ(pool.stats().pending_growth_bytes, kSlab);
+  // The next miss of the burst cannot count on the free half slab too: it lacks all of its three
+  // quarters, and with the quarter the first slab has to spare, one slab more.
+  EXPECT_FALSE(pool.try_allocate(kSlab * 3 / 4).has_value());
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 2 * kSlab);
+  // The next burst asks for the same again before a slab landed: the growth on its way answers it.
+  pool.start_burst();
+  EXPECT_FALSE(pool.try_allocate(kSlab * 5 / 4).has_value());
+  EXPECT_FALSE(pool.try_allocate(kSlab * 3 / 4).has_value());
+  EXPECT_EQ(pool.stats().pending_growth_bytes, 2 * kSlab);
+  EXPECT_FALSE(pool.exhausted());
+  gated.open();
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  // Two slabs and the free half slab hold both blocks.
+  auto large = pool.try_allocate(kSlab * 5 / 4);
+  auto small = pool.try_allocate(kSlab * 3 / 4);
+  ASSERT_TRUE(large && small);
+  EXPECT_TRUE(large->scattered());
+  EXPECT_EQ(pool.stats().slabs, 4u);
+  EXPECT_EQ(pool.stats().scattered_allocations, 1u);
+  for (const auto& block : {a, b, large, small}) pool.free(*block);
+  EXPECT_TRUE(log.all().empty());
+}
+
 TEST(HostPool, ABurstNearTheBudgetGetsWhatIsLeftAndOnlyThenExhausts) {
   SimDevice sim;
   GatedDevice gated(sim);
@@ -396,28 +619,46 @@ TEST(HostPool, ABurstNearTheBudgetGetsWhatIsLeftAndOnlyThenExhausts) {
   for (const HostBlock& block : blocks) pool.free(block);
 }
 
-TEST(HostPool, ABlockLargerThanASlabGetsADedicatedSlab) {
+// More than a slab missing comes in one slab of that size: a block larger than a slab gets what the
+// free bytes lack in one slab (one pinning call, the block in few pieces), or, with nothing free, a
+// slab of its own size.
+TEST(HostPool, ABlockLargerThanASlabGetsWhatItLacksInOneSlab) {
   SimDevice sim;
   WarningLog log;
-  HostPool pool(sim, pool_config(8 * kSlab, kSlab, log));
+  HostPool pool(sim, pool_config(16 * kSlab, kSlab, log));
   ASSERT_TRUE(pool.wait_for_growth(5s));
   const std::size_t big = 3 * kSlab + 1000;
+  const std::size_t rounded = round_up(big, kHostBlockAlignment);
   EXPECT_FALSE(pool.try_allocate(big).has_value());
   ASSERT_TRUE(pool.wait_for_growth(5s));
-  auto block = pool.try_allocate(big);
-  ASSERT_TRUE(block.has_value());
-  EXPECT_EQ(block->bytes, round_up(big, kHostBlockAlignment));
   EXPECT_EQ(pool.stats().slabs, 2u);
-  EXPECT_EQ(pool.stats().slab_bytes, kSlab + round_up(big, kHostBlockAlignment));
-  pool.free(*block);
-  // The dedicated slab stays in the pool and serves ordinary blocks too.
+  EXPECT_EQ(pool.stats().slab_bytes, rounded) << "the free slab and the new one make the block, exactly";
+  auto first = pool.try_allocate(big);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->bytes, rounded);
+  ASSERT_EQ(first->pieces.size(), 2u);
+  EXPECT_EQ(first->pieces[0].bytes, rounded - kSlab);
+  EXPECT_EQ(first->pieces[1].bytes, kSlab);
+  // Nothing is free now: the next one gets a slab of its own size, and is one piece.
+  EXPECT_FALSE(pool.try_allocate(big).has_value());
+  ASSERT_TRUE(pool.wait_for_growth(5s));
+  EXPECT_EQ(pool.stats().slabs, 3u);
+  EXPECT_EQ(pool.stats().slab_bytes, 2 * rounded);
+  auto second = pool.try_allocate(big);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_FALSE(second->scattered());
+  pool.free(*first);
+  pool.free(*second);
+  // Those slabs stay in the pool and serve ordinary blocks too, whole: 1 + 2 + 3 of a slab each.
   std::vector<HostBlock> small;
-  for (int i = 0; i < 4; ++i) {
-    auto piece = pool.try_allocate(kSlab - 256);
+  for (int i = 0; i < 6; ++i) {
+    auto piece = pool.try_allocate(kSlab);
     ASSERT_TRUE(piece.has_value()) << i;
+    EXPECT_FALSE(piece->scattered()) << i;
     small.push_back(*piece);
   }
   for (const HostBlock& piece : small) pool.free(piece);
+  EXPECT_TRUE(log.all().empty());
 }
 
 TEST(HostPool, ExhaustingTheBudgetWarnsOnceAndSetsTheFlag) {
@@ -464,7 +705,8 @@ TEST(HostPool, TheLastSlabIsCutToTheBudget) {
   auto second = pool.try_allocate(30 * KiB);
   ASSERT_TRUE(second.has_value());
   EXPECT_FALSE(pool.exhausted());
-  EXPECT_FALSE(pool.try_allocate(10 * KiB).has_value());
+  // 10 KiB are free (4 and 6 KiB left in the two slabs): more than that can never fit.
+  EXPECT_FALSE(pool.try_allocate(12 * KiB).has_value());
   EXPECT_TRUE(pool.exhausted());
   EXPECT_EQ(log.all().size(), 1u);
   pool.free(*first);
@@ -531,13 +773,31 @@ TEST(HostPool, FreeingABlockItDidNotHandOutIsIgnored) {
   auto block = pool.try_allocate(4096);
   ASSERT_TRUE(block.has_value());
   int outside = 0;
-  pool.free(HostBlock{&outside, 256, 0});
+  pool.free(HostBlock{256, {HostPiece{&outside, 256, 0}}});
+  pool.free(HostBlock{});
   HostBlock wrong_size = *block;
   wrong_size.bytes = 256;
   pool.free(wrong_size);
   EXPECT_EQ(pool.stats().bytes_in_use, 4096u);
+  // A scattered block comes back whole or not at all.
+  auto filler = pool.try_allocate(kSlab / 2 - 4096);
+  auto hole = pool.try_allocate(4096);
+  auto tail = pool.try_allocate(kSlab / 2 - 4096);
+  ASSERT_TRUE(filler && hole && tail);
   pool.free(*block);
-  pool.free(*block);  // twice
+  pool.free(*hole);  // two 4K holes, apart
+  auto scattered = pool.try_allocate(8192);
+  ASSERT_TRUE(scattered.has_value());
+  ASSERT_EQ(scattered->pieces.size(), 2u);
+  HostBlock first_piece_only = *scattered;
+  first_piece_only.pieces.pop_back();
+  pool.free(first_piece_only);
+  EXPECT_EQ(pool.stats().bytes_in_use, kSlab);
+  pool.free(*scattered);
+  pool.free(*scattered);  // twice
+  pool.free(*block);      // twice
+  pool.free(*filler);
+  pool.free(*tail);
   EXPECT_EQ(pool.stats().bytes_in_use, 0u);
   EXPECT_EQ(pool.stats().largest_free_block, kSlab);
 }
@@ -558,8 +818,7 @@ TEST(HostPool, ConcurrentThreadsGetDisjointBlocks) {
       std::vector<HostBlock> mine;
       const auto tag = static_cast<std::uint8_t>(t + 1);
       auto release = [&](std::size_t index) {
-        const auto* bytes = static_cast<const std::uint8_t*>(mine[index].pointer);
-        if (!std::all_of(bytes, bytes + mine[index].bytes, [tag](std::uint8_t v) { return v == tag; })) ++corrupted;
+        if (!holds_pattern(mine[index], tag)) ++corrupted;
         pool.free(mine[index]);
         mine[index] = mine.back();
         mine.pop_back();
@@ -568,8 +827,8 @@ TEST(HostPool, ConcurrentThreadsGetDisjointBlocks) {
         if (!mine.empty() && random() % 2 == 0) {
           release(static_cast<std::size_t>(random() % mine.size()));
         } else if (auto block = pool.try_allocate(1 + random() % (kSlab / 4))) {
-          std::memset(block->pointer, tag, block->bytes);
-          mine.push_back(*block);
+          write_pattern(*block, tag);
+          mine.push_back(std::move(*block));
           ++served;
         }
       }
