@@ -577,6 +577,11 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
     // the step's peak: what is still being copied would count there.
     if (options_.offload_drain_at_layers_end) wait_for_offload_backlog(lock, 0);
+    // Or one step later, where backward begins: the head's forward and the loss run meanwhile.
+    if (options_.offload_drain_at_backward_start) {
+      backward_drain_forward_thread_.store(thread, std::memory_order_relaxed);
+      backward_drain_armed_.store(true, std::memory_order_relaxed);
+    }
     // And so would what the pool holds unused: the reserve an earlier backward grew it to (on the
     // H100 Llama job 2.6-3.3 GiB above its use at the peak, session 11). Given back here, the pool
     // grows for the logits by what they need.
@@ -652,11 +657,27 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
   }
 }
 
+void DeviceEngine::drain_at_backward_start() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!started_) return;
+  take_job_turn(lock);
+  const TurnScope turn(*this, Turn::job);
+  drain_if_armed(lock);
+}
+
+void DeviceEngine::drain_if_armed(std::unique_lock<std::mutex>& lock) {
+  // Backward's first allocations (the loss's gradients) or its first marker: the step's peak comes
+  // with them, so what is still being copied must be off the device first.
+  if (in_backward_ || !backward_drain_armed_.exchange(false, std::memory_order_relaxed)) return;
+  wait_for_offload_backlog(lock, 0);
+}
+
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) return;
   take_job_turn(lock);
   const TurnScope turn(*this, Turn::job);
+  if (!in_backward_) drain_if_armed(lock);
   if (!in_backward_) backward_begins();
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
@@ -838,8 +859,8 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
       layer != ranges::kNoPath && layer != verdict.selected && layer != parent) {
     group->names.push_back(registry.node(layer).name);
   }
-  if ((options_.offload_drain_at_layers_end || options_.vmm_trim_job_pool_at_layers_end ||
-       options_.vmm_grow_job_pool_for_head) &&
+  if ((options_.offload_drain_at_layers_end || options_.offload_drain_at_backward_start ||
+       options_.vmm_trim_job_pool_at_layers_end || options_.vmm_grow_job_pool_for_head) &&
       thread == forward_thread_) {
     // Where the layers end: the range holding them, not the selected module's parent's parent (for
     // Qwen3-MoE's experts that is their layer, and the forward waited for the copies after every
@@ -2341,6 +2362,7 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
 
 void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
+  backward_drain_armed_.store(false, std::memory_order_relaxed);  // a forward without a backward
   // The last forward's offloads that found no pinned memory are asked for again in this one; the
   // host pool's growth already answers them (HostPool::start_burst).
   if (host_pool_) host_pool_->start_burst();

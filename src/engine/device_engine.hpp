@@ -101,6 +101,16 @@ class DeviceEngine {
   bool drains_at(ranges::PathId node) const noexcept {
     return node != ranges::kNoPath && drain_node_.load(std::memory_order_relaxed) == node;
   }
+  // offload_drain_at_backward_start: whether an allocation of the calling thread is where backward
+  // begins, after the layers' end (a thread other than the forward's), so that Engine calls
+  // drain_at_backward_start() before it. Without the engine's lock: one relaxed load while unarmed.
+  bool backward_drain_due() const noexcept {
+    return backward_drain_armed_.load(std::memory_order_relaxed) &&
+           backward_drain_forward_thread_.load(std::memory_order_relaxed) != std::this_thread::get_id();
+  }
+  // Waits, once per iteration, until every sealed activation has left (as the drain at the layers'
+  // end does), if the drain is still armed.
+  void drain_at_backward_start();
 
  private:
   struct Group;
@@ -257,6 +267,8 @@ class DeviceEngine {
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
+  // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
+  void drain_if_armed(std::unique_lock<std::mutex>& lock);
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
@@ -494,6 +506,10 @@ class DeviceEngine {
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
+  // offload_drain_at_backward_start: armed at the layers' end by the forward thread (kept here, so
+  // that its own allocations for the head pass by), disarmed by the wait or a new forward.
+  std::atomic<bool> backward_drain_armed_{false};
+  std::atomic<std::thread::id> backward_drain_forward_thread_{};
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;

@@ -67,6 +67,12 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   // its pinned host memory is prepared while the model is built, not during the first steps.
   DeviceEngine* engine = device_engine(request.device);
   if (engine == nullptr) return 0;
+  if (engine->backward_drain_due()) {
+    // offload_drain_at_backward_start: backward's first allocation, whatever it is (the loss's
+    // gradients are under no range), waits for the last copies before it adds to the peak.
+    JobThreadTimer timer(engine);
+    engine->drain_at_backward_start();
+  }
   const NodeVerdict verdict = classifier_.classify(request.path);
   if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
   JobThreadTimer timer(engine);

@@ -747,6 +747,7 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   // predicted, and its saving shows as the copies the trace's timing allows).
   replay_options_copy.offload_backlog_bytes = 0;
   replay_options_copy.offload_drain_at_layers_end = false;
+  replay_options_copy.offload_drain_at_backward_start = false;
   Engine engine(replay_options_copy, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
   engine.set_wait_for_host_memory(true);
   // The engine's workers run one at a time in a fixed order: otherwise which of them reaches the

@@ -1255,6 +1255,62 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
   }
 }
 
+TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocation) {
+  // offload_drain_at_backward_start: the forward thread does not wait where the layers end, nor for
+  // its head's allocations after them; backward's first allocation (on autograd's thread, under no
+  // range: the loss's gradients) waits until every sealed activation is copied and its pages given
+  // back, once. Iteration 1 begins backward with an allocation, iteration 2 with a marker (a
+  // backward that allocates nothing first), which waits the same way. Slow copies, so that the
+  // layers' last activations are still being copied when the forward returns.
+  Options options = testing::small_offload_options();
+  options.keep_last = 0;
+  options.offload_drain_at_backward_start = true;
+  Rig rig(options, slow_streams(5));
+  constexpr int kLayers = 6;
+  constexpr std::uint64_t kAllLeft = kLayers * 2 * 4 * kMiB;  // 2 activations of 3 MiB (4 mapped) a layer
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
+    Forward forward = run_mlp_forward(*rig.job, kLayers, 2, 3 * kMiB);
+    Tensor logits = rig.job->allocate(5 * kMiB);  // the head, on the forward thread, under no range
+    rig.job->write(logits);
+    const EngineStats after_head = rig.engine.stats();
+    EXPECT_EQ(after_head.backlog_waits, waits_before) << "the forward thread waited, iteration " << iteration;
+    EXPECT_LT(after_head.offloaded_bytes_now, kAllLeft) << "the copies were not slow enough to test anything";
+    EngineStats at_backward_start;
+    std::thread autograd([&] {
+      if (iteration == 0) {
+        Tensor gradient = rig.job->allocate(5 * kMiB);  // the loss's gradient: under no range
+        at_backward_start = rig.engine.stats();
+        rig.job->write(gradient);
+        rig.job->free(gradient);
+        // Later allocations of backward do not wait again.
+        Tensor another = rig.job->allocate(5 * kMiB);
+        rig.job->free(another);
+      } else {
+        rig.job->marker("model.layers." + std::to_string(kLayers - 1) + ".backward");
+        at_backward_start = rig.engine.stats();
+      }
+    });
+    autograd.join();
+    // Every activation of this forward copied; after an allocation, every page given back too (after
+    // a marker the reloads it asks for have begun to map pages again).
+    EXPECT_EQ(at_backward_start.offloads_completed, (iteration + 1u) * kLayers * 2) << "iteration " << iteration;
+    if (iteration == 0) EXPECT_EQ(at_backward_start.offloaded_bytes_now, kAllLeft);
+    EXPECT_EQ(at_backward_start.backlog_waits, waits_before + 1) << "iteration " << iteration;
+    run_backward(*rig.job, forward, kLayers);
+    rig.job->check(logits);
+    rig.job->free(logits);
+    EXPECT_EQ(rig.engine.stats().backlog_waits, waits_before + 1) << "waited again, iteration " << iteration;
+    rig.engine.quiesce();
+  }
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * kLayers * 2);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
+}
+
 TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModule) {
   // Qwen3-MoE's experts sit inside their layer's MLP ("model.layers.3.mlp.experts"): their parent's
   // parent is their layer, not the model. The drain must still wait once, where the layers end

@@ -87,11 +87,12 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.copy_wait = pick(0, 1) == 1 ? CopyWait::poll : CopyWait::block;
   options.vmm_trim_job_pool_catch_up = pick(0, 1) == 1;
   options.vmm_unmap_by_group = pick(0, 1) == 1;
-  options.vmm_grow_job_pool_for_head = pick(0, 1) == 1;  // last: the earlier picks of every seed stay as they were
+  options.vmm_grow_job_pool_for_head = pick(0, 1) == 1;
+  options.offload_drain_at_backward_start = pick(0, 2) == 0;  // last: the earlier picks of every seed stay as they were
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     // Every engine option the case picked, to replay a failure with the same settings.
-    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d trim_at_forward_start %d trim_in_backward %d slack %llu copy_wait %s catch_up %d unmap_by_group %d grow_for_head %d\n",
+    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d trim_at_forward_start %d trim_in_backward %d slack %llu copy_wait %s catch_up %d unmap_by_group %d grow_for_head %d drain_at_backward_start %d\n",
                  static_cast<unsigned long long>(seed), options.vmm_group_windows ? 1 : 0,
                  (unsigned long long)options.vmm_unmap_batch_bytes, (unsigned long long)options.copy_chunk_bytes,
                  options.vmm_grant_when_idle ? 1 : 0, options.vmm_map_ahead ? 1 : 0,
@@ -103,7 +104,8 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
                  options.vmm_trim_job_pool_at_forward_start ? 1 : 0, options.vmm_trim_job_pool_in_backward ? 1 : 0,
                  (unsigned long long)options.vmm_job_pool_slack_bytes,
                  options.copy_wait == CopyWait::poll ? "poll" : "block", options.vmm_trim_job_pool_catch_up ? 1 : 0,
-                 options.vmm_unmap_by_group ? 1 : 0, options.vmm_grow_job_pool_for_head ? 1 : 0);
+                 options.vmm_unmap_by_group ? 1 : 0, options.vmm_grow_job_pool_for_head ? 1 : 0,
+                 options.offload_drain_at_backward_start ? 1 : 0);
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,
                  (unsigned long long)options.keep_last, (unsigned long long)options.max_inflight_copies,
