@@ -1295,7 +1295,9 @@ TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocati
     // Every activation of this forward copied; after an allocation, every page given back too (after
     // a marker the reloads it asks for have begun to map pages again).
     EXPECT_EQ(at_backward_start.offloads_completed, (iteration + 1u) * kLayers * 2) << "iteration " << iteration;
-    if (iteration == 0) EXPECT_EQ(at_backward_start.offloaded_bytes_now, kAllLeft);
+    if (iteration == 0) {
+      EXPECT_EQ(at_backward_start.offloaded_bytes_now, kAllLeft);
+    }
     EXPECT_EQ(at_backward_start.backlog_waits, waits_before + 1) << "iteration " << iteration;
     run_backward(*rig.job, forward, kLayers);
     rig.job->check(logits);
