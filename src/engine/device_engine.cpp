@@ -580,7 +580,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     // Or one step later, where backward begins: the head's forward and the loss run meanwhile.
     if (options_.offload_drain_at_backward_start) {
       backward_drain_forward_thread_.store(thread, std::memory_order_relaxed);
-      backward_drain_armed_.store(true, std::memory_order_relaxed);
+      backward_drain_armed_.store(true, std::memory_order_release);  // the thread is seen with it
     }
     // And so would what the pool holds unused: the reserve an earlier backward grew it to (on the
     // H100 Llama job 2.6-3.3 GiB above its use at the peak, session 11). Given back here, the pool
@@ -662,6 +662,7 @@ void DeviceEngine::drain_at_backward_start() {
   if (!started_) return;
   take_job_turn(lock);
   const TurnScope turn(*this, Turn::job);
+  if (std::this_thread::get_id() == forward_thread_) return;  // the head's allocations pass by
   drain_if_armed(lock);
 }
 

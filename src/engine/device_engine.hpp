@@ -105,7 +105,7 @@ class DeviceEngine {
   // begins, after the layers' end (a thread other than the forward's), so that Engine calls
   // drain_at_backward_start() before it. Without the engine's lock: one relaxed load while unarmed.
   bool backward_drain_due() const noexcept {
-    return backward_drain_armed_.load(std::memory_order_relaxed) &&
+    return backward_drain_armed_.load(std::memory_order_acquire) &&
            backward_drain_forward_thread_.load(std::memory_order_relaxed) != std::this_thread::get_id();
   }
   // Waits, once per iteration, until every sealed activation has left (as the drain at the layers'
