@@ -678,7 +678,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   if (!started_) return;
   take_job_turn(lock);
   const TurnScope turn(*this, Turn::job);
-  if (!in_backward_) drain_if_armed(lock);
+  drain_if_armed(lock);
   if (!in_backward_) backward_begins();
 
   // The groups whose selected range is this module or lies inside it: their backward begins now.
@@ -1337,15 +1337,14 @@ bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
   const bool last = offset + bytes == allocation.bytes;
   // One copy per piece of the host block the chunk spans (a scattered block, HostPool), all before
   // the chunk's one event: the chunks stay copy_chunk_bytes long, and a whole copy stays one chunk.
-  Status status;
-  bool copy_enqueued = false;
-  for (std::size_t at = offset; at < offset + bytes && status.ok();) {
-    const auto [host, contiguous] = allocation.host->contiguous_at(at);
-    const std::size_t run = std::min(contiguous, offset + bytes - at);
-    status = device_.copy_to_host(host, allocation.va + at, run, copy_stream_);
-    copy_enqueued = copy_enqueued || status.ok();
-    at += run;
-  }
+  std::size_t enqueued_bytes = 0;
+  Status status = allocation.host->for_each_run(
+      offset, bytes,
+      [&](std::byte* host, std::size_t at, std::size_t run) {
+        return device_.copy_to_host(host, allocation.va + at, run, copy_stream_);
+      },
+      &enqueued_bytes);
+  const bool copy_enqueued = enqueued_bytes > 0;
   if (status.ok() && last && options_.stray_access == StrayAccess::poison) {
     status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
   }
@@ -2725,13 +2724,10 @@ void DeviceEngine::reload_worker() {
     }
     EventHandle done = acquire_event();
     // One copy per piece of the host block (a scattered block, HostPool), the event after the last.
-    Status status;
-    for (std::size_t at = 0; at < allocation->bytes && status.ok();) {
-      const auto [host, contiguous] = allocation->host->contiguous_at(at);
-      const std::size_t run = std::min(contiguous, allocation->bytes - at);
-      status = device_.copy_to_device(allocation->va + at, host, run, reload_stream_);
-      at += run;
-    }
+    Status status = allocation->host->for_each_run(0, allocation->bytes, [&](std::byte* host, std::size_t at,
+                                                                            std::size_t run) {
+      return device_.copy_to_device(allocation->va + at, host, run, reload_stream_);
+    });
     if (status.ok()) status = device_.record_event(done, reload_stream_);
     if (!status.ok()) {
       recycle_event(done);

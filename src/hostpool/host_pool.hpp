@@ -43,6 +43,7 @@
 //   The owner guarantees that no copy still reads or writes a block.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -93,6 +94,22 @@ struct HostBlock {
   // The host address of the block's byte `offset` (< bytes), and how many bytes from there on are
   // contiguous (to the end of its piece).
   std::pair<std::byte*, std::size_t> contiguous_at(std::size_t offset) const noexcept;
+  // Calls copy(host, offset, length) for each contiguous run of the block's bytes [offset, offset +
+  // length), in order (one copy per piece they span), and stops at the first call that fails: its
+  // status, or ok. `done`: the bytes of the runs whose call succeeded.
+  template <class Copy>
+  Status for_each_run(std::size_t offset, std::size_t length, Copy&& copy, std::size_t* done = nullptr) const {
+    Status status;
+    std::size_t at = offset;
+    while (at < offset + length && status.ok()) {
+      const auto [host, contiguous] = contiguous_at(at);
+      const std::size_t run = std::min(contiguous, offset + length - at);
+      status = copy(host, at, run);
+      if (status.ok()) at += run;
+    }
+    if (done != nullptr) *done = at - offset;
+    return status;
+  }
   bool scattered() const noexcept { return pieces.size() > 1; }
 };
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/units.hpp"
@@ -399,6 +400,39 @@ TEST(HostPool, ABlockNoFreeExtentHoldsIsScatteredOverTheSlabsLeftovers) {
   pool.free(*slab);
   pool.free(*other);
   EXPECT_TRUE(log.all().empty());
+}
+
+TEST(HostBlock, ForEachRunVisitsTheRunsOfARangeInOrderAndStopsAtAFailure) {
+  // A block of three pieces (1K, 2K, 1K) in different places: the range [512, 3584) spans the end
+  // of the first, the whole second and the start of the third.
+  alignas(256) static std::byte memory[8 * KiB];
+  const HostBlock block{4 * KiB, {HostPiece{memory + 6 * KiB, 1 * KiB, 2}, HostPiece{memory, 2 * KiB, 0},
+                                  HostPiece{memory + 4 * KiB, 1 * KiB, 1}}};
+  std::vector<std::tuple<std::byte*, std::size_t, std::size_t>> runs;
+  std::size_t done = 0;
+  const Status all = block.for_each_run(
+      512, 3 * KiB,
+      [&](std::byte* host, std::size_t at, std::size_t length) {
+        runs.emplace_back(host, at, length);
+        return Status{};
+      },
+      &done);
+  EXPECT_TRUE(all.ok());
+  EXPECT_EQ(done, 3 * KiB);
+  using Run = std::tuple<std::byte*, std::size_t, std::size_t>;
+  EXPECT_EQ(runs, (std::vector<Run>{Run{memory + 6 * KiB + 512, 512, 512}, Run{memory, 1 * KiB, 2 * KiB},
+                                    Run{memory + 4 * KiB, 3 * KiB, 512}}));
+  // The second run's copy fails: nothing after it is asked for, and only the first run counts.
+  int calls = 0;
+  const Status failed = block.for_each_run(
+      512, 3 * KiB,
+      [&](std::byte*, std::size_t, std::size_t) {
+        return ++calls == 2 ? Status{ErrorCode::device_error, "copy refused"} : Status{};
+      },
+      &done);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(done, 512u);
 }
 
 TEST(HostPool, AScatteredBlockTakesAsFewPiecesAsItCan) {
