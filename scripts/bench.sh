@@ -13,27 +13,33 @@
 #   none               the job as is
 #   actpage-observe    actpage run, config/observe.json (tag and trace only)
 #   actpage-near-free  actpage run, the near-free policy (what the copy engine moves during forward)
-#   actpage-all        actpage run, every MLP (Llama) or expert block (Qwen3-MoE) but the last 2 layers
+#   actpage-all        actpage run, every MLP (Llama: config/llama-mlp-capped.json, keep_last 0, with
+#                      vmm.prefill_cache, a 6 GiB cache and a 1 GiB offload_backlog_bytes) or expert
+#                      block (Qwen3-MoE: config/qwen3-moe-experts.json, keep_last 2)
 #   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
 #                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
 #   actpage-near-free-catch-up  Llama config/llama-near-free-7.json, Qwen3-MoE
 #                      config/qwen3-moe-near-free-6.json: the near-free settings (prefill, drain,
 #                      vmm.trim_job_pool_catch_up) with one more layer, whose copy the drain may wait for:
 #                      more saving for some time
-#   actpage-all-prefill-cap  every MLP or expert block with vmm.prefill_cache (6 GiB cache) and a 1 GiB
-#                      offload_backlog_bytes: Llama config/llama-mlp-capped.json (keep_last 0), Qwen3-MoE
-#                      the experts policy (keep_last 2) with those settings
+#   actpage-all-drain  Llama: the actpage-all policy with offload_drain_at_backward_start, every MLP
+#                      off the device before backward's first allocation (all 5.5 GiB, at the link's
+#                      pace)
+#   actpage-all-prefill-cap  Qwen3-MoE: the experts policy with vmm.prefill_cache (6 GiB cache) and a
+#                      1 GiB offload_backlog_bytes
 #   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6.5x slower)
 #   checkpointing      the model's gradient checkpointing
 #   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
-# The three prefill variants and the last three, the peers, run BENCH_PEER_REPS times (default 1), the
-# rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more than its steps,
-# and the targets are the first four actpage variants'. Both jobs: 26 runs, about 8 minutes on the H100.
+# The three actpage variants after actpage-all and the last three, the peers, run BENCH_PEER_REPS times
+# (default 1), the rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more
+# than its steps, and the targets are the first three actpage variants'. Both jobs: 26 runs, about 8 minutes on the H100.
 #
 # Settings (environment): BENCH_REPS (2), BENCH_PEER_REPS (1), BENCH_STEPS (12), BENCH_WARMUP (4),
 # BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
 # runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
-# (out/bench), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
+# (out/bench), BENCH_THREAD_STATS (0.5: every run's threads and the host's steal time of the job's CPUs
+# looked at through /proc every 0.5 s, examples/thread_stats.py, which the report shows beside each
+# variant's step time; 0: not watched), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
 # BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run), BENCH_CPUS (the CPU
 # cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10 cores and
 # `taskset` is there, empty: unpinned). Pinned, a CPU-bound job (Qwen3-MoE syncs the host every layer)
@@ -55,6 +61,7 @@ actpage=${BENCH_ACTPAGE:-$root/.gpu/bin/actpage}
 reps=${BENCH_REPS:-2}
 peer_reps=${BENCH_PEER_REPS:-1}
 trace=${BENCH_TRACE:-1}
+thread_stats=${BENCH_THREAD_STATS:-0.5}
 run_timeout=${BENCH_RUN_TIMEOUT:-240}  # seconds a run may take: a hung run must not use up the device command
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
@@ -88,8 +95,8 @@ for job in "${jobs[@]}"; do
       script=examples/train_llama.py
       args=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
       near=config/llama-near-free.json
-      all=config/llama-mlp.json
-      capped=(policy=config/llama-mlp-capped.json)
+      all=config/llama-mlp-capped.json
+      all_peer=(actpage-all-drain "policy=$all" env=ACTPAGE_OFFLOAD_DRAIN_AT_BACKWARD_START=true)
       catch_up=(policy=config/llama-near-free-7.json)
       ;;
     qwen)
@@ -97,16 +104,17 @@ for job in "${jobs[@]}"; do
       args=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
       near=config/qwen3-moe-near-free.json
       all=config/qwen3-moe-experts.json
-      capped=(policy=$all env=ACTPAGE_VMM_PREFILL_CACHE=true env=ACTPAGE_VMM_CACHE_BYTES=6GiB
-              env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
+      all_peer=(actpage-all-prefill-cap "policy=$all" env=ACTPAGE_VMM_PREFILL_CACHE=true
+                env=ACTPAGE_VMM_CACHE_BYTES=6GiB env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
       catch_up=(policy=config/qwen3-moe-near-free-6.json)
       ;;
   esac
-  capped_spec=$(IFS=';'; echo "${capped[*]}")
+  all_peer_spec=$(IFS=';'; echo "${all_peer[0]};actpage;async;reps=$peer_reps;${all_peer[*]:1}")
   catch_up_spec=$(IFS=';'; echo "${catch_up[*]}")
   job_out=$out/$job
   trace_args=()
   [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
+  [[ $thread_stats == 0 ]] || trace_args+=(--thread-stats "$thread_stats")
   rm -rf "$job_out"
   mkdir -p "$job_out"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -119,7 +127,7 @@ for job in "${jobs[@]}"; do
     --variant "actpage-all;actpage;async;policy=$all" \
     --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
     --variant "actpage-near-free-catch-up;actpage;async;reps=$peer_reps;$catch_up_spec" \
-    --variant "actpage-all-prefill-cap;actpage;async;reps=$peer_reps;$capped_spec" \
+    --variant "$all_peer_spec" \
     --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
     --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
     --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \

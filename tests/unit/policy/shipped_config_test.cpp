@@ -148,8 +148,10 @@ TEST(ShippedConfig, LlamaNearFreeMovesSixLayersBeforeTheLoss) {
 }
 
 TEST(ShippedConfig, LlamaNearFree7TradesTimeForASeventhLayer) {
-  // One more MLP: its copy ends after the layers, and the drain waits for it (x1.07-1.10, 2.2-2.4 GiB).
-  expect_llama_near_free("llama-near-free-7.json", 12);
+  // The shipped near-free policy with one more MLP (layer 12's): its copy ends after the layers, and
+  // backward's first allocation waits for it (with the drain at the layers' end: x1.07-1.11,
+  // 2.2-2.4 GiB, sessions 15-22).
+  expect_llama_near_free("llama-near-free-7.json", 12, /*serves_last_layer=*/true, /*drain_at_backward_start=*/true);
 }
 
 // The near-free policies of the Qwen3-MoE job: the expert blocks of layers 0..last leave; with
