@@ -26,6 +26,12 @@ With --thread-stats S, each run's process tree is watched through /proc every S 
 on, and the steal time of the CPUs the job may use; into results.json (`threads` of each run) and
 OUT/logs/NAME.repN.threads.txt. actpage's threads are named actpage-*.
 
+With --cpu-probe S, right before and right after each run a fixed Python loop is timed for S seconds
+on each CPU the job may use (its leading `taskset -c`, else this process's CPUs; examples/thread_stats.py
+cpu_speed): `cpu_probe` of each run in results.json, {"before": {cpu: rate}, "after": ...}. A CPU
+of a virtual machine can run slower for a while with no steal accounted; a CPU-bound job's step then
+moves with it.
+
 Repetitions are interleaved (rep 1 of every variant, then rep 2, each rep in a rotated order) so
 that drift of the machine hits every variant alike. Each run must print an ACTPAGE_RESULT line
 (examples/common.py); the last one counts.
@@ -61,7 +67,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import RESULT_PREFIX, parse_result_lines as parse_results  # noqa: E402  (one parser of result lines)
-from thread_stats import ThreadWatch, format_summary as format_thread_summary  # noqa: E402
+from thread_stats import ThreadWatch, cpu_speed, cpus_of_command, format_summary as format_thread_summary  # noqa: E402
 ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
@@ -149,6 +155,9 @@ def parse_args(argv=None):
     parser.add_argument("--thread-stats", type=float, default=None, metavar="S",
                         help="watch each run's threads through /proc every S seconds (thread_stats.py): "
                              "CPU time, context switches, CPUs; into results.json and logs/*.threads.txt")
+    parser.add_argument("--cpu-probe", type=float, default=None, metavar="S",
+                        help="time a fixed Python loop for S seconds on each of the job's CPUs before and after each "
+                             "run (thread_stats.cpu_speed); into results.json")
     parser.add_argument("--within", type=float, default=None, metavar="T",
                         help="say for each actpage variant whether the 95%% interval of its paired step-time "
                              "ratio lies inside [1-T, 1+T], e.g. 0.01 (the exit code does not depend on it)")
@@ -253,7 +262,7 @@ def summarize_trace(actpage, trace):
 
 
 def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None, trace_dir=None,
-             thread_stats=None):
+             thread_stats=None, cpu_probe=None):
     log = sys.stderr if log is None else log
     trace = None
     if trace_dir and variant.mode == "actpage":
@@ -268,8 +277,11 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
     stem = os.path.join(logs, "%s.rep%d" % (variant.name, rep + 1))
     log.write("[compare] %s rep %d: %s\n" % (variant.name, rep + 1, " ".join(shlex.quote(a) for a in argv)))
     log.flush()
-    start = time.time()
     record = {"variant": variant.name, "rep": rep + 1, "argv": argv, "alloc_conf": variant.alloc}
+    probe_cpus = cpus_of_command(command) if cpu_probe else None
+    if cpu_probe:
+        record["cpu_probe"] = {"before": cpu_speed(probe_cpus, cpu_probe)}
+    start = time.time()
     watch = None
     try:
         with open(stem + ".err", "w") as err:
@@ -290,6 +302,8 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
         with open(stem + ".threads.txt", "w") as handle:
             handle.write(format_thread_summary(record["threads"]) + "\n")
     record["wall_s"] = round(time.time() - start, 2)
+    if cpu_probe:
+        record["cpu_probe"]["after"] = cpu_speed(probe_cpus, cpu_probe)
     with open(stem + ".out", "w") as handle:
         handle.write(stdout)
     results = parse_results(stdout)
@@ -558,7 +572,8 @@ def main(argv=None):
     records = []
     for rep, variant in schedule(args.variants, args.reps):
         records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout,
-                                trace_dir=args.trace_dir, thread_stats=args.thread_stats))
+                                trace_dir=args.trace_dir, thread_stats=args.thread_stats,
+                                cpu_probe=args.cpu_probe))
     rows = summarize(args.variants, records, args.baseline, args.within)
     settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
                 "variants": [v.to_json() for v in args.variants], "baseline": args.baseline,

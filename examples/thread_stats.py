@@ -90,6 +90,58 @@ def descendants(root, proc="/proc"):
     return tree
 
 
+# A fixed pure-Python loop, timed on one CPU after another in a child interpreter: the CPUs' speed as
+# a CPU-bound Python thread (the job's) sees it. A KVM guest's CPU can run slower with no steal
+# accounted (the host's other work on the same core); this is what shows it.
+_PROBE_SCRIPT = r"""
+import json, os, sys, time
+cpus, seconds = json.loads(sys.argv[1]), float(sys.argv[2])
+rates = {}
+for cpu in cpus:
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        continue
+    time.sleep(0.002)  # let the move happen
+    count, x = 0, 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for i in range(1000):
+            x = (x * 31 + i) & 0xFFFF
+        count += 1
+    rates[str(cpu)] = round(count / (seconds * 1000.0), 3)  # thousands of loop rounds per ms
+print(json.dumps(rates))
+"""
+
+
+def cpu_speed(cpus, seconds=0.05, python=None):
+    """{cpu (str): rounds of the probe loop per ms} for each CPU of `cpus`, measured `seconds` each,
+    one after another in a child interpreter; {} if it could not run."""
+    if not cpus:
+        return {}
+    try:
+        done = subprocess.run([python or sys.executable, "-c", _PROBE_SCRIPT, json.dumps(sorted(cpus)), str(seconds)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
+                              timeout=10 + 2 * seconds * len(cpus))
+        return json.loads(done.stdout) if done.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def cpus_of_command(command):
+    """The CPUs a command will run on: its leading `taskset -c LIST`, else this process's."""
+    if len(command) > 2 and os.path.basename(command[0]) == "taskset" and command[1] == "-c":
+        cpus = set()
+        for part in command[2].split(","):
+            low, _, high = part.partition("-")
+            try:
+                cpus.update(range(int(low), int(high or low) + 1))
+            except ValueError:
+                return sorted(os.sched_getaffinity(0))
+        return sorted(cpus)
+    return sorted(os.sched_getaffinity(0))
+
+
 def cpu_times(proc="/proc"):
     """{cpu: (steal, idle, total)} in clock ticks, from /proc/stat."""
     text = read_text(os.path.join(proc, "stat")) or ""

@@ -39,7 +39,9 @@
 # runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
 # (out/bench), BENCH_THREAD_STATS (0.5: every run's threads and the host's steal time of the job's CPUs
 # looked at through /proc every 0.5 s, examples/thread_stats.py, which the report shows beside each
-# variant's step time; 0: not watched), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
+# variant's step time; 0: not watched), BENCH_CPU_PROBE (0.05: seconds a fixed Python loop is timed on
+# each of the job's CPUs before and after every run, compare_runs.py --cpu-probe, shown as the
+# slowest CPU against the call's usual rate; 0: not probed), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
 # BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run), BENCH_CPUS (the CPU
 # cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10 cores and
 # `taskset` is there, empty: unpinned). Pinned, a CPU-bound job (Qwen3-MoE syncs the host every layer)
@@ -62,6 +64,7 @@ reps=${BENCH_REPS:-2}
 peer_reps=${BENCH_PEER_REPS:-1}
 trace=${BENCH_TRACE:-1}
 thread_stats=${BENCH_THREAD_STATS:-0.5}
+cpu_probe=${BENCH_CPU_PROBE:-0.05}
 run_timeout=${BENCH_RUN_TIMEOUT:-240}  # seconds a run may take: a hung run must not use up the device command
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
@@ -115,6 +118,7 @@ for job in "${jobs[@]}"; do
   trace_args=()
   [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
   [[ $thread_stats == 0 ]] || trace_args+=(--thread-stats "$thread_stats")
+  [[ $cpu_probe == 0 ]] || trace_args+=(--cpu-probe "$cpu_probe")
   rm -rf "$job_out"
   mkdir -p "$job_out"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)

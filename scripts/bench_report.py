@@ -121,6 +121,40 @@ def run_steal_s(run):
     return sum(cpu.get("steal_ms", 0.0) for cpu in cpus.values()) / 1000.0
 
 
+def run_cpu_rates(run):
+    """The CPU probe's rates of a run's CPUs (compare_runs.py --cpu-probe), each the mean of before
+    and after, or {} when it was not probed."""
+    probe = run.get("cpu_probe") or {}
+    before, after = probe.get("before") or {}, probe.get("after") or {}
+    rates = {}
+    for cpu in set(before) | set(after):
+        values = [x[cpu] for x in (before, after) if cpu in x]
+        rates[cpu] = sum(values) / len(values)
+    return rates
+
+
+def call_cpu_rate(runs):
+    """The median over the call's probed runs of each run's median CPU rate: what "as fast as usual"
+    is in this call, or None."""
+    medians = []
+    for run in runs:
+        rates = sorted(run_cpu_rates(run).values())
+        if rates:
+            medians.append(rates[len(rates) // 2])
+    medians.sort()
+    return medians[len(medians) // 2] if medians else None
+
+
+def variant_cpu_speed(runs, variant, usual):
+    """The slowest CPU of any successful run of `variant`, as a share of the call's usual rate: below
+    1, a CPU ran slower than usual around that run (the host's other work on the core)."""
+    if not usual:
+        return None
+    lows = [min(run_cpu_rates(r).values()) for r in runs
+            if r.get("variant") == variant and r.get("ok") and run_cpu_rates(r)]
+    return min(lows) / usual if lows else None
+
+
 def variant_steal_s(runs, variant):
     """The most steal any successful run of `variant` had, or None when none was watched."""
     steals = [run_steal_s(r) for r in runs if r.get("variant") == variant and r.get("ok")]
@@ -137,6 +171,7 @@ def job_rows(results):
     base_used = base.get("device_used_peak_mib") if base else None
     base_losses = _first_losses(runs, BASELINE)
     base_steal = variant_steal_s(runs, BASELINE)
+    usual_cpu = call_cpu_rate(runs)
     names = [n for n in VARIANTS if n in summary] + [n for n in summary if n not in VARIANTS]
     rows = []
     for name in names:
@@ -157,6 +192,7 @@ def job_rows(results):
             "step_ms_min": row.get("step_ms_min"), "step_ms_max": row.get("step_ms_max"),
             "spread": _spread(row), "baseline_spread": _spread(base) if base else None,
             "steal_s_max": variant_steal_s(runs, name), "baseline_steal_s_max": base_steal,
+            "cpu_speed_min": variant_cpu_speed(runs, name, usual_cpu),
         })
     return rows
 
@@ -257,7 +293,8 @@ def _losses_cell(row):
 
 
 def format_table(job, rows, checks):
-    header = ["variant", "what", "ok/runs", "median step ms", "reps ms", "x baseline", "host steal s", "device used peak MiB",
+    header = ["variant", "what", "ok/runs", "median step ms", "reps ms", "x baseline", "host steal s", "slowest CPU",
+              "device used peak MiB",
               "saved GiB", "torch peak MiB", "off the device at actpage's peak MiB", "losses = baseline", "targets"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for row in rows:
@@ -265,7 +302,8 @@ def format_table(job, rows, checks):
         cells = [
             "`%s`" % row["variant"], row["what"], "%s/%s" % (row["ok"], row["runs"]),
             _cell(row["median_step_ms"], "%.1f"), _reps_cell(row), _cell(row["ratio"], "%.3f"),
-            _cell(row.get("steal_s_max"), "%.2f"), _cell(row["device_used_peak_mib"], "%.0f"), _cell(row["saved_gib"], "%.2f"),
+            _cell(row.get("steal_s_max"), "%.2f"), _cell(row.get("cpu_speed_min"), "%.2f"),
+            _cell(row["device_used_peak_mib"], "%.0f"), _cell(row["saved_gib"], "%.2f"),
             _cell(row["torch_peak_mib"], "%.0f"), _cell(row["offloaded_at_peak_mib"], "%.0f"), _losses_cell(row),
             "; ".join(verdicts) or "-",
         ]
@@ -345,6 +383,10 @@ def format_markdown(report, png_link=None):
     if any(row.get("steal_s_max") is not None for d in report["jobs"].values() for row in d["rows"]):
         lines.append("- host steal s: the most CPU time the host took from the job's CPUs in one run of the "
                      "variant (steal, /proc/stat); at %.1f s or more a time verdict says so" % STEAL_NOTICE_S)
+    if any(row.get("cpu_speed_min") is not None for d in report["jobs"].values() for row in d["rows"]):
+        lines.append("- slowest CPU: a fixed Python loop timed on each of the job's CPUs before and after each run "
+                     "(compare_runs.py --cpu-probe); the slowest CPU in any run of the variant as a share of "
+                     "the call's usual rate")
     lines.append("")
     for job, data in report["jobs"].items():
         lines.append("#### %s" % data["title"])

@@ -248,10 +248,11 @@ class CompareRunsVariantOptionsTest(unittest.TestCase):
         self.assertEqual(args.variants[0].policy, "p.json")
 
 
-def fabricate(directory, figures=FIGURES, reps=2, fail=None, steal=None):
+def fabricate(directory, figures=FIGURES, reps=2, fail=None, steal=None, probe=None):
     """compare_runs-style results.json and bench.sh-style meta.json for each job, made by hand.
     steal: {(job, variant): [steal ms of CPU 2, of CPU 3] for each of its runs}, as compare_runs.py
-    --thread-stats records it; runs not named have no thread watch."""
+    --thread-stats records it; runs not named have no thread watch. probe: {(job, variant): [the CPU
+    probe's {cpu: rate} before (and after) for each of its runs]}, as --cpu-probe records it."""
     policies = {"llama": ("llama-near-free.json", "llama-mlp-capped.json"),
                 "qwen": ("qwen3-moe-near-free.json", "qwen3-moe-experts.json")}
     for job, table in figures.items():
@@ -274,6 +275,9 @@ def fabricate(directory, figures=FIGURES, reps=2, fail=None, steal=None):
                 if steal and (job, variant) in steal:
                     run["threads"] = {"cpus": {str(cpu): {"steal_ms": ms_stolen, "busy_ms": 1000.0}
                                                for cpu, ms_stolen in zip((2, 3), steal[(job, variant)][rep])}}
+                if probe and (job, variant) in probe:
+                    rates = probe[(job, variant)][rep]
+                    run["cpu_probe"] = {"before": rates, "after": rates}
                 runs.append(run)
             summary.append({"variant": variant, "runs": n, "ok": ok, "median_step_ms": ms if ok else None,
                             "device_used_peak_mib": used if ok else None, "torch_peak_mib": torch_peak if ok else None,
@@ -387,13 +391,28 @@ class BenchReportTest(unittest.TestCase):
         llama = [c for c in report["jobs"]["llama"]["checks"] if c["measure"] == "ratio"]
         self.assertTrue(all("host" not in c["verdict"] for c in llama))
         text = bench_report.format_text(report)
-        self.assertIn("| `actpage-observe` | actpage, observe only | 2/2 | 71.4 | - | 1.020 | 0.45 | 12000 |", text)
+        self.assertIn("| `actpage-observe` | actpage, observe only | 2/2 | 71.4 | - | 1.020 | 0.45 | - | 12000 |", text)
         self.assertIn("- host steal s:", bench_report.format_markdown(report))
         # Below the notice, a miss says nothing of the host; no watch at all, no markdown line.
         steal[("qwen", "actpage-observe")] = [[10.0, 0.0], [100.0, 100.0]]
         check = [c for c in self.report(steal=steal)["jobs"]["qwen"]["checks"] if c["measure"] == "ratio"][0]
         self.assertNotIn("host", check["verdict"])
         self.assertNotIn("- host steal s:", bench_report.format_markdown(self.report()))
+
+    def test_the_slowest_cpu_against_the_calls_usual_rate(self):
+        # Llama: the baseline's and observe's runs found both CPUs at 10 rounds/ms; one near-free run
+        # found CPU 3 at 6.
+        usual = {"2": 10.0, "3": 10.0}
+        probe = {("llama", "none"): [usual, usual], ("llama", "actpage-observe"): [usual, usual],
+                 ("llama", "actpage-near-free"): [usual, {"2": 10.0, "3": 6.0}]}
+        rows = {r["variant"]: r for r in self.report(probe=probe)["jobs"]["llama"]["rows"]}
+        self.assertAlmostEqual(rows["none"]["cpu_speed_min"], 1.0)
+        self.assertAlmostEqual(rows["actpage-near-free"]["cpu_speed_min"], 0.6)
+        self.assertIsNone(rows["actpage-all"]["cpu_speed_min"])  # not probed
+        report = bench_report.build_report(self.tmp)
+        self.assertIn("| 1.024 | - | 0.60 | 19300 |", bench_report.format_text(report))
+        self.assertIn("- slowest CPU:", bench_report.format_markdown(report))
+        self.assertNotIn("- slowest CPU:", bench_report.format_markdown(self.report()))
 
     def test_failed_runs_and_missing_measurements_are_reported(self):
         report = self.report(fail=("llama", "actpage-near-free"))
@@ -408,7 +427,7 @@ class BenchReportTest(unittest.TestCase):
     def test_table_and_markdown(self):
         report = self.report()
         text = bench_report.format_text(report)
-        self.assertIn("| `actpage-near-free` | actpage, near-free policy | 2/2 | 174.0 | - | 1.024 | - | 19300 | 2.64 | 17600 | 2700 "
+        self.assertIn("| `actpage-near-free` | actpage, near-free policy | 2/2 | 174.0 | - | 1.024 | - | - | 19300 | 2.64 | 17600 | 2700 "
                       "| yes | saved 2.64 GiB >= 2.50 GiB: met; time 1.024x <= 1.030x: met; peak fell by/off 100.0% >= 99.0%: met |",
                       text)
         self.assertIn("time 1.588x <= 1.500x: **missed by 0.088x**", text)
@@ -496,6 +515,10 @@ class BenchScriptTest(unittest.TestCase):
         results = json.loads(read(os.path.join(out, "llama", "results.json")))
         self.assertTrue(all("cpus" in run["threads"] for run in results["runs"]))
         self.assertIn("host steal s", read(os.path.join(out, "results.md")))
+        self.assertTrue(all(run["cpu_probe"]["before"] == run["cpu_probe"]["after"] or run["cpu_probe"]["after"]
+                            for run in results["runs"]))
+        self.assertTrue(all(set(run["cpu_probe"]["before"]) == {str(self.core)} for run in results["runs"]))
+        self.assertIn("- slowest CPU:", read(os.path.join(out, "results.md")))
         self.assertIn("MISSED by 0.088x", done.stdout)
         meta = json.loads(read(os.path.join(out, "llama", "meta.json")))
         self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["warmup"], meta["cpus"]),

@@ -169,6 +169,18 @@ class CompareRunsTest(unittest.TestCase):
             with open(os.path.join(self.out, "logs", name)) as handle:
                 self.assertIn("cpu ms", handle.read())
 
+    def test_cpu_probe_before_and_after_each_run(self):
+        code, _ = self.main("--reps", "1", "--allocators", "async", "--cpu-probe", "0.01")
+        self.assertEqual(code, 0)
+        data, _ = self.summary()
+        cpus = {str(cpu) for cpu in os.sched_getaffinity(0)}
+        for run in data["runs"]:
+            for when in ("before", "after"):
+                self.assertEqual(set(run["cpu_probe"][when]), cpus)
+                self.assertTrue(all(rate > 0 for rate in run["cpu_probe"][when].values()))
+        self.main("--reps", "1", "--allocators", "async")
+        self.assertTrue(all("cpu_probe" not in run for run in self.summary()[0]["runs"]))
+
     def test_no_thread_stats_without_the_flag(self):
         self.main("--reps", "1", "--allocators", "async")
         data, _ = self.summary()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 import helpers  # noqa: F401  (puts examples/ on sys.path)
@@ -78,6 +79,38 @@ class WatchTest(unittest.TestCase):
         self.assertGreater(sum(worker["cpus"].values()), 5)
         self.assertEqual(sum(worker["cpus"].values()), worker["active_intervals"])
         self.assertIn("busy-worker", thread_stats.format_summary(summary))
+
+
+class CpuProbeTest(unittest.TestCase):
+    def test_each_cpu_gets_a_rate_and_a_busy_cpu_a_lower_one(self):
+        cpu = max(os.sched_getaffinity(0))
+        rates = thread_stats.cpu_speed([cpu], seconds=0.1)
+        self.assertEqual(list(rates), [str(cpu)])
+        self.assertGreater(rates[str(cpu)], 0)
+        # The same CPU shared with a busy process: the probe gets about half of it.
+        with tempfile.TemporaryDirectory() as tmp:
+            hog = os.path.join(tmp, "hog.py")
+            with open(hog, "w") as handle:
+                handle.write("import os, time\nos.sched_setaffinity(0, {%d})\nend = time.time() + 5\n"
+                             "while time.time() < end:\n    pass\n" % cpu)
+            busy = subprocess.Popen([sys.executable, hog])
+            try:
+                time.sleep(0.2)
+                shared = thread_stats.cpu_speed([cpu], seconds=0.3)
+            finally:
+                busy.kill()
+                busy.wait()
+        self.assertLess(shared[str(cpu)], 0.8 * rates[str(cpu)], (shared, rates))
+
+    def test_a_cpu_it_may_not_use_is_left_out_and_no_cpus_give_nothing(self):
+        allowed = os.sched_getaffinity(0)
+        outside = max(allowed) + 1000
+        self.assertEqual(list(thread_stats.cpu_speed([outside, max(allowed)], seconds=0.01)), [str(max(allowed))])
+        self.assertEqual(thread_stats.cpu_speed([]), {})
+
+    def test_the_cpus_of_a_command(self):
+        self.assertEqual(thread_stats.cpus_of_command(["taskset", "-c", "2-4,7", "python3", "x.py"]), [2, 3, 4, 7])
+        self.assertEqual(thread_stats.cpus_of_command(["python3", "x.py"]), sorted(os.sched_getaffinity(0)))
 
 
 if __name__ == "__main__":
