@@ -32,7 +32,7 @@
 #   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
 # The three actpage variants after actpage-all and the last three, the peers, run BENCH_PEER_REPS times
 # (default 1), the rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more
-# than its steps, and the targets are the first three actpage variants'. Both jobs: 26 runs, about 8 minutes on the H100.
+# than its steps, and the targets are the first three actpage variants'. Both jobs: 28 runs, about 9 minutes on the H100.
 #
 # Settings (environment): BENCH_REPS (2), BENCH_PEER_REPS (1), BENCH_STEPS (12), BENCH_WARMUP (4),
 # BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
@@ -115,16 +115,16 @@ for job in "${jobs[@]}"; do
   all_peer_spec=$(IFS=';'; echo "${all_peer[0]};actpage;async;reps=$peer_reps;${all_peer[*]:1}")
   catch_up_spec=$(IFS=';'; echo "${catch_up[*]}")
   job_out=$out/$job
-  trace_args=()
-  [[ $trace == 0 ]] || trace_args=(--trace-dir "$out/traces/$job")
-  [[ $thread_stats == 0 ]] || trace_args+=(--thread-stats "$thread_stats")
-  [[ $cpu_probe == 0 ]] || trace_args+=(--cpu-probe "$cpu_probe")
+  watch_args=()  # compare_runs.py options: traces, thread watch, CPU probe
+  [[ $trace == 0 ]] || watch_args+=(--trace-dir "$out/traces/$job")
+  [[ $thread_stats == 0 ]] || watch_args+=(--thread-stats "$thread_stats")
+  [[ $cpu_probe == 0 ]] || watch_args+=(--cpu-probe "$cpu_probe")
   rm -rf "$job_out"
   mkdir -p "$job_out"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   echo "=== $job: $script ${args[*]}"
   "$python" examples/compare_runs.py --reps "$reps" --actpage "$actpage" --out "$job_out" --timeout "$run_timeout" \
-    "${trace_args[@]}" --baseline none \
+    "${watch_args[@]}" --baseline none \
     --variant "none;plain;async" \
     --variant "actpage-observe;actpage;async;policy=config/observe.json" \
     --variant "actpage-near-free;actpage;async;policy=$near" \
