@@ -150,8 +150,8 @@ def variant_cpu_speed(runs, variant, usual):
     1, a CPU ran slower than usual around that run (the host's other work on the core)."""
     if not usual:
         return None
-    lows = [min(run_cpu_rates(r).values()) for r in runs
-            if r.get("variant") == variant and r.get("ok") and run_cpu_rates(r)]
+    probed = (run_cpu_rates(r) for r in runs if r.get("variant") == variant and r.get("ok"))
+    lows = [min(rates.values()) for rates in probed if rates]
     return min(lows) / usual if lows else None
 
 
@@ -247,19 +247,21 @@ def check_targets(job, rows):
                 if target["measure"] == "ratio" and noise and max(noise) > missed:
                     # Not a pass: the measurement cannot tell, and the reader must see that.
                     check["within_noise"] = max(noise)
-                    note = "within run-to-run noise: repetitions differ by up to %.1f%%" % (100 * max(noise))
-                    check["verdict"] += "; " + note
-                    check["short"] += " (%s)" % note
+                    _annotate(check, "within run-to-run noise: repetitions differ by up to %.1f%%" % (100 * max(noise)))
                 steal = [x for x in (row.get("steal_s_max"), row.get("baseline_steal_s_max")) if x is not None]
                 if target["measure"] == "ratio" and steal and max(steal) >= STEAL_NOTICE_S:
                     # Still a miss; but the host, not only the variant, took time in these runs.
                     check["host_steal_s"] = max(steal)
-                    note = "the host stole up to %.1f s of the job's CPUs in a run (variant %s, baseline %s)" % (
-                        max(steal), _cell(row.get("steal_s_max"), "%.1f s"), _cell(row.get("baseline_steal_s_max"), "%.1f s"))
-                    check["verdict"] += "; " + note
-                    check["short"] += " (%s)" % note
+                    _annotate(check, "the host stole up to %.1f s of the job's CPUs in a run (variant %s, baseline %s)" % (
+                        max(steal), _cell(row.get("steal_s_max"), "%.1f s"), _cell(row.get("baseline_steal_s_max"), "%.1f s")))
         checks.append(check)
     return checks
+
+
+def _annotate(check, note):
+    """Adds a note to a verdict, long and short: what the reader must know to read it."""
+    check["verdict"] += "; " + note
+    check["short"] += " (%s)" % note
 
 
 def _amount(measure, amount):
