@@ -142,6 +142,7 @@ SimDevice::SimDevice(SimDeviceConfig config) : config_(std::move(config)) {
 }
 
 SimDevice::~SimDevice() {
+  release_copies_to_host();  // a held copy would keep its stream's worker from finishing
   std::vector<std::shared_ptr<Stream>> all;
   {
     std::lock_guard<std::mutex> lock(streams_mutex_);
@@ -885,6 +886,15 @@ Status SimDevice::copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamH
   Status status = enqueue(
       stream,
       [this, dst, src, bytes, context] {
+        {
+          std::unique_lock<std::mutex> hold(copy_hold_mutex_);
+          if (copy_hold_) {
+            ++copies_held_;
+            copy_hold_cv_.notify_all();
+            copy_hold_cv_.wait(hold, [this] { return !copy_hold_; });
+            --copies_held_;
+          }
+        }
         if (config_.copy_to_host_us_per_mib > 0) {
           std::this_thread::sleep_for(std::chrono::microseconds(
               static_cast<std::uint64_t>(config_.copy_to_host_us_per_mib) * bytes / (std::size_t{1} << 20)));
@@ -900,6 +910,24 @@ Status SimDevice::copy_to_host(void* dst, DevPtr src, std::size_t bytes, StreamH
       SimOp::copy_to_host);
   if (!status.ok()) copies_to_host_pending_.fetch_sub(1);
   return status;
+}
+
+void SimDevice::hold_copies_to_host() {
+  std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+  copy_hold_ = true;
+}
+
+void SimDevice::release_copies_to_host() {
+  {
+    std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+    copy_hold_ = false;
+  }
+  copy_hold_cv_.notify_all();
+}
+
+std::uint64_t SimDevice::copies_to_host_held() const {
+  std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+  return copies_held_;
 }
 
 Status SimDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) {

@@ -187,6 +187,13 @@ class SimDevice final : public Device {
   // How many times grow_job_pool() grew the reserve.
   std::uint64_t job_pool_growths() const;
   Result<PoolUsage> job_pool_usage() override;
+  // Holds every device-to-host copy on its stream until release_copies_to_host(): a copy that reaches
+  // the front of its stream waits there (the copies queued behind it too), so that a test can keep
+  // offloads in flight for as long as it needs, whatever the host's speed. Destruction releases.
+  void hold_copies_to_host();
+  void release_copies_to_host();
+  // Device-to-host copies waiting at the hold right now.
+  std::uint64_t copies_to_host_held() const;
   // Replaces the fault plan; call counts keep running (reset_call_counts() restarts them).
   void set_fault_plan(SimFaultPlan plan);
   void reset_call_counts();
@@ -271,6 +278,11 @@ class SimDevice final : public Device {
   std::atomic<std::uint64_t> operations_executed_{0};
   // Device-to-host copies enqueued and not yet run, and the grants made meanwhile.
   std::atomic<std::uint64_t> copies_to_host_pending_{0};
+  // hold_copies_to_host(): copies to the host wait on copy_hold_cv_ while copy_hold_ is set.
+  mutable std::mutex copy_hold_mutex_;
+  std::condition_variable copy_hold_cv_;
+  bool copy_hold_ = false;
+  std::uint64_t copies_held_ = 0;
   std::atomic<std::uint64_t> grants_behind_copies_{0};
 
   // Events.

@@ -641,11 +641,13 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
   const std::uint64_t start = monotonic_ns();
   offload_cv_.notify_all();  // give back what is copied now, without waiting for a batch
   ++flush_requests_;
+  ++stats_.backlog_waiters;
   if (serialized_) {
     wait_yielding_turn(lock, issued_cv_, caught_up);  // every turn's end notifies issued_cv_
   } else {
     while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
   }
+  --stats_.backlog_waiters;
   --flush_requests_;
   const std::uint64_t waited = monotonic_ns() - start;
   ++stats_.backlog_waits;

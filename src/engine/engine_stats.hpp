@@ -57,6 +57,7 @@ namespace actpage::engine {
 //     address (device memory held outside the cache until the recycle runs), now and at most
 //   failures: internal errors that fell back to pass-through/resident
 //   job_thread_ns: time the job's threads spent inside the engine
+//   backlog_waiters: job threads waiting for offload copies right now (a backlog cap or a drain)
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -100,6 +101,7 @@ namespace actpage::engine {
   X(bytes_topped_up) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
+  X(backlog_waiters) \
   X(host_pool_misses) \
   X(host_pinned_bytes) \
   X(host_scattered_blocks) \

@@ -1260,22 +1260,25 @@ TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocati
   // its head's allocations after them; backward's first allocation (on autograd's thread, under no
   // range: the loss's gradients) waits until every sealed activation is copied and its pages given
   // back, once. Iteration 1 begins backward with an allocation, iteration 2 with a marker (a
-  // backward that allocates nothing first), which waits the same way. Slow copies, so that the
-  // layers' last activations are still being copied when the forward returns.
+  // backward that allocates nothing first), which waits the same way. The device holds every copy
+  // to the host until backward's first call is seen waiting, so the copies are still in flight when
+  // the forward returns whatever the host's speed.
   Options options = testing::small_offload_options();
   options.keep_last = 0;
   options.offload_drain_at_backward_start = true;
-  Rig rig(options, slow_streams(5));
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  Rig rig(options);
   constexpr int kLayers = 6;
   constexpr std::uint64_t kAllLeft = kLayers * 2 * 4 * kMiB;  // 2 activations of 3 MiB (4 mapped) a layer
   for (int iteration = 0; iteration < 2; ++iteration) {
     const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
+    rig.device.hold_copies_to_host();
     Forward forward = run_mlp_forward(*rig.job, kLayers, 2, 3 * kMiB);
     Tensor logits = rig.job->allocate(5 * kMiB);  // the head, on the forward thread, under no range
     rig.job->write(logits);
     const EngineStats after_head = rig.engine.stats();
     EXPECT_EQ(after_head.backlog_waits, waits_before) << "the forward thread waited, iteration " << iteration;
-    EXPECT_LT(after_head.offloaded_bytes_now, kAllLeft) << "the copies were not slow enough to test anything";
+    EXPECT_EQ(after_head.offloaded_bytes_now, 0u) << "a copy passed the device's hold, iteration " << iteration;
     EngineStats at_backward_start;
     std::thread autograd([&] {
       if (iteration == 0) {
@@ -1291,6 +1294,12 @@ TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocati
         at_backward_start = rig.engine.stats();
       }
     });
+    // Backward's first call must be seen waiting for the held copies before they may go.
+    for (int poll = 0; poll < 600000 && rig.engine.stats().backlog_waiters == 0; ++poll) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    EXPECT_EQ(rig.engine.stats().backlog_waiters, 1u) << "backward's first call did not wait, iteration " << iteration;
+    rig.device.release_copies_to_host();
     autograd.join();
     // Every activation of this forward copied; after an allocation, every page given back too (after
     // a marker the reloads it asks for have begun to map pages again).
@@ -1299,6 +1308,7 @@ TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocati
       EXPECT_EQ(at_backward_start.offloaded_bytes_now, kAllLeft);
     }
     EXPECT_EQ(at_backward_start.backlog_waits, waits_before + 1) << "iteration " << iteration;
+    EXPECT_EQ(at_backward_start.backlog_waiters, 0u) << "iteration " << iteration;
     run_backward(*rig.job, forward, kLayers);
     rig.job->check(logits);
     rig.job->free(logits);
