@@ -64,7 +64,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${BENCH_OUT:-$root/out/bench}
 mkdir -p "$out"
-pack() { if [[ -n ${OUT:-} ]]; then tar czf "$OUT/bench-results.tar.gz" --exclude='*.trace' --exclude='./traces' -C "$out" . && ls -la "$OUT"; fi; }
+pack() { if [[ -n ${OUT:-} && $mode != list ]]; then tar czf "$OUT/bench-results.tar.gz" --exclude='*.trace' --exclude='./traces' -C "$out" . && ls -la "$OUT"; fi; }
+mode=run
 trap pack EXIT
 manifest=${BENCH_MANIFEST:-$root/examples/zoo/jobs.json}
 python=${PYTHON:-python3}
@@ -76,6 +77,9 @@ trace=${BENCH_TRACE:-0}
 thread_stats=${BENCH_THREAD_STATS:-0.5}
 cpu_probe=${BENCH_CPU_PROBE:-0.05}
 run_timeout=${BENCH_RUN_TIMEOUT:-300}
+# --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
+# run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
+run_estimate=${BENCH_RUN_ESTIMATE_S:-20}
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
@@ -95,7 +99,6 @@ report() {
   return "${PIPESTATUS[0]}"
 }
 
-mode=run
 case ${1:-} in
   --report) report; exit $? ;;
   --list) mode=list; shift ;;
@@ -184,7 +187,7 @@ if [[ $mode == list ]]; then
     echo "$job: $job_gpus GPU(s), $runs runs$skip: ${command[*]}"
     for spec in "${variants[@]}"; do echo "  $spec"; done
   done
-  echo "total: $total runs"
+  echo "total: $total runs, about $(( (total * run_estimate + 59) / 60 )) minutes at ~${run_estimate} s a run"
   exit 0
 fi
 

@@ -7,7 +7,7 @@ python3-matplotlib, scripts/setup.sh); without it draw() says so and draws nothi
 import math
 
 COLUMNS = 3
-FRONT, OFF_FRONT, WRONG = "#1f77b4", "#7f7f7f", "#d62728"
+FRONT, OFF_FRONT, WRONG, BOUND = "#1f77b4", "#7f7f7f", "#d62728", "#2ca02c"
 RATIO_TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4, 6, 8, 10, 15, 20)
 LABEL_CHAR_PT, LABEL_HEIGHT_PT = 4.0, 8.0  # a 7 pt label's width per character and height, roughly
 LABEL_OFFSETS = ((5, 3), (5, -10), (-5, 3), (-5, -10), (5, 13), (5, -20), (-5, 13), (-5, -20), (5, 23), (5, -30),
@@ -34,18 +34,19 @@ def draw(report, path, columns=COLUMNS):
         axes[index // columns][index % columns].axis("off")
     dates = sorted({d["date"] for _, d in jobs if d["date"]})
     devices = sorted({d["device"] for _, d in jobs if d["device"]})
-    figure.suptitle("device memory in use saved against step time (baseline: the job as is)  %s  %s" % (
-        ", ".join(devices), ", ".join(dates)), fontsize=11)
-    figure.tight_layout(rect=(0, 0, 1, 0.96))
-    for ax, points in zip((axes[i // columns][i % columns] for i in range(len(jobs))), labels):
-        place_labels(ax, points)  # once the layout has fixed where each point lands
+    figure.suptitle("device memory saved against step time, baseline the job as is\n%s" % "; ".join(
+        devices + dates), fontsize=9)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (4.2 * rows)))
+    for ax, (points, bound) in zip((axes[i // columns][i % columns] for i in range(len(jobs))), labels):
+        place_labels(ax, points, bound)  # once the layout has fixed where each point lands
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True, "drawn: %s" % path
 
 
 def panel(ax, job, data):
-    """Draws a job's points, bound and axes; returns [(x, y, label, colour)] for place_labels."""
+    """Draws a job's points, bound and axes; returns ([(x, y, label, colour)], link bound GiB or None)
+    for place_labels."""
     from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
     points = [r for r in data["rows"] if r["ratio"] is not None and r["saved_gib"] is not None]
@@ -64,7 +65,7 @@ def panel(ax, job, data):
     ratios = [r["ratio"] for r in points] + [1.0]
     low, high = min(ratios) / 1.08, max(max(ratios) * 1.25, 1.2)
     ax.set_xlim(low, high)
-    ticks = [t for t in RATIO_TICKS if low <= t <= high]
+    ticks = thin_ticks([t for t in RATIO_TICKS if low <= t <= high], low, high)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FixedFormatter(["x%g" % t for t in ticks]))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -72,9 +73,7 @@ def panel(ax, job, data):
     ax.axhline(0.0, color="#bbbbbb", linewidth=0.8, zorder=1)
     bound = data["link"]["bound_gib"]
     if bound is not None:
-        ax.axhline(bound, color="#2ca02c", linestyle="--", linewidth=1.0, zorder=2)
-        ax.annotate("link bound %.2f GiB" % bound, (0.02, bound), xycoords=("axes fraction", "data"),
-                    textcoords="offset points", xytext=(0, 3), fontsize=7, color="#2ca02c")
+        ax.axhline(bound, color=BOUND, linestyle="--", linewidth=1.0, zorder=2)
     saved = [r["saved_gib"] for r in points] + [0.0] + ([bound] if bound is not None else [])
     span = max(saved) - min(saved) or 1.0
     ax.set_ylim(min(saved) - 0.08 * span, max(saved) + 0.15 * span)
@@ -86,10 +85,20 @@ def panel(ax, job, data):
     if failed:
         ax.text(0.98, 0.02, "failed: " + ", ".join(failed), transform=ax.transAxes, ha="right", va="bottom",
                 fontsize=7, color=WRONG)
-    return labels
+    return labels, bound
 
 
-def place_labels(ax, labels):
+def thin_ticks(ticks, low, high, per_axis=7):
+    """The ticks at least 1/per_axis of the axis' log width apart, x1 always kept."""
+    gap = (math.log(high) - math.log(low)) / per_axis
+    kept = [1.0] if 1.0 in ticks else []
+    for tick in ticks:
+        if all(abs(math.log(tick) - math.log(other)) >= gap for other in kept):
+            kept.append(tick)
+    return sorted(kept)
+
+
+def place_labels(ax, labels, bound=None):
     """Each label beside its point, at the first of a few offsets where its box stays inside the
     panel and overlaps no label placed before it and no point (the variants near the baseline crowd
     around x1, 0 GiB)."""
@@ -98,6 +107,13 @@ def place_labels(ax, labels):
     points = [to_pixels((x, y)) for x, y, _, _ in labels]
     taken = [(px - 4, py - 4, px + 4, py + 4) for px, py in points]
     frame = ax.get_window_extent().extents
+    if bound is not None:  # the bound's label at the right end of its line, kept clear of the others'
+        text = "link bound %.2f GiB" % bound
+        y = to_pixels((1.0, bound))[1]
+        taken.append((frame[2] - (LABEL_CHAR_PT * len(text) + 4) * dpi_scale, y,
+                      frame[2], y + (LABEL_HEIGHT_PT + 3) * dpi_scale))
+        ax.annotate(text, (1.0, bound), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(-3, 3), ha="right", fontsize=7, color=BOUND)
     for (x, y, text, colour), (px, py) in zip(labels, points):
         width, height = LABEL_CHAR_PT * len(text) * dpi_scale, LABEL_HEIGHT_PT * dpi_scale
 

@@ -252,9 +252,16 @@ def job_report(job, data):
         notes.append("no link bound: %s" % bound["why"])
     return {"job": job, "rows": rows, "problems": problems, "notes": notes, "loss_rule": rule, "link": bound,
             "meta": meta, "command": _command_text(results), "ranks": (results.get("settings") or {}).get("ranks"),
-            "device": meta.get("device") or _result_field(runs, "device"), "commit": meta.get("commit"),
+            "device": meta.get("device") or _result_field(runs, "device"), "commit": _short_commit(meta.get("commit")),
             "date": (meta.get("finished") or meta.get("started") or "")[:10] or None,
             "stands_for": (meta.get("manifest") or {}).get("stands_for")}
+
+
+def _short_commit(commit):
+    """A commit hash as git shows it short (12 digits); anything else (a note) as it is."""
+    if commit and len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+        return commit[:12]
+    return commit
 
 
 def _result_field(runs, key):

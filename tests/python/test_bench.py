@@ -490,6 +490,7 @@ class BenchScriptTest(unittest.TestCase):
         rows = {r["variant"]: r for r in report["jobs"]["tiny-llama"]["rows"]}
         self.assertTrue(rows["actpage-default+checkpointing"]["front"])
         self.assertEqual(report["jobs"]["tiny-long"]["loss_rule"]["mode"], "tolerance")
+        self.assertEqual(len(report["jobs"]["tiny-llama"]["commit"]), 12)  # git's short hash of the checkout
         markdown = read(os.path.join(self.out, "results.md"))
         self.assertIn("### tiny-llama", markdown)
         self.assertIn("host steal s", markdown)
@@ -533,7 +534,7 @@ class BenchScriptTest(unittest.TestCase):
         self.assertIn("tiny-llama: 1 GPU(s), 8 runs:", printed)
         self.assertIn("tiny-fsdp: 2 GPU(s), 4 runs (skipped here: needs 2 GPUs, this machine has 1):", printed)
         self.assertIn("  actpage;actpage;async;policy=none", printed)
-        self.assertIn("total: 17 runs", printed)
+        self.assertIn("total: 17 runs, about 6 minutes at ~20 s a run", printed)
         self.assertFalse(os.path.exists(self.log))
         code, printed = self.bench("nosuchjob")
         self.assertEqual(code, 2)
