@@ -258,10 +258,12 @@ def job_report(job, data):
 
 
 def _short_commit(commit):
-    """A commit hash as git shows it short (12 digits); anything else (a note) as it is."""
-    if commit and len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
-        return commit[:12]
-    return commit
+    """A leading commit hash as git shows it short (12 digits), what follows it (a bundle's
+    "+uncommitted changes") kept."""
+    words = (commit or "").split()
+    if words and len(words[0]) == 40 and all(c in "0123456789abcdef" for c in words[0]):
+        words[0] = words[0][:12]
+    return " ".join(words) or None
 
 
 def _result_field(runs, key):
