@@ -36,11 +36,15 @@
 # --quick`, else a small torch script: scripts/bench_link.py, out/bench/link.json says which); the
 # report multiplies it by each job's baseline forward GPU time (median_fwd_ms, CUDA events).
 #
-# Time (the single-GPU zoo, 1 repetition, from the manifest's sizes: ~20-40 s a run, most of it the
-# process start, HF imports and model build; compiled adds its compilation; save_on_cpu runs its
-# fewer steps at ~6x): 5-8 runs a job, about 2.5-3.5 minutes a job, 8 jobs about 20-25 minutes; the
-# two-GPU fsdp2 job about 3 minutes on nvidia-h100-x2. Each further repetition (BENCH_REPS) adds
-# the main variants' runs again. `--list` prints each job's runs.
+# Time (the single-GPU zoo, 1 repetition): a job with checkpointing, save_on_cpu and stream_offload
+# makes 8 runs, compiled 6 (it has no save_on_cpu or stream_offload), long-context 7: about 60 runs.
+# A run is mostly the process's start (imports, model build, CUDA context, ~12-15 s): an 8-layer
+# examples/train_llama.py took 19 s a run on an H200, save_on_cpu's 6 slow steps included; the zoo's
+# larger jobs (hidden 4096, seq 4096-32k) and compiled's compilation take longer. At 20-25 s a run
+# the zoo takes 20-25 minutes, ~3 minutes a job: give a device call two jobs (compiled alone), and
+# fsdp2 its own call on nvidia-h100-x2 (4 variants took 100 s for a 4-layer FSDP2 Llama). Each
+# further repetition (BENCH_REPS) adds the main variants' runs again; BENCH_SKIP_VARIANTS drops some.
+# `--list` prints each job's runs and an estimate.
 #
 # Settings (environment): BENCH_MANIFEST (examples/zoo/jobs.json), BENCH_REPS (1: repetitions of
 # the main variants), BENCH_PEER_REPS (1: of save_on_cpu and stream_offload), BENCH_STEPS (12),
@@ -54,7 +58,9 @@
 # BENCH_RUN_TIMEOUT (300 seconds a run: a hung run must not use up the device command), BENCH_CPUS
 # (the cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10
 # cores and taskset is there; empty: unpinned), BENCH_GPUS (this machine's GPU count, default from
-# `nvidia-smi -L`: jobs needing more are skipped with a message).
+# `nvidia-smi -L`: jobs needing more are skipped with a message), BENCH_SKIP_VARIANTS (variant names
+# not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_RUN_ESTIMATE_S
+# (20: --list's seconds a run).
 # Results: out/bench/JOB/{results.json,results.md,meta.json,compare.log,logs/} (a skipped job:
 # skipped.json), out/bench/{link.json,calibration.json}, the report in out/bench/{report.txt,
 # report.json,results.md,bench.png}. When $OUT is set (the device tool), everything but the traces
@@ -80,6 +86,7 @@ run_timeout=${BENCH_RUN_TIMEOUT:-300}
 # --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
 # run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
 run_estimate=${BENCH_RUN_ESTIMATE_S:-20}
+skip_variants=${BENCH_SKIP_VARIANTS:-}
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
@@ -99,6 +106,7 @@ report() {
   return "${PIPESTATUS[0]}"
 }
 
+[[ ,$skip_variants, != *,none,* ]] || { echo "bench: BENCH_SKIP_VARIANTS cannot drop none, the baseline" >&2; exit 2; }
 case ${1:-} in
   --report) report; exit $? ;;
   --list) mode=list; shift ;;
@@ -150,6 +158,11 @@ job_variants() {
   if has_method stream_offload; then
     variants+=("stream_offload;plain;async;reps=$peer_reps;--method stream_offload${job_stream_offload_modules:+ --offload-modules $job_stream_offload_modules}")
   fi
+  local kept=() spec
+  for spec in "${variants[@]}"; do
+    [[ ,${skip_variants}, == *",${spec%%;*},"* ]] || kept+=("$spec")
+  done
+  variants=("${kept[@]}")
 }
 
 # The job's command (into `command`) and compare_runs' options for its ranks (into `ranks_args`).
