@@ -80,16 +80,19 @@ def load_jobs(directory, order=()):
 # Losses
 # ---------------------------------------------------------------------------------------------
 def loss_rule(meta, baseline_result):
-    """How losses are compared for a job: ("bits", None) when it ran deterministic, else
-    ("tolerance", relative tolerance) from its manifest entry (or its result line); a job that is
-    neither deterministic nor given a tolerance is compared bit for bit, and says so."""
+    """How losses are compared for a job: bit for bit when it ran deterministic, else within a
+    relative tolerance. The baseline's result line says first (the job knows at run time what
+    keeps it from repeating its bits, e.g. an inductor without a deterministic mode), its manifest
+    entry where the line does not; a job neither deterministic nor given a tolerance is compared bit
+    for bit, and says so."""
     manifest = meta.get("manifest") or {}
     result = baseline_result or {}
-    deterministic = manifest.get("deterministic", result.get("deterministic"))
-    tolerance = manifest.get("loss_tolerance", result.get("loss_tolerance")) or 0.0
+    deterministic = result.get("deterministic", manifest.get("deterministic"))
+    tolerance = result.get("loss_tolerance") or manifest.get("loss_tolerance") or 0.0
+    reason = result.get("nondeterministic_reason")
     if deterministic or not tolerance:
-        return {"mode": "bits", "tolerance": None, "deterministic": bool(deterministic)}
-    return {"mode": "tolerance", "tolerance": float(tolerance), "deterministic": False}
+        return {"mode": "bits", "tolerance": None, "deterministic": bool(deterministic), "reason": reason}
+    return {"mode": "tolerance", "tolerance": float(tolerance), "deterministic": False, "reason": reason}
 
 
 def compare_losses(runs_losses, reference, rule):
@@ -369,7 +372,8 @@ def describe_link(link):
 
 def describe_losses(rule):
     if rule["mode"] == "tolerance":
-        return "losses: within %g relative of the baseline's (the job is not deterministic)" % rule["tolerance"]
+        return "losses: within %g relative of the baseline's (not deterministic%s)" % (
+            rule["tolerance"], ": " + rule["reason"] if rule.get("reason") else "")
     if rule["deterministic"]:
         return "losses: bit for bit against the baseline's (float.hex; the job runs deterministic)"
     return "losses: bit for bit (the job is not deterministic and gives no loss_tolerance: expect differences)"
