@@ -185,7 +185,7 @@ job_command() {
 if [[ $mode == list ]]; then
   total=0
   for job in "${jobs[@]}"; do
-    eval "$("$python" scripts/bench_manifest.py "$manifest" shell "$job")" || exit 2
+    fields=$("$python" scripts/bench_manifest.py "$manifest" shell "$job") && eval "$fields" || exit 2
     job_variants
     job_command
     runs=0
@@ -221,7 +221,7 @@ fi
 
 failed=0
 for job in "${jobs[@]}"; do
-  eval "$("$python" scripts/bench_manifest.py "$manifest" shell "$job")" || exit 2
+  fields=$("$python" scripts/bench_manifest.py "$manifest" shell "$job") && eval "$fields" || exit 2
   job_out=$out/$job
   if (( job_gpus > 1 && gpus_here < job_gpus )); then
     echo "=== $job: skipped: needs $job_gpus GPUs, this machine has $gpus_here (run it on nvidia-h100-x$job_gpus)"
