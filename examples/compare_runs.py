@@ -13,13 +13,16 @@ adds a variant of your own (EXTRA ARGS are appended to the command), e.g.
     --variant "ckpt;plain;async;--method checkpointing"
     --variant "near;actpage;async;policy=config/llama-near-free.json"
     --variant "slow;plain;async;reps=1;--method save_on_cpu --steps 6"
-An OPTION is a part that starts with `policy=` (this variant's policy instead of --policy), `reps=`
-(fewer repetitions than --reps for this variant) or `env=NAME=VALUE` (an environment variable for
-this variant's runs; repeatable).
+An OPTION is a part that starts with `policy=` (this variant's policy instead of --policy;
+`policy=none` runs `actpage run` with no --policy and no ACTPAGE_POLICY, what a new user types),
+`reps=` (fewer repetitions than --reps for this variant) or `env=NAME=VALUE` (an environment
+variable for this variant's runs; repeatable).
 
 With --trace-dir, actpage variants run with `actpage run --trace DIR/NAME.repN.trace`, and each run's
 trace is summarised (`actpage dump --json`): the bytes off the device at actpage's peak, offloads,
-reloads and stalls go into results.json and the summary.
+reloads and stalls go into results.json and the summary. With --ranks N (the command starts N ranks,
+e.g. through torchrun), each rank writes DIR/NAME.repN.rank%r.trace (actpage puts the rank for %r):
+a run's `trace_summary` is rank 0's, `trace_summaries` every rank's.
 
 With --thread-stats S, each run's process tree is watched through /proc every S seconds
 (examples/thread_stats.py): each thread's CPU time, context switches, faults and the CPUs it ran
@@ -72,6 +75,7 @@ ALLOCATORS = {"native": "backend:native", "async": "backend:cudaMallocAsync",
               "expandable": "expandable_segments:True", "unset": None}
 MODES = ("plain", "actpage")
 MIB = 1 << 20
+NO_POLICY = "none"  # policy=none: `actpage run` with no --policy at all
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261124  # fixed: the same runs always give the same interval
 MIN_PAIRS_FOR_INTERVAL = 3  # fewer pairs than this give no interval worth printing
@@ -88,9 +92,13 @@ class Variant:
         self.alloc_label = alloc
         self.alloc = ALLOCATORS.get(alloc, alloc)
         self.extra_args = list(extra_args)
-        self.policy = policy  # None: the --policy of the whole comparison
+        self.policy = policy  # None: the --policy of the whole comparison; NO_POLICY: none at all
         self.reps = reps  # None: --reps
         self.env = dict(env or {})
+
+    @property
+    def without_policy(self):
+        return self.mode == "actpage" and self.policy == NO_POLICY
 
     def to_json(self):
         return {"name": self.name, "mode": self.mode, "alloc": self.alloc_label, "alloc_conf": self.alloc,
@@ -152,6 +160,9 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
     parser.add_argument("--trace-dir", default=None,
                         help="trace each actpage run into this folder and summarise the trace")
+    parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                        help="the command starts N ranks (a launcher such as torchrun): traces are written "
+                             "per rank (NAME.repN.rank%%r.trace) and rank 0's is summarised")
     parser.add_argument("--thread-stats", type=float, default=None, metavar="S",
                         help="watch each run's threads through /proc every S seconds (thread_stats.py): "
                              "CPU time, context switches, CPUs; into results.json and logs/*.threads.txt")
@@ -163,6 +174,8 @@ def parse_args(argv=None):
                              "ratio lies inside [1-T, 1+T], e.g. 0.01 (the exit code does not depend on it)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the job command")
     args = parser.parse_args(argv)
+    if args.ranks is not None and args.ranks < 1:
+        parser.error("--ranks must be at least 1, got %d" % args.ranks)
     if args.within is not None and not 0 < args.within < 1:
         parser.error("--within must lie between 0 and 1 (a fraction, e.g. 0.01), got %g" % args.within)
     if args.command and args.command[0] == "--":
@@ -199,12 +212,17 @@ def command_for(variant, command, actpage, policy, trace=None):
     job = list(command) + variant.extra_args
     if variant.mode == "actpage":
         traced = ["--trace", trace] if trace else []
-        return [actpage, "run", "--policy", variant_policy(variant, policy)] + traced + ["--"] + job
+        chosen = variant_policy(variant, policy)
+        policy_args = [] if chosen is None else ["--policy", chosen]
+        return [actpage, "run"] + policy_args + traced + ["--"] + job
     return job
 
 
 def variant_policy(variant, policy):
-    """The policy an actpage variant runs with: its own (policy=), else the comparison's --policy."""
+    """The policy an actpage variant runs with: its own (policy=), else the comparison's --policy;
+    None for policy=none."""
+    if variant.without_policy:
+        return None
     return os.path.abspath(variant.policy) if variant.policy else policy
 
 
@@ -215,6 +233,8 @@ def environment_for(variant, base=None):
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = variant.alloc
+    if variant.without_policy:
+        env.pop("ACTPAGE_POLICY", None)  # actpage run would take it: a new user's shell has none
     env.update(variant.env)
     return env
 
@@ -262,14 +282,21 @@ def summarize_trace(actpage, trace):
 
 
 def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None, trace_dir=None,
-             thread_stats=None, cpu_probe=None):
+             thread_stats=None, cpu_probe=None, ranks=None):
     log = sys.stderr if log is None else log
-    trace = None
+    trace, rank_traces = None, []
     if trace_dir and variant.mode == "actpage":
         os.makedirs(trace_dir, exist_ok=True)
-        trace = os.path.join(os.path.abspath(trace_dir), "%s.rep%d.trace" % (variant.name, rep + 1))
-        if os.path.exists(trace):
-            os.remove(trace)  # a trace left by an earlier comparison must not pass for this run's
+        trace_stem = os.path.join(os.path.abspath(trace_dir), "%s.rep%d" % (variant.name, rep + 1))
+        if ranks:
+            trace = trace_stem + ".rank%r.trace"  # actpage writes the rank for %r
+            rank_traces = [trace_stem + ".rank%d.trace" % rank for rank in range(ranks)]
+        else:
+            trace = trace_stem + ".trace"
+            rank_traces = [trace]
+        for path in rank_traces:
+            if os.path.exists(path):
+                os.remove(path)  # a trace left by an earlier comparison must not pass for this run's
     argv = command_for(variant, command, actpage, policy, trace)
     env = environment_for(variant)
     logs = os.path.join(out_dir, "logs")
@@ -310,8 +337,10 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
     record["result"] = results[-1] if results else None
     record["ok"] = record["rc"] == 0 and record["result"] is not None
     if trace:
-        record["trace"] = trace
-        record["trace_summary"] = summarize_trace(actpage, trace)
+        record["trace"] = rank_traces[0]
+        record["trace_summary"] = summarize_trace(actpage, rank_traces[0])
+        if ranks:
+            record["trace_summaries"] = [summarize_trace(actpage, path) for path in rank_traces]
     if not record["ok"]:
         log.write("[compare] %s rep %d FAILED (rc %s%s); see %s.err\n" % (
             variant.name, rep + 1, record["rc"], "" if record["result"] else ", no ACTPAGE_RESULT", stem))
@@ -573,9 +602,9 @@ def main(argv=None):
     for rep, variant in schedule(args.variants, args.reps):
         records.append(run_once(variant, rep, args.command, actpage, policy, args.out, args.timeout,
                                 trace_dir=args.trace_dir, thread_stats=args.thread_stats,
-                                cpu_probe=args.cpu_probe))
+                                cpu_probe=args.cpu_probe, ranks=args.ranks))
     rows = summarize(args.variants, records, args.baseline, args.within)
-    settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps,
+    settings = {"command": args.command, "policy": policy, "actpage": actpage, "reps": args.reps, "ranks": args.ranks,
                 "variants": [v.to_json() for v in args.variants], "baseline": args.baseline,
                 "within": args.within, "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED}}
     table = write_outputs(args.out, settings, rows, records, args.within)

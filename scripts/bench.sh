@@ -1,76 +1,127 @@
 #!/usr/bin/env bash
-# The side-by-side benchmark (docs/benchmarks.md): each example job run every way a user could keep
-# its activation memory down, interleaved with repetitions, on one allocator backend
-# (backend:cudaMallocAsync, the one actpage uses), then one table of ratios against the baseline and
-# a PNG of memory saved against slowdown (scripts/bench_report.py).
+# The zoo benchmark (issue 33, docs/benchmarks.md): each job of the zoo's manifest
+# (examples/zoo/jobs.json) run every way a user could keep its activation memory down, in one
+# examples/compare_runs.py call per job with interleaved repetitions, all on one allocator backend
+# (backend:cudaMallocAsync, the one actpage uses); then per job a Pareto table of device memory saved
+# against step time, with losses checked and each saving as a share of the job's link bound, and one
+# PNG with a panel per job (scripts/bench_report.py). No variant uses a policy written for one job.
 #
 # Run on the GPU machine from the repository root with the bundle in .gpu/ (scripts/gpu-bundle.sh):
-#   scripts/bench.sh              # both jobs (about 8 minutes)
-#   scripts/bench.sh llama        # or one job per call (about 4 minutes each); results accumulate
-#   scripts/bench.sh qwen         # in out/bench
+#   scripts/bench.sh                          # every job of the manifest
+#   scripts/bench.sh gpu-bound-llama resnet   # a subset; results accumulate in out/bench/JOB/
+#   scripts/bench.sh --list [JOB...]          # what would run, and how many runs, without running
+#   scripts/bench.sh --report                 # only rebuild the report from what out/bench holds
+# A device command runs at most 10 minutes: give each call jobs worth at most ~8 minutes (below),
+# then unpack each call's bench-results.tar.gz into out/bench and run `scripts/bench.sh --report`
+# here (the CPU machine has matplotlib for the PNG; the GPU machine may not).
 #
-# Variants (examples/compare_runs.py names them so that bench_report.py knows their roles):
-#   none               the job as is
-#   actpage-observe    actpage run, config/observe.json (tag and trace only)
-#   actpage-near-free  actpage run, the near-free policy (what the copy engine moves during forward)
-#   actpage-all        actpage run, every MLP (Llama: config/llama-mlp-capped.json, keep_last 0, with
-#                      vmm.prefill_cache, a 6 GiB cache and a 1 GiB offload_backlog_bytes) or expert
-#                      block (Qwen3-MoE: config/qwen3-moe-experts.json, keep_last 2)
-#   actpage-near-free-prefill-drain  the near-free policy with vmm.prefill_cache (3 GiB cache) and
-#                      offload_drain_at_layers_end: more saving for some time (docs/performance.md)
-#   actpage-near-free-catch-up  Llama config/llama-near-free-7.json, Qwen3-MoE
-#                      config/qwen3-moe-near-free-6.json: the near-free settings (prefill, drain,
-#                      vmm.trim_job_pool_catch_up) with one more layer, whose copy the drain may wait for:
-#                      more saving for some time
-#   actpage-all-drain  Llama: the actpage-all policy with offload_drain_at_backward_start, every MLP
-#                      off the device before backward's first allocation (all 5.5 GiB, at the link's
-#                      pace)
-#   actpage-all-prefill-cap  Qwen3-MoE: the experts policy with vmm.prefill_cache (6 GiB cache) and a
-#                      1 GiB offload_backlog_bytes
-#   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6.5x slower)
-#   checkpointing      the model's gradient checkpointing
-#   stream_offload     saved-tensor hooks and a side stream inside the job (examples/common.py)
-# The three actpage variants after actpage-all and the last three, the peers, run BENCH_PEER_REPS times
-# (default 1), the rest BENCH_REPS times (2): each run is a fresh process whose start (~15 s) costs more
-# than its steps, and the targets are the first three actpage variants'. Both jobs: 28 runs, about 9 minutes on the H100.
+# Variants (compare_runs names them so that bench_report.py knows their roles):
+#   none               the job as is: the baseline
+#   actpage-observe    actpage run --policy config/observe.json (tag and trace only)
+#   actpage            actpage run with no policy at all: what a new user types
+#   actpage-default    actpage run --policy config/default-policy.json (every `*.mlp` and expert
+#                      range: the shipped generic policy, not written for any one job)
+#   auto_goal_variants actpage's automatic goals, when auto mode lands (below; empty until then)
+#   checkpointing      the job's gradient checkpointing (`--method checkpointing`), where the
+#                      manifest says it has one ("checkpointing": "method")
+#   actpage-default+checkpointing  actpage's default policy on top of that checkpointing
+#   no-checkpointing   where the job checkpoints by default ("checkpointing": "default-on",
+#                      long-context): its baseline already checkpoints, this turns it off
+#   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6x
+#                      slower), where the manifest lists the method
+#   stream_offload     the in-job streamed offload (saved-tensor hooks, a side stream) of the
+#                      manifest's stream_offload_modules, where it lists the method
 #
-# Settings (environment): BENCH_REPS (2), BENCH_PEER_REPS (1), BENCH_STEPS (12), BENCH_WARMUP (4),
-# BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (1: trace the actpage
-# runs, which the peak-share target needs; 0: no traces, that target is then not measured), BENCH_OUT
-# (out/bench), BENCH_THREAD_STATS (0.5: every run's threads and the host's steal time of the job's CPUs
-# looked at through /proc every 0.5 s, examples/thread_stats.py, which the report shows beside each
-# variant's step time; 0: not watched), BENCH_CPU_PROBE (0.05: seconds a fixed Python loop is timed on
-# each of the job's CPUs before and after every run, compare_runs.py --cpu-probe, shown as the
-# slowest CPU against the call's usual rate; 0: not probed), PYTHON (python3), BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON),
-# BENCH_ACTPAGE (default .gpu/bin/actpage), BENCH_RUN_TIMEOUT (240 seconds a run), BENCH_CPUS (the CPU
-# cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10 cores and
-# `taskset` is there, empty: unpinned). Pinned, a CPU-bound job (Qwen3-MoE syncs the host every layer)
-# no longer follows the scheduler's moves between processes: its baseline's repetitions were up to 19%
-# apart unpinned, which no variant's cost can be read through.
-# Results: out/bench/JOB/{results.json,results.md,logs/,meta.json}, traces in out/bench/traces (not
-# packed), the report in out/bench/{report.txt,report.json,bench.png,results.md}. When $OUT is set (the
-# device tool), everything but the traces is packed into $OUT/bench-results.tar.gz.
+# The link bound: at the start this machine's pinned D2H rate is measured once (`actpage calibrate
+# --quick`, else a small torch script: scripts/bench_link.py, out/bench/link.json says which); the
+# report multiplies it by each job's baseline forward GPU time (median_fwd_ms, CUDA events).
+#
+# Time (the single-GPU zoo, 1 repetition): a job with checkpointing, save_on_cpu and stream_offload
+# makes 8 runs, compiled 6 (it has no save_on_cpu or stream_offload), long-context 7: about 60 runs.
+# A run is mostly the process's start (imports, model build, CUDA context, ~12-15 s): an 8-layer
+# examples/train_llama.py took 19 s a run on an H200, save_on_cpu's 6 slow steps included; the zoo's
+# larger jobs (hidden 4096, seq 4096-32k) and compiled's compilation take longer. At 20-25 s a run
+# the zoo takes 20-25 minutes, ~3 minutes a job: give a device call two jobs (compiled alone), and
+# fsdp2 its own call on nvidia-h100-x2 (4 variants took 100 s for a 4-layer FSDP2 Llama). Each
+# further repetition (BENCH_REPS) adds the main variants' runs again; BENCH_SKIP_VARIANTS drops some.
+# `--list` prints each job's runs and an estimate.
+#
+# Settings (environment): BENCH_MANIFEST (examples/zoo/jobs.json), BENCH_REPS (1: repetitions of
+# the main variants), BENCH_PEER_REPS (1: of save_on_cpu and stream_offload), BENCH_STEPS (12),
+# BENCH_WARMUP (4), BENCH_SLOW_STEPS (6) and BENCH_SLOW_WARMUP (2) for save_on_cpu, BENCH_TRACE (0:
+# actpage runs untraced, as a user runs them, but for observe, which traces by its policy; 1: every
+# actpage run traced into out/bench/traces/JOB, the report then shows the bytes off the device at
+# actpage's peak), BENCH_OUT (out/bench), BENCH_THREAD_STATS (0.5: each run's threads and the host's
+# steal of the job's CPUs every 0.5 s, examples/thread_stats.py; 0: off), BENCH_CPU_PROBE (0.05: a
+# fixed loop timed on each of the job's CPUs around each run; 0: off), PYTHON (python3),
+# BENCH_JOB_PYTHON (the jobs' interpreter, default $PYTHON), BENCH_ACTPAGE (.gpu/bin/actpage),
+# BENCH_RUN_TIMEOUT (300 seconds a run: a hung run must not use up the device command), BENCH_CPUS
+# (the cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10
+# cores and taskset is there; empty: unpinned), BENCH_GPUS (this machine's GPU count, default from
+# `nvidia-smi -L`: jobs needing more are skipped with a message), BENCH_SKIP_VARIANTS (variant names
+# not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_RUN_ESTIMATE_S
+# (20: --list's seconds a run).
+# Results: out/bench/JOB/{results.json,results.md,meta.json,compare.log,logs/} (a skipped job:
+# skipped.json), out/bench/{link.json,calibration.json}, the report in out/bench/{report.txt,
+# report.json,results.md,bench.png}. When $OUT is set (the device tool), everything but the traces
+# is packed into $OUT/bench-results.tar.gz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${BENCH_OUT:-$root/out/bench}
 mkdir -p "$out"
-pack() { if [[ -n ${OUT:-} ]]; then tar czf "$OUT/bench-results.tar.gz" --exclude='*.trace' -C "$out" . && ls -la "$OUT"; fi; }
+pack() { if [[ -n ${OUT:-} && $mode != list ]]; then tar czf "$OUT/bench-results.tar.gz" --exclude='*.trace' --exclude='./traces' -C "$out" . && ls -la "$OUT"; fi; }
+mode=run
 trap pack EXIT
+manifest=${BENCH_MANIFEST:-$root/examples/zoo/jobs.json}
 python=${PYTHON:-python3}
 job_python=${BENCH_JOB_PYTHON:-$python}
 actpage=${BENCH_ACTPAGE:-$root/.gpu/bin/actpage}
-reps=${BENCH_REPS:-2}
+reps=${BENCH_REPS:-1}
 peer_reps=${BENCH_PEER_REPS:-1}
-trace=${BENCH_TRACE:-1}
+trace=${BENCH_TRACE:-0}
 thread_stats=${BENCH_THREAD_STATS:-0.5}
 cpu_probe=${BENCH_CPU_PROBE:-0.05}
-run_timeout=${BENCH_RUN_TIMEOUT:-240}  # seconds a run may take: a hung run must not use up the device command
+run_timeout=${BENCH_RUN_TIMEOUT:-300}
+# --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
+# run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
+run_estimate=${BENCH_RUN_ESTIMATE_S:-20}
+skip_variants=${BENCH_SKIP_VARIANTS:-}
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-4}
 slow_steps=${BENCH_SLOW_STEPS:-6}
 slow_warmup=${BENCH_SLOW_WARMUP:-2}
 export PYTHONUNBUFFERED=1
+
+# Actpage's automatic goals (the auto-mode issue fills this in; nothing else belongs here): one
+# compare_runs variant spec per goal, each run on every job with no policy file, e.g.
+#   "actpage-near-free;actpage;async;policy=none;env=ACTPAGE_GOAL=near-free"
+#   "actpage-max-slowdown-10;actpage;async;policy=none;env=ACTPAGE_MAX_SLOWDOWN=10%"
+#   "actpage-device-memory;actpage;async;policy=none;env=ACTPAGE_DEVICE_MEMORY=..."
+auto_goal_variants=()
+
+report() {
+  "$python" scripts/bench_report.py "$out" --manifest "$manifest" --png "$out/bench.png" --json "$out/report.json" \
+    --markdown "$out/results.md" | tee "$out/report.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+[[ ,$skip_variants, != *,none,* ]] || { echo "bench: BENCH_SKIP_VARIANTS cannot drop none, the baseline" >&2; exit 2; }
+case ${1:-} in
+  --report) report; exit $? ;;
+  --list) mode=list; shift ;;
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "bench: unknown option $1 (--list, --report, --help)" >&2; exit 2 ;;
+esac
+
+[[ -f $manifest ]] || { echo "bench: no manifest $manifest (the zoo, issue 33; or set BENCH_MANIFEST)" >&2; exit 2; }
+all_jobs=$("$python" scripts/bench_manifest.py "$manifest" names) || exit 2
+jobs=("$@")
+[[ ${#jobs[@]} -gt 0 ]] || mapfile -t jobs <<<"$all_jobs"
+for job in "${jobs[@]}"; do
+  grep -qxF -- "$job" <<<"$all_jobs" || { echo "bench: unknown job $job (jobs: ${all_jobs//$'\n'/ })" >&2; exit 2; }
+done
+
 if [[ -z ${BENCH_CPUS+set} ]]; then
   cpus=""
   if command -v taskset >/dev/null && [[ $(nproc 2>/dev/null || echo 1) -ge 10 ]]; then cpus=2-9; fi
@@ -79,85 +130,139 @@ else
 fi
 pin=()
 [[ -z $cpus ]] || pin=(taskset -c "$cpus")
+gpus_here=${BENCH_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+
+has_method() { local m; for m in "${job_methods[@]}"; do [[ $m == "$1" ]] && return 0; done; return 1; }
+
+# The variants of the job whose manifest fields are in job_* (bench_manifest.py shell), into
+# `variants`: compare_runs --variant specs, NAME;MODE;ALLOC[;OPTION...][;EXTRA ARGS].
+job_variants() {
+  local observe="actpage-observe;actpage;async;policy=config/observe.json"
+  # Untraced, observe still traces (its policy asks for it): into the traces folder, not the cwd.
+  [[ $trace != 0 ]] || observe+=";env=ACTPAGE_TRACE=$out/traces/$job/actpage-observe.%p.trace"
+  variants=(
+    "none;plain;async"
+    "$observe"
+    "actpage;actpage;async;policy=none"
+    "actpage-default;actpage;async;policy=config/default-policy.json"
+    "${auto_goal_variants[@]}"
+  )
+  case $job_checkpointing in
+    method) variants+=("checkpointing;plain;async;--method checkpointing"
+                       "actpage-default+checkpointing;actpage;async;policy=config/default-policy.json;--method checkpointing") ;;
+    default-on) variants+=("no-checkpointing;plain;async;--no-checkpointing") ;;
+  esac
+  if has_method save_on_cpu; then
+    variants+=("save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup")
+  fi
+  if has_method stream_offload; then
+    variants+=("stream_offload;plain;async;reps=$peer_reps;--method stream_offload${job_stream_offload_modules:+ --offload-modules $job_stream_offload_modules}")
+  fi
+  local kept=() spec
+  for spec in "${variants[@]}"; do
+    [[ ,${skip_variants}, == *",${spec%%;*},"* ]] || kept+=("$spec")
+  done
+  variants=("${kept[@]}")
+}
+
+# The job's command (into `command`) and compare_runs' options for its ranks (into `ranks_args`).
+job_command() {
+  ranks_args=()
+  if [[ ${#job_launcher[@]} -gt 0 ]]; then
+    local launcher=("${job_launcher[@]}")
+    if [[ ${launcher[0]} == torchrun ]] && ! command -v torchrun >/dev/null; then
+      launcher=("$job_python" -m torch.distributed.run "${launcher[@]:1}")
+    fi
+    command=("${pin[@]}" "${launcher[@]}" "$job_script" "${job_args[@]}")
+    ranks_args=(--ranks "$job_gpus")
+  else
+    command=("${pin[@]}" "$job_python" "$job_script" "${job_args[@]}")
+  fi
+  command+=(--steps "$steps" --warmup "$warmup")
+  [[ $job_deterministic != true ]] || command+=(--deterministic)
+}
+
+if [[ $mode == list ]]; then
+  total=0
+  for job in "${jobs[@]}"; do
+    fields=$("$python" scripts/bench_manifest.py "$manifest" shell "$job") && eval "$fields" || exit 2
+    job_variants
+    job_command
+    runs=0
+    for spec in "${variants[@]}"; do
+      n=$reps
+      [[ $spec =~ \;reps=([0-9]+) ]] && n=${BASH_REMATCH[1]}
+      runs=$((runs + n))
+    done
+    total=$((total + runs))
+    skip=""
+    (( job_gpus <= gpus_here || job_gpus == 1 )) || skip=" (skipped here: needs $job_gpus GPUs, this machine has $gpus_here)"
+    echo "$job: $job_gpus GPU(s), $runs runs$skip: ${command[*]}"
+    for spec in "${variants[@]}"; do echo "  $spec"; done
+  done
+  echo "total: $total runs, about $(( (total * run_estimate + 59) / 60 )) minutes at ~${run_estimate} s a run"
+  exit 0
+fi
 
 [[ -x $actpage ]] || { echo "bench: no $actpage: run scripts/gpu-bundle.sh and carry .gpu" >&2; exit 2; }
-jobs=("$@")
-[[ ${#jobs[@]} -gt 0 ]] || jobs=(llama qwen)
-for job in "${jobs[@]}"; do
-  [[ $job == llama || $job == qwen ]] || { echo "bench: unknown job $job (llama, qwen)" >&2; exit 2; }
-done
-
 device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(tr '\n' ' ' <"$root/.gpu/COMMIT" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-echo "bench: device ${device:-unknown}; bundle ${commit}; jobs ${jobs[*]}; reps $reps (peers $peer_reps), steps $steps (warm-up $warmup); cores ${cpus:-unpinned}"
+echo "bench: device ${device:-unknown} ($gpus_here GPUs); bundle ${commit}; jobs ${jobs[*]}; reps $reps (peers $peer_reps), steps $steps (warm-up $warmup); cores ${cpus:-unpinned}"
+
+# The link: this machine's pinned D2H rate, once per call.
+link_args=(--out "$out/link.json" --torch)
+if "$actpage" calibrate --quick --out "$out/calibration.json" >"$out/calibrate.log" 2>&1; then
+  link_args+=(--calibration "$out/calibration.json")
+else
+  echo "bench: actpage calibrate failed ($(tail -n 1 "$out/calibrate.log")); timing the copies with torch instead"
+  rm -f "$out/calibration.json"
+fi
+"$python" scripts/bench_link.py "${link_args[@]}"
 
 failed=0
 for job in "${jobs[@]}"; do
-  case $job in
-    llama)
-      script=examples/train_llama.py
-      args=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
-      near=config/llama-near-free.json
-      all=config/llama-mlp-capped.json
-      all_peer=(actpage-all-drain "policy=$all" env=ACTPAGE_OFFLOAD_DRAIN_AT_BACKWARD_START=true)
-      catch_up=(policy=config/llama-near-free-7.json)
-      ;;
-    qwen)
-      script=examples/train_qwen3_moe.py
-      args=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
-      near=config/qwen3-moe-near-free.json
-      all=config/qwen3-moe-experts.json
-      all_peer=(actpage-all-prefill-cap "policy=$all" env=ACTPAGE_VMM_PREFILL_CACHE=true
-                env=ACTPAGE_VMM_CACHE_BYTES=6GiB env=ACTPAGE_OFFLOAD_BACKLOG_BYTES=1GiB)
-      catch_up=(policy=config/qwen3-moe-near-free-6.json)
-      ;;
-  esac
-  all_peer_spec=$(IFS=';'; echo "${all_peer[0]};actpage;async;reps=$peer_reps;${all_peer[*]:1}")
-  catch_up_spec=$(IFS=';'; echo "${catch_up[*]}")
+  fields=$("$python" scripts/bench_manifest.py "$manifest" shell "$job") && eval "$fields" || exit 2
   job_out=$out/$job
-  watch_args=()  # compare_runs.py options: traces, thread watch, CPU probe
+  if (( job_gpus > 1 && gpus_here < job_gpus )); then
+    echo "=== $job: skipped: needs $job_gpus GPUs, this machine has $gpus_here (run it on nvidia-h100-x$job_gpus)"
+    if [[ -f $job_out/results.json ]]; then
+      echo "bench: $job: keeping the results of an earlier call in $job_out"
+    else
+      mkdir -p "$job_out"
+      BENCH_SKIP_JOB=$job BENCH_SKIP_GPUS=$job_gpus BENCH_SKIP_HERE=$gpus_here "$python" - "$job_out/skipped.json" <<'PY'
+import json, os, sys
+env = os.environ
+with open(sys.argv[1], "w") as handle:
+    json.dump({"job": env["BENCH_SKIP_JOB"], "gpus": int(env["BENCH_SKIP_GPUS"]), "gpus_on_machine": int(env["BENCH_SKIP_HERE"]),
+               "reason": "needs %s GPUs, this machine has %s" % (env["BENCH_SKIP_GPUS"], env["BENCH_SKIP_HERE"])}, handle)
+    handle.write("\n")
+PY
+    fi
+    continue
+  fi
+  job_variants
+  job_command
+  variant_args=()
+  for spec in "${variants[@]}"; do variant_args+=(--variant "$spec"); done
+  watch_args=()  # compare_runs options: traces, thread watch, CPU probe
   [[ $trace == 0 ]] || watch_args+=(--trace-dir "$out/traces/$job")
   [[ $thread_stats == 0 ]] || watch_args+=(--thread-stats "$thread_stats")
   [[ $cpu_probe == 0 ]] || watch_args+=(--cpu-probe "$cpu_probe")
-  rm -rf "$job_out"
-  mkdir -p "$job_out"
+  rm -rf "$job_out" "$out/traces/$job"
+  mkdir -p "$job_out" "$out/traces/$job"
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  echo "=== $job: $script ${args[*]}"
+  echo "=== $job: ${command[*]}"
   "$python" examples/compare_runs.py --reps "$reps" --actpage "$actpage" --out "$job_out" --timeout "$run_timeout" \
-    "${watch_args[@]}" --baseline none \
-    --variant "none;plain;async" \
-    --variant "actpage-observe;actpage;async;policy=config/observe.json" \
-    --variant "actpage-near-free;actpage;async;policy=$near" \
-    --variant "actpage-all;actpage;async;policy=$all" \
-    --variant "actpage-near-free-prefill-drain;actpage;async;reps=$peer_reps;policy=$near;env=ACTPAGE_VMM_PREFILL_CACHE=true;env=ACTPAGE_VMM_CACHE_BYTES=3GiB;env=ACTPAGE_OFFLOAD_DRAIN_AT_LAYERS_END=true" \
-    --variant "actpage-near-free-catch-up;actpage;async;reps=$peer_reps;$catch_up_spec" \
-    --variant "$all_peer_spec" \
-    --variant "save_on_cpu;plain;async;reps=$peer_reps;--method save_on_cpu --steps $slow_steps --warmup $slow_warmup" \
-    --variant "checkpointing;plain;async;reps=$peer_reps;--method checkpointing" \
-    --variant "stream_offload;plain;async;reps=$peer_reps;--method stream_offload" \
-    -- "${pin[@]}" "$job_python" "$script" "${args[@]}" --steps "$steps" --warmup "$warmup" --deterministic \
+    "${watch_args[@]}" "${ranks_args[@]}" --baseline none "${variant_args[@]}" -- "${command[@]}" \
     2>&1 | tee "$job_out/compare.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: $job: some runs failed (see $job_out/logs)"; failed=1; }
-  BENCH_META_JOB=$job BENCH_META_STARTED=$started BENCH_META_DEVICE=$device BENCH_META_COMMIT=$commit \
+  BENCH_META_STARTED=$started BENCH_META_DEVICE=$device BENCH_META_GPUS=$gpus_here BENCH_META_COMMIT=$commit \
   BENCH_META_REPS=$reps BENCH_META_PEER_REPS=$peer_reps BENCH_META_STEPS=$steps BENCH_META_WARMUP=$warmup \
-  BENCH_META_NEAR=$near BENCH_META_ALL=$all BENCH_META_CPUS=$cpus "$python" - "$job_out/meta.json" <<'PY'
-import datetime, json, os, sys
-env = os.environ
-meta = {"job": env["BENCH_META_JOB"], "started": env["BENCH_META_STARTED"],
-        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": env["BENCH_META_DEVICE"] or None, "commit": env["BENCH_META_COMMIT"].strip() or None,
-        "reps": int(env["BENCH_META_REPS"]), "peer_reps": int(env["BENCH_META_PEER_REPS"]), "steps": int(env["BENCH_META_STEPS"]),
-        "warmup": int(env["BENCH_META_WARMUP"]), "cpus": env["BENCH_META_CPUS"] or None,
-        "policies": {"actpage-observe": "config/observe.json", "actpage-near-free": env["BENCH_META_NEAR"],
-                     "actpage-all": env["BENCH_META_ALL"]}}
-with open(sys.argv[1], "w") as handle:
-    json.dump(meta, handle, indent=2, sort_keys=True)
-    handle.write("\n")
-PY
+  BENCH_META_SLOW_STEPS=$slow_steps BENCH_META_SLOW_WARMUP=$slow_warmup BENCH_META_CPUS=$cpus \
+  BENCH_META_TRACE=$trace BENCH_META_LINK=$out/link.json \
+    "$python" scripts/bench_manifest.py "$manifest" meta "$job" "$job_out/meta.json" || failed=1
 done
 
 echo "=== report"
-"$python" scripts/bench_report.py "$out" --png "$out/bench.png" --json "$out/report.json" \
-  --markdown "$out/results.md" | tee "$out/report.txt"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || failed=1
+report || failed=1
 exit $failed

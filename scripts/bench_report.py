@@ -1,642 +1,492 @@
 #!/usr/bin/env python3
-"""Reads what scripts/bench.sh measured and says how each way of saving activation memory compares.
+"""Reads what scripts/bench.sh measured on the zoo and shows, per job, what each way of keeping
+activation memory down saves and costs.
 
-    bench_report.py [DIR] [--png FILE] [--json FILE] [--markdown FILE] [--png-link NAME]
+    bench_report.py [DIR] [--manifest FILE] [--png FILE] [--json FILE] [--markdown FILE] [--png-link NAME]
 
-DIR (default out/bench) holds one folder per job with examples/compare_runs.py's results.json and
-bench.sh's meta.json. For each job it prints one table against the baseline (the variant `none`, the
-job as is on the same allocator backend): median step time and its ratio, the device-memory-in-use
-peak (total - free from cudaMemGetInfo, sampled) and how much of it each variant saved, torch's peak,
-whether the losses equal the baseline's bit for bit, and, for actpage variants, the issue's targets
-with the amount by which a missed target is missed. --png draws memory saved (GiB) against slowdown
-(x baseline), one labelled point per variant and job; --markdown writes the section that
-docs/benchmarks.md takes. Needs only the standard library (the PNG writer and its font are here), so
-it runs on the GPU machine and on the CPU machine alike.
+DIR (default out/bench) holds one folder per job: examples/compare_runs.py's results.json and
+bench.sh's meta.json (its manifest entry, the call's settings and link.json), or skipped.json when
+the machine had too few GPUs for it. Per job, a Pareto table against the baseline `none` (the job as
+is, same allocator backend): each variant's median step time and ratio, the device memory in use
+saved (peak of total - free from cudaMemGetInfo, max over ranks), GiB saved per 1% of slowdown, the
+saving as a share of the job's link bound (D2H rate x the baseline's forward GPU time: what the copy
+engine can move while forward runs), whether the losses equal the baseline's (bit for bit for a
+deterministic job, else within the job's loss_tolerance, relative), and `*` on the Pareto front (no
+other variant with the baseline's losses saves at least as much at no more step time, and strictly
+more or faster). --png draws one panel per job (scripts/bench_plot.py, matplotlib); --markdown writes
+the tables for docs/benchmarks.md; --manifest orders the jobs and names those not run yet.
 
-Exit status 1 when a run failed or a job has no baseline; missed targets are results, not failures.
+Exit status 1 when a run failed or a job has no baseline; skipped and not-yet-run jobs are not failures.
 """
 
 import argparse
+import datetime
 import json
-import math
 import os
-import struct
 import sys
-import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_manifest  # noqa: E402
 
 GIB_IN_MIB = 1024.0
+GIB = 1 << 30
 BASELINE = "none"
-
-# What each variant of bench.sh is, in the order the tables list them.
+# What each of bench.sh's variants is, in the order the tables list them; others (auto-mode goals)
+# follow in results.json's order.
 VARIANTS = {
-    "none": "no offload (same allocator backend)",
-    "actpage-observe": "actpage, observe only",
-    "actpage-near-free": "actpage, near-free policy",
-    "actpage-all": "actpage, all MLP / expert activations",
+    "none": "the job as is",
+    "actpage-observe": "actpage run, observe only",
+    "actpage": "actpage run, no policy",
+    "actpage-default": "actpage run, config/default-policy.json",
+    "checkpointing": "the job's gradient checkpointing",
+    "actpage-default+checkpointing": "actpage default policy on top of checkpointing",
+    "no-checkpointing": "the job's default checkpointing turned off",
     "save_on_cpu": "torch save_on_cpu(pin_memory=True)",
-    "checkpointing": "gradient checkpointing",
-    "stream_offload": "streamed offload in the job (hooks, side stream)",
+    "stream_offload": "streamed offload in the job",
 }
-JOB_TITLES = {"llama": "Llama, 16 layers", "qwen": "Qwen3-MoE, 8 layers"}
-
-# The issue's targets (H100). jobs: None means every job. A target is a bound on a measured value.
-TARGETS = [
-    {"variant": "actpage-observe", "jobs": None, "measure": "ratio", "max": 1.01},
-    {"variant": "actpage-near-free", "jobs": ("llama",), "measure": "saved_gib", "min": 2.5},
-    {"variant": "actpage-near-free", "jobs": ("llama",), "measure": "ratio", "max": 1.03},
-    {"variant": "actpage-all", "jobs": ("llama",), "measure": "saved_gib", "min": 5.5},
-    {"variant": "actpage-all", "jobs": ("llama",), "measure": "ratio", "max": 1.5},
-    {"variant": "actpage-near-free", "jobs": None, "measure": "saved_share", "min": 0.99},
-    {"variant": "actpage-all", "jobs": None, "measure": "saved_share", "min": 0.99},
-]
-# Steal time: CPU time the host (a KVM guest's hypervisor) took from the CPUs the job was pinned to,
-# over a run (examples/thread_stats.py through compare_runs.py --thread-stats). On the H100 machine an
-# offloading forward pass ran +2.3 ms (median of 13 runs) with at most 0.1 s of steal in the run and
-# +8.0 ms (up to +17.9) with 0.3 s or more (docs/performance.md, session 19): a time verdict read in a
-# run with that much steal is the host's as much as the variant's, and the reader must see it.
+# Steal: CPU time the host took from the job's CPUs in a run (compare_runs.py --thread-stats). On the
+# H100 machine a forward pass ran +8 ms at 0.3 s or more of steal against +2 ms at 0.1 s
+# (docs/performance.md, session 19): a time read from such a run is the host's as much as the variant's.
 STEAL_NOTICE_S = 0.3
-# measure: (label in the verdict, short label in the table, format)
-MEASURES = {
-    "ratio": ("step time", "time", lambda v: "%.3fx" % v),
-    "saved_gib": ("device-used peak saved", "saved", lambda v: "%.2f GiB" % v),
-    "saved_share": ("peak fell by / bytes off the device at the peak", "peak fell by/off",
-                    lambda v: "%.1f%%" % (100 * v)),
-}
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading and computing
+# Reading
 # ---------------------------------------------------------------------------------------------
-def load_jobs(directory):
-    """{job: {"results": compare_runs' results.json, "meta": bench.sh's meta.json or {}}} for each
-    folder of DIR that holds a results.json, in a stable order (llama, qwen, then by name)."""
+def _read_json(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def load_jobs(directory, order=()):
+    """{job: {"results", "meta", "skipped"}} for each folder of DIR with a results.json or a
+    skipped.json; jobs named in `order` (the manifest's) first, in that order, the rest by name."""
     jobs = {}
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name, "results.json")
-        if not os.path.isfile(path):
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        folder = os.path.join(directory, name)
+        results = _read_json(os.path.join(folder, "results.json"))
+        skipped = _read_json(os.path.join(folder, "skipped.json"))
+        if results is None and skipped is None:
             continue
-        with open(path) as handle:
-            results = json.load(handle)
-        meta_path = os.path.join(directory, name, "meta.json")
-        meta = {}
-        if os.path.isfile(meta_path):
-            with open(meta_path) as handle:
-                meta = json.load(handle)
-        jobs[name] = {"results": results, "meta": meta}
-    order = sorted(jobs, key=lambda job: (list(JOB_TITLES).index(job) if job in JOB_TITLES else len(JOB_TITLES), job))
-    return {job: jobs[job] for job in order}
+        jobs[name] = {"results": results, "meta": _read_json(os.path.join(folder, "meta.json")) or {},
+                      "skipped": None if results is not None else skipped}
+    ranked = [job for job in order if job in jobs] + sorted(job for job in jobs if job not in order)
+    return {job: jobs[job] for job in ranked}
 
 
-def _first_losses(runs, variant):
-    for run in runs:
-        if run["variant"] == variant and run.get("ok") and run.get("result"):
-            return run["result"].get("losses")
-    return None
+# ---------------------------------------------------------------------------------------------
+# Losses
+# ---------------------------------------------------------------------------------------------
+def loss_rule(meta, baseline_result):
+    """How losses are compared for a job: bit for bit when it ran deterministic, else within a
+    relative tolerance. The baseline's result line says first (the job knows at run time what
+    keeps it from repeating its bits, e.g. an inductor without a deterministic mode), its manifest
+    entry where the line does not; a job neither deterministic nor given a tolerance is compared bit
+    for bit, and says so."""
+    manifest = meta.get("manifest") or {}
+    result = baseline_result or {}
+    deterministic = result.get("deterministic", manifest.get("deterministic"))
+    tolerance = result.get("loss_tolerance") or manifest.get("loss_tolerance") or 0.0
+    reason = result.get("nondeterministic_reason")
+    if deterministic or not tolerance:
+        return {"mode": "bits", "tolerance": None, "deterministic": bool(deterministic), "reason": reason}
+    return {"mode": "tolerance", "tolerance": float(tolerance), "deterministic": False, "reason": reason}
 
 
-def losses_against(runs, variant, reference):
-    """(equal, first differing step): every successful run of `variant` against the baseline's
-    first run, bit for bit (float.hex strings) over the steps both ran; (None, None) if either is
-    missing."""
-    if reference is None:
-        return None, None
-    mine = [r["result"].get("losses") for r in runs if r["variant"] == variant and r.get("ok") and r.get("result")]
-    if not mine:
-        return None, None
-    first = None
-    for losses in mine:
-        for step, (a, b) in enumerate(zip(losses, reference)):
-            if a != b:
+def compare_losses(runs_losses, reference, rule):
+    """Every run's losses (float.hex strings) against the reference run's, over the steps both ran:
+    {"equal", "first_difference_step", "max_rel_diff"}; equal is None without both sides."""
+    if reference is None or not runs_losses:
+        return {"equal": None, "first_difference_step": None, "max_rel_diff": None}
+    first, worst = None, 0.0
+    tolerance = rule["tolerance"] if rule["mode"] == "tolerance" else None
+    for losses in runs_losses:
+        for step, (mine, theirs) in enumerate(zip(losses, reference)):
+            if mine == theirs:
+                continue
+            a, b = float.fromhex(mine), float.fromhex(theirs)
+            diff = abs(a - b) / max(abs(b), 1e-30) if a == a and b == b else float("inf")  # NaN: differs
+            worst = max(worst, diff)
+            if tolerance is None or diff > tolerance:
                 first = step if first is None else min(first, step)
-                break
-    return first is None, first
+    return {"equal": first is None, "first_difference_step": first, "max_rel_diff": worst}
 
 
+def _ok_runs(runs, variant):
+    return [r for r in runs if r.get("variant") == variant and r.get("ok") and r.get("result")]
+
+
+def _losses_of(runs, variant):
+    return [r["result"].get("losses") or [] for r in _ok_runs(runs, variant)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Host noise (compare_runs --thread-stats, --cpu-probe)
+# ---------------------------------------------------------------------------------------------
 def run_steal_s(run):
-    """Seconds of steal summed over the CPUs the run's job could use, or None when its threads were
-    not watched."""
     cpus = (run.get("threads") or {}).get("cpus") or {}
-    if not cpus:
-        return None
-    return sum(cpu.get("steal_ms", 0.0) for cpu in cpus.values()) / 1000.0
-
-
-def run_cpu_rates(run):
-    """The CPU probe's rates of a run's CPUs (compare_runs.py --cpu-probe), each the mean of before
-    and after, or {} when it was not probed."""
-    probe = run.get("cpu_probe") or {}
-    before, after = probe.get("before") or {}, probe.get("after") or {}
-    rates = {}
-    for cpu in set(before) | set(after):
-        values = [x[cpu] for x in (before, after) if cpu in x]
-        rates[cpu] = sum(values) / len(values)
-    return rates
-
-
-def call_cpu_rate(runs):
-    """The median over the call's probed runs of each run's median CPU rate: what "as fast as usual"
-    is in this call, or None."""
-    medians = []
-    for run in runs:
-        rates = sorted(run_cpu_rates(run).values())
-        if rates:
-            medians.append(rates[len(rates) // 2])
-    medians.sort()
-    return medians[len(medians) // 2] if medians else None
-
-
-def variant_cpu_speed(runs, variant, usual):
-    """The slowest CPU of any successful run of `variant`, as a share of the call's usual rate: below
-    1, a CPU ran slower than usual around that run (the host's other work on the core)."""
-    if not usual:
-        return None
-    probed = (run_cpu_rates(r) for r in runs if r.get("variant") == variant and r.get("ok"))
-    lows = [min(rates.values()) for rates in probed if rates]
-    return min(lows) / usual if lows else None
+    return sum(cpu.get("steal_ms", 0.0) for cpu in cpus.values()) / 1000.0 if cpus else None
 
 
 def variant_steal_s(runs, variant):
-    """The most steal any successful run of `variant` had, or None when none was watched."""
-    steals = [run_steal_s(r) for r in runs if r.get("variant") == variant and r.get("ok")]
-    steals = [s for s in steals if s is not None]
+    steals = [s for s in (run_steal_s(r) for r in _ok_runs(runs, variant)) if s is not None]
     return max(steals) if steals else None
 
 
-def job_rows(results):
-    """One row per variant of a job, with its ratios against the baseline."""
+def _run_cpu_rates(run):
+    probe = run.get("cpu_probe") or {}
+    before, after = probe.get("before") or {}, probe.get("after") or {}
+    return {cpu: sum(x[cpu] for x in (before, after) if cpu in x) / sum(1 for x in (before, after) if cpu in x)
+            for cpu in set(before) | set(after)}
+
+
+def variant_cpu_speed(runs, variant):
+    """The slowest CPU of any run of the variant as a share of the call's usual rate (the median of
+    the probed runs' median rates), or None when not probed."""
+    medians = sorted(sorted(rates.values())[len(rates) // 2] for rates in map(_run_cpu_rates, runs) if rates)
+    usual = medians[len(medians) // 2] if medians else None
+    lows = [min(rates.values()) for rates in map(_run_cpu_rates, _ok_runs(runs, variant)) if rates]
+    return min(lows) / usual if lows and usual else None
+
+
+# ---------------------------------------------------------------------------------------------
+# One job
+# ---------------------------------------------------------------------------------------------
+def link_bound(meta, baseline_row):
+    """{"d2h_bytes_per_s", "source", "fwd_ms", "bound_gib", "why"}: the link bound of a job, or why
+    there is none."""
+    link = meta.get("link") or {}
+    rate = link.get("d2h_bytes_per_s")
+    fwd = (baseline_row or {}).get("median_fwd_ms")
+    bound = {"d2h_bytes_per_s": rate, "source": link.get("source"), "fwd_ms": fwd, "bound_gib": None, "why": None}
+    if rate is None:
+        bound["why"] = "D2H rate not measured (%s)" % ("; ".join(link.get("errors") or []) or "no link.json")
+    elif fwd is None:
+        bound["why"] = "no forward GPU time from the baseline (median_fwd_ms)"
+    else:
+        bound["bound_gib"] = rate * fwd / 1000.0 / GIB
+    return bound
+
+
+def _spread(row):
+    low, high = row.get("step_ms_min"), row.get("step_ms_max")
+    return high / low - 1 if low and high and (row.get("ok") or 0) >= 2 else None
+
+
+def pareto_front(rows):
+    """Marks row["front"]: among rows with a step time, a saving and losses not found different, those
+    no other such row dominates (at most its step time and at least its saving, one of them strictly)."""
+    candidates = [r for r in rows if r["median_step_ms"] is not None and r["saved_mib"] is not None
+                  and r["losses"]["equal"] is not False]
+    for row in rows:
+        row["front"] = any(row is c for c in candidates) and not any(
+            other is not row and other["median_step_ms"] <= row["median_step_ms"] and other["saved_mib"] >= row["saved_mib"]
+            and (other["median_step_ms"] < row["median_step_ms"] or other["saved_mib"] > row["saved_mib"])
+            for other in candidates)
+
+
+def job_report(job, data):
+    results, meta = data["results"], data["meta"]
     summary = {row["variant"]: row for row in results.get("summary", [])}
     runs = results.get("runs", [])
-    base = summary.get(BASELINE)
-    base_ms = base.get("median_step_ms") if base else None
-    base_used = base.get("device_used_peak_mib") if base else None
-    base_losses = _first_losses(runs, BASELINE)
-    base_steal = variant_steal_s(runs, BASELINE)
-    usual_cpu = call_cpu_rate(runs)
+    base = summary.get(BASELINE) or {}
+    base_runs = _ok_runs(runs, BASELINE)
+    rule = loss_rule(meta, base_runs[0]["result"] if base_runs else None)
+    reference = base_runs[0]["result"].get("losses") if base_runs else None
+    bound = link_bound(meta, base)
+    base_ms, base_used = base.get("median_step_ms"), base.get("device_used_peak_mib")
     names = [n for n in VARIANTS if n in summary] + [n for n in summary if n not in VARIANTS]
-    rows = []
+    rows, problems, notes = [], [], []
     for name in names:
         row = summary[name]
         ms, used = row.get("median_step_ms"), row.get("device_used_peak_mib")
         ratio = ms / base_ms if ms is not None and base_ms else None
-        saved_mib = base_used - used if used is not None and base_used is not None else None
-        off_at_peak = row.get("offloaded_at_peak_mib")
-        share = saved_mib / off_at_peak if saved_mib is not None and off_at_peak else None
-        equal, first = (None, None) if name == BASELINE else losses_against(runs, name, base_losses)
+        saved = base_used - used if used is not None and base_used is not None else None
+        saved_gib = None if saved is None else saved / GIB_IN_MIB
+        losses = compare_losses(_losses_of(runs, name), reference, rule) if name != BASELINE else \
+            {"equal": None, "first_difference_step": None, "max_rel_diff": None}
+        twin = row.get("reference")
+        if name != BASELINE and twin not in (None, BASELINE) and twin in summary:
+            # an actpage variant on top of a peer (checkpointing): actpage must not change *its* losses
+            twin_losses = _losses_of(runs, twin)
+            losses["twin"] = twin
+            losses["twin_equal"] = compare_losses(_losses_of(runs, name), twin_losses[0] if twin_losses else None,
+                                                  rule)["equal"]
         rows.append({
-            "variant": name, "what": VARIANTS.get(name, name), "ok": row.get("ok"), "runs": row.get("runs"),
-            "median_step_ms": ms, "ratio": ratio, "device_used_peak_mib": used,
-            "saved_mib": saved_mib, "saved_gib": None if saved_mib is None else saved_mib / GIB_IN_MIB,
-            "torch_peak_mib": row.get("torch_peak_mib"), "offloaded_at_peak_mib": off_at_peak,
-            "saved_share": share, "losses_equal": equal, "losses_first_difference_step": first,
-            "median_fwd_ms": row.get("median_fwd_ms"),
-            "step_ms_min": row.get("step_ms_min"), "step_ms_max": row.get("step_ms_max"),
-            "spread": _spread(row), "baseline_spread": _spread(base) if base else None,
-            "steal_s_max": variant_steal_s(runs, name), "baseline_steal_s_max": base_steal,
-            "cpu_speed_min": variant_cpu_speed(runs, name, usual_cpu),
+            "variant": name, "what": VARIANTS.get(name, name), "mode": row.get("mode"),
+            "ok": row.get("ok") or 0, "runs": row.get("runs") or 0,
+            "median_step_ms": ms, "step_ms_min": row.get("step_ms_min"), "step_ms_max": row.get("step_ms_max"),
+            "spread": _spread(row), "ratio": ratio,
+            "device_used_peak_mib": used, "saved_mib": saved, "saved_gib": saved_gib,
+            "gib_per_pct": saved_gib / ((ratio - 1) * 100) if saved_gib and saved_gib > 0 and ratio and ratio > 1 else None,
+            "free": bool(saved_gib and saved_gib > 0 and ratio is not None and ratio <= 1),
+            "link_share": saved_gib / bound["bound_gib"] if saved_gib is not None and bound["bound_gib"] else None,
+            "torch_peak_mib": row.get("torch_peak_mib"), "offloaded_at_peak_mib": row.get("offloaded_at_peak_mib"),
+            "median_fwd_ms": row.get("median_fwd_ms"), "losses": losses,
+            "steal_s_max": variant_steal_s(runs, name), "cpu_speed_min": variant_cpu_speed(runs, name),
         })
-    return rows
-
-
-def _spread(summary_row):
-    """How far apart the repetitions' median step times are (max / min - 1), or None for one run.
-    Each repetition is a fresh process; on a launch-bound job two runs of the same variant can differ
-    by more than a target's margin, and a verdict inside that spread says nothing either way."""
-    low, high = summary_row.get("step_ms_min"), summary_row.get("step_ms_max")
-    if not low or not high or summary_row.get("ok", 0) < 2:
-        return None
-    return high / low - 1
-
-
-def check_targets(job, rows):
-    """Each target that applies to this job: what it asks, what was measured, met or missed and by
-    how much. A target whose measurement is missing (a failed run, no trace) is 'not measured'."""
-    by_name = {row["variant"]: row for row in rows}
-    checks = []
-    for target in TARGETS:
-        if target["jobs"] is not None and job not in target["jobs"]:
-            continue
-        row = by_name.get(target["variant"])
-        if row is None:
-            continue
-        label, short, fmt = MEASURES[target["measure"]]
-        value = row.get(target["measure"])
-        bound = target.get("max", target.get("min"))
-        wanted = ("at most " if "max" in target else "at least ") + fmt(bound)
-        check = {"job": job, "variant": target["variant"], "measure": target["measure"], "label": label,
-                 "target": wanted, "bound": bound, "value": value, "met": None, "missed_by": None}
-        sign = "<=" if "max" in target else ">="
-        if value is None and target["measure"] == "saved_share" and row.get("offloaded_at_peak_mib") == 0:
-            check["verdict"] = "%s: nothing was off the device at actpage's peak (target %s)" % (label, wanted)
-            check["short"] = "%s: nothing off at the peak" % short
-        elif value is None:
-            check["verdict"] = "%s: not measured (target %s)" % (label, wanted)
-            check["short"] = "%s: not measured" % short
-        else:
-            met = value <= bound if "max" in target else value >= bound
-            check["met"] = met
-            if met:
-                check["verdict"] = "%s %s: met (target %s)" % (label, fmt(value), wanted)
-                check["short"] = "%s %s %s %s: met" % (short, fmt(value), sign, fmt(bound))
-            else:
-                missed = value - bound if "max" in target else bound - value
-                check["missed_by"] = missed
-                amount = _amount(target["measure"], missed)
-                check["verdict"] = "%s %s: MISSED by %s (target %s)" % (label, fmt(value), amount, wanted)
-                check["short"] = "%s %s %s %s: **missed by %s**" % (short, fmt(value), sign, fmt(bound), amount)
-                noise = [x for x in (row.get("spread"), row.get("baseline_spread")) if x is not None]
-                if target["measure"] == "ratio" and noise and max(noise) > missed:
-                    # Not a pass: the measurement cannot tell, and the reader must see that.
-                    check["within_noise"] = max(noise)
-                    _annotate(check, "within run-to-run noise: repetitions differ by up to %.1f%%" % (100 * max(noise)))
-                steal = [x for x in (row.get("steal_s_max"), row.get("baseline_steal_s_max")) if x is not None]
-                if target["measure"] == "ratio" and steal and max(steal) >= STEAL_NOTICE_S:
-                    # Still a miss; but the host, not only the variant, took time in these runs.
-                    check["host_steal_s"] = max(steal)
-                    _annotate(check, "the host stole up to %.1f s of the job's CPUs in a run (variant %s, baseline %s)" % (
-                        max(steal), _cell(row.get("steal_s_max"), "%.1f s"), _cell(row.get("baseline_steal_s_max"), "%.1f s")))
-        checks.append(check)
-    return checks
-
-
-def _annotate(check, note):
-    """Adds a note to a verdict, long and short: what the reader must know to read it."""
-    check["verdict"] += "; " + note
-    check["short"] += " (%s)" % note
-
-
-def _amount(measure, amount):
-    if measure == "ratio":
-        return "%.3fx" % amount
-    if measure == "saved_gib":
-        return "%.2f GiB" % amount
-    return "%.1f points" % (100 * amount)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
-# ---------------------------------------------------------------------------------------------
-def _cell(value, fmt):
-    return "-" if value is None else fmt % value
-
-
-def _reps_cell(row):
-    """The repetitions' median step times, lowest to highest, when there were several."""
-    if row.get("spread") is None:
-        return "-"
-    return "%.1f-%.1f" % (row["step_ms_min"], row["step_ms_max"])
-
-
-def _losses_cell(row):
-    if row["variant"] == BASELINE:
-        return "(baseline)"
-    if row["losses_equal"] is None:
-        return "-"
-    return "yes" if row["losses_equal"] else "no (step %d)" % row["losses_first_difference_step"]
-
-
-def format_table(job, rows, checks):
-    header = ["variant", "what", "ok/runs", "median step ms", "reps ms", "x baseline", "host steal s", "slowest CPU",
-              "device used peak MiB",
-              "saved GiB", "torch peak MiB", "off the device at actpage's peak MiB", "losses = baseline", "targets"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+        if rows[-1]["ok"] < rows[-1]["runs"]:
+            problems.append("%s: %s: %d of %d runs failed (logs: %s/logs/%s.repN.err)" % (
+                job, name, rows[-1]["runs"] - rows[-1]["ok"], rows[-1]["runs"], job, name))
+        loaded = [((r["result"].get("actpage") or {}).get("loaded")) for r in _ok_runs(runs, name)]
+        if row.get("mode") == "actpage" and False in loaded:
+            problems.append("%s: %s: actpage was not loaded in the job (its result line says so)" % (job, name))
+    if base_ms is None:
+        problems.append("%s: no baseline (variant `%s`) result" % (job, BASELINE))
+    pareto_front(rows)
+    base_spread = _spread(base) if base else None
+    if base_spread is not None:
+        notes.append("the baseline's repetitions differ by %.1f%%: step-time ratios closer to 1 than that are "
+                     "not resolved" % (100 * base_spread))
+    elif base:
+        notes.append("one repetition of each variant: the run-to-run spread is not measured (a few % on a "
+                     "launch-bound job, FACTS.md)")
+    own = compare_losses(_losses_of(runs, BASELINE)[1:], reference, rule)
+    if own["equal"] is False:
+        notes.append("the baseline's own repetitions differ from step %d: the comparison of losses cannot be "
+                     "read bit for bit" % own["first_difference_step"])
     for row in rows:
-        verdicts = [c["short"] for c in checks if c["variant"] == row["variant"]]
-        cells = [
-            "`%s`" % row["variant"], row["what"], "%s/%s" % (row["ok"], row["runs"]),
-            _cell(row["median_step_ms"], "%.1f"), _reps_cell(row), _cell(row["ratio"], "%.3f"),
-            _cell(row.get("steal_s_max"), "%.2f"), _cell(row.get("cpu_speed_min"), "%.2f"),
-            _cell(row["device_used_peak_mib"], "%.0f"), _cell(row["saved_gib"], "%.2f"),
-            _cell(row["torch_peak_mib"], "%.0f"), _cell(row["offloaded_at_peak_mib"], "%.0f"), _losses_cell(row),
-            "; ".join(verdicts) or "-",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        if row["steal_s_max"] is not None and row["steal_s_max"] >= STEAL_NOTICE_S:
+            notes.append("the host stole up to %.1f s of the job's CPUs in a run of %s: its time is the host's as "
+                         "much as the variant's" % (row["steal_s_max"], row["variant"]))
+    if bound["bound_gib"] is None:
+        notes.append("no link bound: %s" % bound["why"])
+    return {"job": job, "rows": rows, "problems": problems, "notes": notes, "loss_rule": rule, "link": bound,
+            "meta": meta, "command": _command_text(results), "ranks": (results.get("settings") or {}).get("ranks"),
+            "device": meta.get("device") or _result_field(runs, "device"), "commit": _short_commit(meta.get("commit")),
+            "date": (meta.get("finished") or meta.get("started") or "")[:10] or None,
+            "stands_for": (meta.get("manifest") or {}).get("stands_for")}
 
 
-def _job_title(job, meta, results):
-    title = JOB_TITLES.get(job, job)
-    command = list((results.get("settings") or {}).get("command") or [])
-    pinned = ""
-    if len(command) > 3 and os.path.basename(command[0]) == "taskset" and command[1] == "-c":
-        # bench.sh pins the job (BENCH_CPUS): say so, and show the job's own command
-        pinned, command = ", pinned to CPU cores %s" % command[2], command[3:]
-    return "%s (`%s`%s)" % (title, " ".join(command[1:]), pinned) if command else title
+def _short_commit(commit):
+    """A leading commit hash as git shows it short (12 digits), what follows it (a bundle's
+    "+uncommitted changes") kept."""
+    words = (commit or "").split()
+    if words and len(words[0]) == 40 and all(c in "0123456789abcdef" for c in words[0]):
+        words[0] = words[0][:12]
+    return " ".join(words) or None
 
 
-def build_report(directory):
-    jobs = load_jobs(directory)
-    report = {"jobs": {}, "problems": []}
-    for job, data in jobs.items():
-        rows = job_rows(data["results"])
-        if not any(r["variant"] == BASELINE and r["median_step_ms"] is not None for r in rows):
-            report["problems"].append("%s: no baseline (variant `%s`) result" % (job, BASELINE))
-        for row in rows:
-            if row["ok"] != row["runs"]:
-                report["problems"].append("%s: %s: %s of %s runs failed" % (
-                    job, row["variant"], (row["runs"] or 0) - (row["ok"] or 0), row["runs"]))
-        report["jobs"][job] = {"rows": rows, "checks": check_targets(job, rows), "meta": data["meta"],
-                               "title": _job_title(job, data["meta"], data["results"]),
-                               "device": _result_field(data["results"], "device"),
-                               "torch": _result_field(data["results"], "torch")}
-    if not jobs:
-        report["problems"].append("no results under %s (expected JOB/results.json)" % directory)
-    return report
-
-
-def _result_field(results, key):
-    for run in results.get("runs", []):
+def _result_field(runs, key):
+    for run in runs:
         if run.get("result") and run["result"].get(key):
             return run["result"][key]
     return None
 
 
-def format_text(report):
-    parts = []
-    for job, data in report["jobs"].items():
-        parts.append("== %s" % data["title"])
-        parts.append(format_table(job, data["rows"], data["checks"]))
-        for check in data["checks"]:
-            parts.append("  %s %s" % (check["variant"], check["verdict"]))
-        parts.append("")
-    for problem in report["problems"]:
-        parts.append("problem: %s" % problem)
-    return "\n".join(parts)
+def _command_text(results):
+    """The job's command as bench.sh ran it, without the pinning and the interpreter."""
+    command = list((results.get("settings") or {}).get("command") or [])
+    if len(command) > 3 and os.path.basename(command[0]) == "taskset" and command[1] == "-c":
+        command = command[3:]
+    if command and os.path.basename(command[0]).startswith("python"):
+        command = command[1:]
+    return " ".join(command)
 
 
-def format_markdown(report, png_link=None):
-    metas = [d["meta"] for d in report["jobs"].values()]
-    dates = sorted({(m.get("finished") or m.get("started") or "")[:10] for m in metas} - {""})
-    devices = sorted({m.get("device") or d["device"] or "" for m, d in zip(metas, report["jobs"].values())} - {""})
-    commits = sorted({m.get("commit") or "" for m in metas} - {""})
-    torches = sorted({d["torch"] or "" for d in report["jobs"].values()} - {""})
-    lines = ["### Run of %s" % (", ".join(dates) or "(date unknown)"), ""]
-    lines.append("- Device: %s" % (", ".join(devices) or "unknown"))
-    lines.append("- Commit (bundle): %s" % (", ".join("`%s`" % c for c in commits) or "unknown"))
-    if torches:
-        lines.append("- torch: %s" % ", ".join(torches))
-    for job, data in report["jobs"].items():
-        meta = data["meta"]
-        if meta:
-            policies = ", ".join("`%s` %s" % (name, path) for name, path in sorted((meta.get("policies") or {}).items()))
-            lines.append("- %s: %s repetitions (%s for save_on_cpu, checkpointing and stream_offload), "
-                         "interleaved, %s steps, median after %s warm-up steps (save_on_cpu: fewer)%s" % (
-                             JOB_TITLES.get(job, job), meta.get("reps"), meta.get("peer_reps", "?"),
-                             meta.get("steps"), meta.get("warmup"), "; policies: " + policies if policies else ""))
-    if any(row.get("steal_s_max") is not None for d in report["jobs"].values() for row in d["rows"]):
-        lines.append("- host steal s: the most CPU time the host took from the job's CPUs in one run of the "
-                     "variant (steal, /proc/stat); at %.1f s or more a time verdict says so" % STEAL_NOTICE_S)
-    if any(row.get("cpu_speed_min") is not None for d in report["jobs"].values() for row in d["rows"]):
-        lines.append("- slowest CPU: a fixed Python loop timed on each of the job's CPUs before and after each run "
-                     "(compare_runs.py --cpu-probe); the slowest CPU in any run of the variant as a share of "
-                     "the call's usual rate")
-    lines.append("")
-    for job, data in report["jobs"].items():
-        lines.append("#### %s" % data["title"])
-        lines.append("")
-        lines.append(format_table(job, data["rows"], data["checks"]))
-        lines.append("")
-    missed = [c for d in report["jobs"].values() for c in d["checks"] if c["met"] is False]
-    unmeasured = [c for d in report["jobs"].values() for c in d["checks"] if c["met"] is None]
-    if missed or unmeasured:
-        lines.append("Targets missed or not measured:")
-        lines.append("")
-        for check in missed + unmeasured:
-            lines.append("- %s, `%s`: %s" % (JOB_TITLES.get(check["job"], check["job"]), check["variant"], check["verdict"]))
-        lines.append("")
+def build_report(directory, manifest=None):
+    order, manifest_error = [], None
+    if manifest:
+        try:
+            order = [job["name"] for job in bench_manifest.load(manifest)]
+        except bench_manifest.ManifestError as error:
+            manifest_error = str(error)
+    jobs = load_jobs(directory, order)
+    report = {"generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "jobs": {}, "skipped": {}, "not_run": [job for job in order if job not in jobs], "problems": []}
+    if manifest_error:
+        report["problems"].append("manifest: %s" % manifest_error)
+    for job, data in jobs.items():
+        if data["skipped"] is not None:
+            report["skipped"][job] = data["skipped"].get("reason") or "skipped"
+            continue
+        report["jobs"][job] = job_report(job, data)
+        report["problems"] += report["jobs"][job]["problems"]
+    if not jobs:
+        report["problems"].append("no results under %s (expected JOB/results.json)" % directory)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Text and markdown
+# ---------------------------------------------------------------------------------------------
+def _cell(value, fmt):
+    return "-" if value is None else fmt % value
+
+
+def losses_cell(row, rule):
+    losses = row["losses"]
+    if row["variant"] == BASELINE:
+        return "(baseline)"
+    if losses["equal"] is None:
+        text = "-"
+    elif losses["equal"]:
+        text = "yes" if rule["mode"] == "bits" or not losses["max_rel_diff"] else "yes (%.1e)" % losses["max_rel_diff"]
     else:
-        lines.append("Every target was met.")
-        lines.append("")
-    for problem in report["problems"]:
-        lines.append("- Problem: %s" % problem)
-    if png_link:
-        lines.append("![device memory saved against slowdown](%s)" % png_link)
-        lines.append("")
+        text = "**no** (step %d)" % losses["first_difference_step"]
+    if "twin" in losses and losses["equal"] is not True:
+        text += "; = %s: %s" % (losses["twin"], {True: "yes", False: "**no**", None: "-"}[losses["twin_equal"]])
+    return text
+
+
+def _saved_per_pct_cell(row):
+    if row["free"]:
+        return "free"
+    return _cell(row["gib_per_pct"], "%.2f")
+
+
+def format_table(job_data):
+    rows, rule = job_data["rows"], job_data["loss_rule"]
+    traced = any(row["offloaded_at_peak_mib"] is not None for row in rows)
+    watched = any(row["steal_s_max"] is not None for row in rows)
+    probed = any(row["cpu_speed_min"] is not None for row in rows)
+    header = ["front", "variant", "what", "ok/runs", "median step ms", "reps ms", "x none", "device used peak MiB",
+              "saved GiB", "GiB per 1% slower", "of link bound", "losses = none", "torch peak MiB"]
+    header += ["off at actpage's peak MiB"] * traced + ["host steal s"] * watched + ["slowest CPU"] * probed
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    for row in rows:
+        failed = row["ok"] == 0
+        cells = [
+            "*" if row["front"] else "", "`%s`" % row["variant"], row["what"],
+            "%d/%d%s" % (row["ok"], row["runs"], " FAILED" if failed else ""),
+            _cell(row["median_step_ms"], "%.1f"),
+            "%.1f-%.1f" % (row["step_ms_min"], row["step_ms_max"]) if row["spread"] is not None else "-",
+            _cell(row["ratio"], "x%.3f"), _cell(row["device_used_peak_mib"], "%.0f"), _cell(row["saved_gib"], "%.2f"),
+            _saved_per_pct_cell(row), _cell(None if row["link_share"] is None else 100 * row["link_share"], "%.0f%%"),
+            losses_cell(row, rule), _cell(row["torch_peak_mib"], "%.0f"),
+        ]
+        cells += [_cell(row["offloaded_at_peak_mib"], "%.0f")] * traced
+        cells += [_cell(row["steal_s_max"], "%.2f")] * watched + [_cell(row["cpu_speed_min"], "%.2f")] * probed
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------
-# The PNG: a tiny raster canvas, a 3x5 bitmap font and a writer (zlib + struct)
-# ---------------------------------------------------------------------------------------------
-# Each glyph is 5 rows of 3 pixels ('#' set). Upper case is drawn as lower case.
-FONT = {
-    "0": "###/#.#/#.#/#.#/###", "1": ".#./##./.#./.#./###", "2": "###/..#/###/#../###",
-    "3": "###/..#/.##/..#/###", "4": "#.#/#.#/###/..#/..#", "5": "###/#../###/..#/###",
-    "6": "###/#../###/#.#/###", "7": "###/..#/..#/.#./.#.", "8": "###/#.#/###/#.#/###",
-    "9": "###/#.#/###/..#/###", "a": ".#./#.#/###/#.#/#.#", "b": "##./#.#/##./#.#/##.",
-    "c": ".##/#../#../#../.##", "d": "##./#.#/#.#/#.#/##.", "e": "###/#../##./#../###",
-    "f": "###/#../##./#../#..", "g": ".##/#../#.#/#.#/.##", "h": "#.#/#.#/###/#.#/#.#",
-    "i": "###/.#./.#./.#./###", "j": "..#/..#/..#/#.#/.#.", "k": "#.#/#.#/##./#.#/#.#",
-    "l": "#../#../#../#../###", "m": "#.#/###/###/#.#/#.#", "n": "##./#.#/#.#/#.#/#.#",
-    "o": ".#./#.#/#.#/#.#/.#.", "p": "##./#.#/##./#../#..", "q": ".#./#.#/#.#/##./.##",
-    "r": "##./#.#/##./#.#/#.#", "s": ".##/#../.#./..#/##.", "t": "###/.#./.#./.#./.#.",
-    "u": "#.#/#.#/#.#/#.#/###", "v": "#.#/#.#/#.#/#.#/.#.", "w": "#.#/#.#/###/###/#.#",
-    "x": "#.#/#.#/.#./#.#/#.#", "y": "#.#/#.#/.#./.#./.#.", "z": "###/..#/.#./#../###",
-    ".": ".../.../.../.../.#.", "-": ".../.../###/.../...", "_": ".../.../.../.../###",
-    " ": ".../.../.../.../...", "(": "..#/.#./.#./.#./..#", ")": "#../.#./.#./.#./#..",
-    "/": "..#/..#/.#./#../#..", ":": ".../.#./.../.#./...", "%": "#.#/..#/.#./#../#.#",
-    "+": ".../.#./###/.#./...", "=": ".../###/.../###/...", "<": "..#/.#./#../.#./..#",
-    ">": "#../.#./..#/.#./#..", ",": ".../.../.../.#./#..", "?": "###/..#/.#./.../.#.",
-}
-GLYPH_W, GLYPH_H = 3, 5
-WHITE, BLACK, GREY, LIGHT = (255, 255, 255), (0, 0, 0), (150, 150, 150), (225, 225, 225)
-SERIES_COLOURS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14)]
+def describe_link(link):
+    if link["bound_gib"] is None:
+        return "link bound: none (%s)" % link["why"]
+    return "link bound %.2f GiB = D2H %.1f GB/s (%s) x forward %.1f ms (GPU time, baseline)" % (
+        link["bound_gib"], link["d2h_bytes_per_s"] / 1e9, link["source"], link["fwd_ms"])
 
 
-class Canvas:
-    """RGB pixels, (0, 0) at the top left; drawing outside is clipped."""
-
-    def __init__(self, width, height, background=WHITE):
-        self.width, self.height = width, height
-        self.pixels = bytearray(bytes(background) * (width * height))
-
-    def set(self, x, y, colour):
-        if 0 <= x < self.width and 0 <= y < self.height:
-            i = (y * self.width + x) * 3
-            self.pixels[i:i + 3] = bytes(colour)
-
-    def rect(self, x0, y0, x1, y1, colour):
-        """Filled, both corners included."""
-        for y in range(max(0, min(y0, y1)), min(self.height, max(y0, y1) + 1)):
-            for x in range(max(0, min(x0, x1)), min(self.width, max(x0, x1) + 1)):
-                self.set(x, y, colour)
-
-    def hline(self, x0, x1, y, colour, dash=0):
-        for x in range(min(x0, x1), max(x0, x1) + 1):
-            if not dash or (x // dash) % 2 == 0:
-                self.set(x, y, colour)
-
-    def vline(self, x, y0, y1, colour, dash=0):
-        for y in range(min(y0, y1), max(y0, y1) + 1):
-            if not dash or (y // dash) % 2 == 0:
-                self.set(x, y, colour)
-
-    def text(self, x, y, string, colour, scale=2):
-        """Draws `string` with its top left at (x, y); returns its width in pixels."""
-        cursor = x
-        for char in string:
-            glyph = FONT.get(char.lower(), FONT["?"])
-            for row, bits in enumerate(glyph.split("/")):
-                for col, bit in enumerate(bits):
-                    if bit == "#":
-                        self.rect(cursor + col * scale, y + row * scale,
-                                  cursor + (col + 1) * scale - 1, y + (row + 1) * scale - 1, colour)
-            cursor += (GLYPH_W + 1) * scale
-        return cursor - x
-
-    @staticmethod
-    def text_width(string, scale=2):
-        return len(string) * (GLYPH_W + 1) * scale
-
-    def png(self):
-        raw = b"".join(b"\x00" + bytes(self.pixels[y * self.width * 3:(y + 1) * self.width * 3])
-                       for y in range(self.height))
-        return encode_png(self.width, self.height, raw)
+def describe_losses(rule):
+    if rule["mode"] == "tolerance":
+        return "losses: within %g relative of the baseline's (not deterministic%s)" % (
+            rule["tolerance"], ": " + rule["reason"] if rule.get("reason") else "")
+    if rule["deterministic"]:
+        return "losses: bit for bit against the baseline's (float.hex; the job runs deterministic)"
+    return "losses: bit for bit (the job is not deterministic and gives no loss_tolerance: expect differences)"
 
 
-def _chunk(kind, data):
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+def describe_run(job_data):
+    meta = job_data["meta"]
+    parts = ["`%s`" % job_data["command"]]
+    if job_data["ranks"]:
+        parts.append("%d ranks, device memory the max over ranks, the link bound per GPU" % job_data["ranks"])
+    if meta.get("reps") is not None:
+        parts.append("%s rep%s (save_on_cpu, stream_offload: %s), %s steps after %s warm-up, median" % (
+            meta["reps"], "" if meta["reps"] == 1 else "s", meta.get("peer_reps"), meta.get("steps"), meta.get("warmup")))
+    if meta.get("cpus"):
+        parts.append("pinned to CPU cores %s" % meta["cpus"])
+    return "; ".join(parts)
 
 
-def encode_png(width, height, filtered_rows):
-    """An 8-bit RGB PNG of rows that already carry their filter byte (0: none)."""
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(filtered_rows, 9))
-            + _chunk(b"IEND", b""))
+def _distinct(report, key):
+    return sorted({str(data[key]) for data in report["jobs"].values() if data[key]})
 
 
-def _nice_step(span, count):
-    raw = span / max(1, count)
-    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    for factor in (1, 2, 5, 10):
-        if factor * power >= raw:
-            return factor * power
-    return 10 * power
+def header_lines(report):
+    rates = sorted({"%.1f GB/s (%s)" % (data["link"]["d2h_bytes_per_s"] / 1e9, data["link"]["source"])
+                    for data in report["jobs"].values() if data["link"]["d2h_bytes_per_s"]})
+    return ["date: %s" % (", ".join(_distinct(report, "date")) or "unknown"),
+            "device: %s" % (", ".join(_distinct(report, "device")) or "unknown"),
+            "commit: %s" % (", ".join(_distinct(report, "commit")) or "unknown"),
+            "D2H rate: %s" % (", ".join(rates) or "not measured")]
 
 
-def draw_plot(report, width=960, height=600):
-    """Memory saved (GiB, y) against slowdown (x baseline, x, log scale): one point per variant and
-    job, labelled with the variant, one colour per job; the Llama targets as dashed corners."""
-    canvas = Canvas(width, height)
-    left, right, top, bottom = 90, 30, 50, 80
-    points = []
-    for index, (job, data) in enumerate(report["jobs"].items()):
-        colour = SERIES_COLOURS[index % len(SERIES_COLOURS)]
-        for row in data["rows"]:
-            if row["variant"] != BASELINE and row["ratio"] is not None and row["saved_gib"] is not None:
-                points.append((job, colour, row["variant"], row["ratio"], row["saved_gib"]))
-    xs = [p[3] for p in points] + [1.0, 1.5]
-    ys = [p[4] for p in points] + [0.0]
-    x_lo, x_hi = math.log(min(xs) * 0.97), math.log(max(xs) * 1.08)
-    y_step = _nice_step(max(ys) - min(ys) or 1.0, 8)
-    y_lo = math.floor(min(ys) / y_step) * y_step - (y_step if min(ys) < 0 else 0)
-    y_hi = math.ceil(max(ys) / y_step + 0.5) * y_step
-    plot_w, plot_h = width - left - right, height - top - bottom
+def format_text(report):
+    parts = ["zoo benchmark (scripts/bench.sh), report of %s" % report["generated"]]
+    parts += ["  " + line for line in header_lines(report)]
+    parts.append("")
+    for job, data in report["jobs"].items():
+        parts.append("== %s%s" % (job, ": " + data["stands_for"] if data["stands_for"] else ""))
+        parts.append("   %s" % describe_run(data))
+        parts.append("   %s, %s, commit %s" % (data["date"] or "date unknown", data["device"] or "device unknown",
+                                                data["commit"] or "unknown"))
+        parts.append("   %s" % describe_link(data["link"]))
+        parts.append("   %s" % describe_losses(data["loss_rule"]))
+        parts.append(format_table(data))
+        parts += ["   note: %s" % note for note in data["notes"]]
+        parts.append("")
+    for job, reason in report["skipped"].items():
+        parts.append("== %s: skipped (%s)" % (job, reason))
+    if report["not_run"]:
+        parts.append("not run yet: %s" % ", ".join(report["not_run"]))
+    parts += ["problem: %s" % problem for problem in report["problems"]]
+    return "\n".join(parts)
 
-    def px(ratio):
-        return left + int(round((math.log(ratio) - x_lo) / (x_hi - x_lo) * plot_w))
 
-    def py(gib):
-        return top + plot_h - int(round((gib - y_lo) / (y_hi - y_lo) * plot_h))
+LEGEND = ("`*`: on the Pareto front (no variant with the baseline's losses saves at least as much at no more "
+          "step time). Saved: the peak of device memory in use (cudaMemGetInfo total - free, sampled every 2 ms "
+          "in the job) below `none`'s. GiB per 1% slower: saved GiB over the slowdown in percent (free: no "
+          "slowdown measured). Of link bound: saved over the job's link bound (D2H rate x the baseline's "
+          "forward GPU time), what offloading during forward can hide; checkpointing is not bound by it.")
 
-    canvas.text(left, 12, "device memory saved vs slowdown (baseline: no offload, same allocator)", BLACK)
-    # grid and ticks: y
-    tick = y_lo
-    while tick <= y_hi + 1e-9:
-        y = py(tick)
-        canvas.hline(left, width - right, y, LIGHT)
-        label = ("%g" % round(tick, 6))
-        canvas.text(left - 8 - Canvas.text_width(label), y - 5, label, BLACK)
-        tick += y_step
-    # x: the usual slowdowns that fit, at least 40 pixels apart
-    last = None
-    for ratio in (0.9, 0.95, 1.0, 1.03, 1.1, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20):
-        if math.log(ratio) < x_lo or math.log(ratio) > x_hi:
-            continue
-        x = px(ratio)
-        if last is not None and x - last < 40:
-            continue
-        last = x
-        canvas.vline(x, top, top + plot_h, LIGHT)
-        label = "%gx" % ratio
-        canvas.text(x - Canvas.text_width(label) // 2, top + plot_h + 8, label, BLACK)
-    # axes, the baseline (x 1, 0 GiB saved) and the Llama targets' corners
-    canvas.hline(left, width - right, top + plot_h, BLACK)
-    canvas.vline(left, top, top + plot_h, BLACK)
-    if y_lo < 0 < y_hi:
-        canvas.hline(left, width - right, py(0.0), GREY, dash=4)
-    canvas.vline(px(1.0), top, top + plot_h, GREY, dash=4)
-    targets = []
-    if "llama" in report["jobs"]:
-        for ratio, gib, name in ((1.03, 2.5, "llama near-free target"), (1.5, 5.5, "llama all-mlp target")):
-            if y_lo < gib < y_hi and math.log(ratio) <= x_hi:
-                canvas.hline(left, px(ratio), py(gib), GREY, dash=3)
-                canvas.vline(px(ratio), top, py(gib), GREY, dash=3)
-                targets.append((px(ratio), py(gib), name))
-    canvas.text(left + plot_w // 2 - 150, height - 34, "slowdown (x baseline step time, log scale)", BLACK)
-    canvas.text(8, top - 30 + 12, "saved gib", BLACK)
-    # legend: one colour per job
-    legend_x = width - right - 200
-    taken = []
-    for index, job in enumerate(report["jobs"]):
-        colour = SERIES_COLOURS[index % len(SERIES_COLOURS)]
-        y = top + 8 + index * 18
-        canvas.rect(legend_x, y, legend_x + 9, y + 9, colour)
-        canvas.text(legend_x + 16, y, JOB_TITLES.get(job, job), colour)
-        taken.append((legend_x, y, legend_x + 16 + Canvas.text_width(JOB_TITLES.get(job, job)), y + 10))
-    # points, then their labels and the targets' labels, each moved until it overlaps nothing drawn
-    for job, colour, name, ratio, gib in points:
-        x, y = px(ratio), py(gib)
-        canvas.rect(x - 4, y - 4, x + 4, y + 4, colour)
-        taken.append((x - 5, y - 5, x + 5, y + 5))
 
-    def place(x, y, label, colour):
-        w = Canvas.text_width(label)
-        box = None
-        for dy in (-5, 9, -19, 23, -33, 37, -47, 51, -61, 65):
-            for candidate in ((x + 8, y + dy, x + 8 + w, y + dy + 10), (x - 8 - w, y + dy, x - 8, y + dy + 10)):
-                if candidate[0] < left + 2 or candidate[2] > width - 2 or candidate[1] < top - 10:
-                    continue
-                if not any(candidate[0] < b[2] and b[0] < candidate[2] and candidate[1] < b[3] and b[1] < candidate[3]
-                           for b in taken):
-                    box = candidate
-                    break
-            if box is not None:
-                break
-        if box is None:  # crowded: the first place to the right, overlapping
-            box = (x + 8, y - 5, x + 8 + w, y + 5)
-        taken.append(box)
-        canvas.text(box[0], box[1], label, colour)
-
-    for job, colour, name, ratio, gib in points:
-        place(px(ratio), py(gib), name.replace("actpage-", "ap-"), colour)
-    for x, y, name in targets:
-        place(x, y, name, GREY)
-    return canvas
+def format_markdown(report, png_link=None):
+    lines = ["Measured with `scripts/bench.sh`; " + "; ".join(header_lines(report)) + ".", "", LEGEND, ""]
+    for job, data in report["jobs"].items():
+        lines.append("### %s" % job)
+        lines.append("")
+        if data["stands_for"]:
+            lines.append("Stands for: %s." % data["stands_for"])
+            lines.append("")
+        lines.append("%s, %s, commit `%s`; %s." % (data["date"] or "date unknown", data["device"] or "device unknown",
+                                                  data["commit"] or "unknown", describe_run(data)))
+        link = describe_link(data["link"])
+        lines.append("%s; %s." % (link[0].upper() + link[1:], describe_losses(data["loss_rule"])))
+        lines.append("")
+        lines.append(format_table(data))
+        lines.append("")
+        lines += ["- %s" % note for note in data["notes"]]
+        if data["notes"]:
+            lines.append("")
+    for job, reason in report["skipped"].items():
+        lines += ["### %s" % job, "", "Skipped: %s." % reason, ""]
+    if report["not_run"]:
+        lines += ["Not run yet: %s." % ", ".join(report["not_run"]), ""]
+    lines += ["- Problem: %s" % problem for problem in report["problems"]]
+    if png_link:
+        lines += ["", "![device memory saved against step time, one panel per job](%s)" % png_link, ""]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", nargs="?", default="out/bench", help="bench.sh's output (default out/bench)")
-    parser.add_argument("--png", default=None, help="draw memory saved against slowdown into this PNG")
-    parser.add_argument("--json", default=None, help="write the rows and target checks as JSON")
-    parser.add_argument("--markdown", default=None, help="write the Results section for docs/benchmarks.md")
-    parser.add_argument("--png-link", default="benchmarks.png",
-                        help="the image the markdown shows (default benchmarks.png, beside docs/benchmarks.md)")
+    parser.add_argument("--manifest", default=None, help="the zoo's manifest: job order, jobs not run yet")
+    parser.add_argument("--png", default=None, help="one panel per job, memory saved against step time")
+    parser.add_argument("--json", default=None, help="write the report as JSON")
+    parser.add_argument("--markdown", default=None, help="write the tables for docs/benchmarks.md")
+    parser.add_argument("--png-link", default="images/bench-zoo.png",
+                        help="the image the markdown shows (default images/bench-zoo.png, beside docs/benchmarks.md)")
     args = parser.parse_args(argv)
-    report = build_report(args.directory)
+    report = build_report(args.directory, args.manifest)
     print(format_text(report))
+    drawn = False
     if args.png and report["jobs"]:
-        with open(args.png, "wb") as handle:
-            handle.write(draw_plot(report).png())
-        print("drawn: %s" % args.png)
+        import bench_plot
+        drawn, message = bench_plot.draw(report, args.png)
+        print(message)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2, sort_keys=True)
             handle.write("\n")
     if args.markdown:
         with open(args.markdown, "w") as handle:
-            handle.write(format_markdown(report, args.png_link if args.png else None))
+            handle.write(format_markdown(report, args.png_link if drawn else None))
         print("written: %s" % args.markdown)
     return 1 if report["problems"] else 0
 

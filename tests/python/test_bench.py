@@ -1,6 +1,7 @@
-"""The side-by-side benchmark on the CPU, with fabricated jobs and a fake `actpage` (no GPU, no torch):
-compare_runs.py's per-variant options and trace summaries, scripts/bench_report.py's numbers, target
-verdicts, markdown and PNG, and scripts/bench.sh from end to end."""
+"""The zoo benchmark on the CPU, with fabricated results, fake jobs, a fake launcher and a fake
+`actpage` (no GPU; nothing depends on this machine's speed): scripts/bench_report.py's Pareto
+table, link-bound shares, loss checks, failed and skipped jobs, markdown and PNG; the manifest
+reader and the link's rate; and scripts/bench.sh from end to end."""
 
 import contextlib
 import io
@@ -8,108 +9,410 @@ import json
 import os
 import shutil
 import stat
-import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
 import textwrap
 import unittest
-import zlib
 
 import helpers
 
 import compare_runs
 
 sys.path.insert(0, os.path.join(helpers.SOURCE_DIR, "scripts"))
+import bench_link  # noqa: E402
+import bench_manifest  # noqa: E402
 import bench_report  # noqa: E402
 
-MIB = 1 << 20
+GIB = 1 << 30
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+D2H = 50e9  # the fabricated link: 50 GB/s
+LOSSES = [10.5 - 0.125 * i for i in range(6)]
 
-# What each variant of each job "measures": step ms, device-used peak MiB, torch peak MiB, and for
-# actpage variants the bytes the fake trace says were off the device at the peak (MiB).
-FIGURES = {
-    "llama": {
-        "none": (170.0, 22000.0, 20000.0, None),
-        "observe.json": (171.0, 22010.0, 20000.0, 0.0),          # x1.006: met
-        "llama-near-free.json": (174.0, 19300.0, 17600.0, 2700.0),  # x1.024, 2.64 GiB: met
-        "llama-mlp-capped.json": (270.0, 17000.0, 15200.0, 5040.0),  # x1.588 (missed by 0.088), 4.88 GiB (missed by 0.62), 99.2% of 5040
-        "llama-near-free-7.json": (185.0, 20000.0, 17900.0, 2400.0),  # seven MLPs with the catch-up
-        "save_on_cpu": (1000.0, 15000.0, 10000.0, None),
-        "checkpointing": (210.0, 14000.0, 9600.0, None),
-        "stream_offload": (340.0, 24000.0, 15300.0, None),
-    },
-    "qwen": {
-        "none": (70.0, 12000.0, 10000.0, None),
-        "observe.json": (71.4, 12000.0, 10000.0, 0.0),            # x1.02: missed by 0.01
-        "qwen3-moe-near-free.json": (72.0, 11000.0, 9000.0, 1000.0),
-        "qwen3-moe-near-free-6.json": (75.0, 10800.0, 8900.0, 1200.0),
-        "qwen3-moe-experts.json": (90.0, 10800.0, 8800.0, 1300.0),  # 1200 of 1300: 92.3%, missed
-        "save_on_cpu": (445.0, 8700.0, 5800.0, None),
-        "checkpointing": (92.0, 8600.0, 6000.0, None),
-        "stream_offload": (130.0, 11800.0, 7600.0, None),
-    },
+# Fabricated jobs: variant -> (median step ms, device used peak MiB, losses (None: the baseline's),
+# runs that failed). The baseline's forward takes 30 ms, so the link bound is 50e9 * 0.030 B = 1.397 GiB.
+ALPHA = {  # deterministic: bit for bit
+    "none": (100.0, 20000.0, None, 0),
+    "actpage-observe": (100.5, 20010.0, None, 0),
+    "actpage": (100.2, 20000.0, None, 0),
+    "actpage-default": (110.0, 18976.0, None, 0),             # 1 GiB at x1.10: 0.1 GiB per 1%, 72% of the bound
+    "checkpointing": (125.0, 14000.0, None, 0),
+    "actpage-default+checkpointing": (130.0, 13500.0, None, 0),
+    "save_on_cpu": (600.0, 15000.0, None, 0),                 # slower and saves less than checkpointing
+    "stream_offload": (150.0, 21000.0, [x + (2 ** -20 if i == 3 else 0) for i, x in enumerate(LOSSES)], 0),
+}
+BETA = {  # not deterministic, loss_tolerance 1e-3 (relative); its own checkpointing on by default
+    "none": (200.0, 30000.0, None, 0),
+    "actpage-observe": (201.0, 30000.0, [x * (1 + 1e-5) for x in LOSSES], 0),
+    "actpage": (200.0, 30000.0, None, 1),                     # its one run failed
+    "actpage-default": (198.0, 29000.0, [x * (1 + 4e-4) for x in LOSSES], 0),  # faster and saves: free
+    "no-checkpointing": (160.0, 34096.0, None, 0),
+    "stream_offload": (260.0, 28000.0, [x * (1 + (2e-2 if i >= 2 else 0)) for i, x in enumerate(LOSSES)], 0),
 }
 
-# Stands in for python3 running examples/train_*.py: prints a result from FIGURES, chosen by the
-# script, --method and the policy the fake actpage passed on. Losses: the same for every variant but
-# stream_offload, which differs from step 3.
+
+def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H, reps=1, fwd_ms=30.0,
+              manifest_extra=None):
+    """results.json made by compare_runs' own summarize() from fabricated runs, and bench.sh's meta.json."""
+    variants, records = [], []
+    for name, (ms, used, losses, failures) in table.items():
+        mode = "actpage" if name.startswith("actpage") else "plain"
+        extra = ["--method", "checkpointing"] if name.endswith("checkpointing") and name != "no-checkpointing" else []
+        variants.append(compare_runs.Variant(name, mode, "async", extra,
+                                             policy="none" if mode == "actpage" else None))
+        for rep in range(reps):
+            ok = rep >= failures
+            result = {"losses": [x.hex() for x in (losses or LOSSES)], "median_step_ms": ms,
+                      "median_fwd_ms": fwd_ms if name == "none" else fwd_ms * 1.1, "device_used_peak_mib": used,
+                      "torch_peak_mib": used - 2000, "deterministic": deterministic, "loss_tolerance": tolerance,
+                      "device": "Fake GPU", "actpage": {"loaded": mode == "actpage", "active": mode == "actpage"}}
+            records.append({"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
+                            "result": result if ok else None, "argv": []})
+    rows = compare_runs.summarize(variants, records, "none")
+    folder = os.path.join(directory, job)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "results.json"), "w") as handle:
+        json.dump({"settings": {"command": ["taskset", "-c", "3", "python3", "examples/zoo/%s.py" % job, "--steps", "6"]},
+                   "summary": rows, "runs": records}, handle)
+    manifest = dict({"name": job, "script": "examples/zoo/%s.py" % job, "deterministic": deterministic,
+                     "loss_tolerance": tolerance, "stands_for": "a %s job" % job}, **(manifest_extra or {}))
+    link_record = {"d2h_bytes_per_s": link, "source": "actpage calibrate --quick", "copy_bytes": 64 << 20,
+                   "errors": []} if link else {"d2h_bytes_per_s": None, "source": None,
+                                               "errors": ["actpage calibrate --quick: no GPU"]}
+    with open(os.path.join(folder, "meta.json"), "w") as handle:
+        json.dump({"job": job, "manifest": manifest, "started": "2026-11-28T10:00:00Z", "finished": "2026-11-28T10:03:00Z",
+                   "device": "Fake GPU, 80 GiB", "commit": "abc1234", "reps": reps, "peer_reps": 1, "steps": 6,
+                   "warmup": 2, "cpus": "3", "link": link_record}, handle)
+
+
+def write_manifest(path, jobs):
+    with open(path, "w") as handle:
+        json.dump({"jobs": jobs}, handle)
+
+
+def read(path, mode="r"):
+    with open(path, mode) as handle:
+        return handle.read()
+
+
+def png_size(path):
+    data = read(path, "rb")
+    assert data[:8] == PNG_SIGNATURE, "not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+class BenchReportTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.tmp = self.dir.name
+        self.out = os.path.join(self.tmp, "bench")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def report(self, manifest=None):
+        return bench_report.build_report(self.out, manifest)
+
+    def rows(self, report, job):
+        return {row["variant"]: row for row in report["jobs"][job]["rows"]}
+
+    def test_pareto_front_ratios_and_link_share(self):
+        fabricate(self.out, "alpha", ALPHA)
+        report = self.report()
+        rows = self.rows(report, "alpha")
+        self.assertEqual(list(rows), list(ALPHA))  # the table's order: bench.sh's variants
+        front = sorted(name for name, row in rows.items() if row["front"])
+        self.assertEqual(front, ["actpage-default", "actpage-default+checkpointing", "checkpointing", "none"])
+        default = rows["actpage-default"]
+        self.assertAlmostEqual(default["ratio"], 1.1)
+        self.assertAlmostEqual(default["saved_gib"], 1.0)
+        self.assertAlmostEqual(default["gib_per_pct"], 0.1)
+        bound = D2H * 0.030 / GIB
+        self.assertAlmostEqual(report["jobs"]["alpha"]["link"]["bound_gib"], bound)
+        self.assertAlmostEqual(default["link_share"], 1.0 / bound)
+        self.assertAlmostEqual(rows["actpage-observe"]["saved_gib"], -10 / 1024.0)
+        self.assertIsNone(rows["actpage-observe"]["gib_per_pct"])  # it saved nothing
+        self.assertEqual(report["problems"], [])
+        text = bench_report.format_text(report)
+        self.assertIn("| * | `actpage-default` | actpage run, config/default-policy.json | 1/1 | 110.0 | - | x1.100 | "
+                      "18976 | 1.00 | 0.10 | 72% | yes |", text)
+        self.assertIn("| | `save_on_cpu` |", text.replace("|  |", "| |"))  # off the front
+        self.assertIn("link bound 1.40 GiB = D2H 50.0 GB/s (actpage calibrate --quick) x forward 30.0 ms", text)
+        for expected in ("date: 2026-11-28", "device: Fake GPU, 80 GiB", "commit: abc1234",
+                         "D2H rate: 50.0 GB/s (actpage calibrate --quick)"):
+            self.assertIn(expected, text)
+
+    def test_losses_bit_for_bit_for_a_deterministic_job(self):
+        fabricate(self.out, "alpha", ALPHA)
+        report = self.report()
+        rows = self.rows(report, "alpha")
+        self.assertEqual(report["jobs"]["alpha"]["loss_rule"]["mode"], "bits")
+        self.assertTrue(rows["actpage-default"]["losses"]["equal"])
+        stream = rows["stream_offload"]
+        self.assertEqual((stream["losses"]["equal"], stream["losses"]["first_difference_step"]), (False, 3))
+        self.assertFalse(stream["front"])  # different losses: never on the front
+        self.assertIn("**no** (step 3)", bench_report.format_text(report))
+        self.assertIn("losses: bit for bit against the baseline's", bench_report.format_text(report))
+        # actpage on top of checkpointing is also held to checkpointing's own losses
+        self.assertEqual(rows["actpage-default+checkpointing"]["losses"]["twin"], "checkpointing")
+        self.assertTrue(rows["actpage-default+checkpointing"]["losses"]["twin_equal"])
+
+    def test_losses_within_the_tolerance_when_not_deterministic(self):
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=1e-3)
+        report = self.report()
+        rows = self.rows(report, "beta")
+        self.assertEqual(report["jobs"]["beta"]["loss_rule"], {"mode": "tolerance", "tolerance": 1e-3,
+                                                                "deterministic": False, "reason": None})
+        self.assertTrue(rows["actpage-default"]["losses"]["equal"])
+        self.assertAlmostEqual(rows["actpage-default"]["losses"]["max_rel_diff"], 4e-4, places=6)
+        self.assertEqual(rows["stream_offload"]["losses"]["first_difference_step"], 2)
+        text = bench_report.format_text(report)
+        self.assertIn("losses: within 0.001 relative of the baseline's (not deterministic)", text)
+        self.assertIn("yes (4.0e-04)", text)
+        # The same figures from a deterministic job: the 4e-4 is a difference.
+        fabricate(self.out, "beta", BETA, deterministic=True, tolerance=1e-3)
+        self.assertFalse(self.rows(self.report(), "beta")["actpage-default"]["losses"]["equal"])
+
+    def test_the_result_line_says_whether_the_run_was_deterministic(self):
+        # The manifest expects bits, but the job found at run time that it cannot repeat them (a
+        # compiled job whose inductor has no deterministic mode): its result line wins, with its reason.
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=2e-3,
+                  manifest_extra={"deterministic": True, "loss_tolerance": 0.0})
+        path = os.path.join(self.out, "beta", "results.json")
+        results = json.loads(read(path))
+        for run in results["runs"]:
+            if run["result"]:
+                run["result"]["nondeterministic_reason"] = "no inductor determinism"
+        with open(path, "w") as handle:
+            json.dump(results, handle)
+        report = self.report()
+        self.assertEqual(report["jobs"]["beta"]["loss_rule"]["tolerance"], 2e-3)
+        self.assertTrue(self.rows(report, "beta")["actpage-default"]["losses"]["equal"])
+        self.assertIn("(not deterministic: no inductor determinism)", bench_report.format_text(report))
+
+    def test_free_saving_and_the_jobs_default_checkpointing(self):
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=1e-3)
+        rows = self.rows(self.report(), "beta")
+        self.assertTrue(rows["actpage-default"]["free"])  # faster than the baseline and saved 1000 MiB
+        self.assertTrue(rows["actpage-default"]["front"])
+        self.assertFalse(rows["none"]["front"])
+        self.assertAlmostEqual(rows["no-checkpointing"]["saved_gib"], -4.0)
+        self.assertTrue(rows["no-checkpointing"]["front"])  # the fastest
+        self.assertIn("| free |", bench_report.format_table(self.report()["jobs"]["beta"]))
+
+    def test_a_failed_run_is_shown_as_failed(self):
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=1e-3)
+        report = self.report()
+        self.assertEqual(report["problems"], ["beta: actpage: 1 of 1 runs failed (logs: beta/logs/actpage.repN.err)"])
+        self.assertIn("| `actpage` | actpage run, no policy | 0/1 FAILED | - |", bench_report.format_text(report))
+        self.assertFalse(self.rows(report, "beta")["actpage"]["front"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(bench_report.main([self.out]), 1)
+        # No baseline at all: said so.
+        fabricate(self.out, "beta", dict(BETA, none=(200.0, 30000.0, None, 1)), deterministic=False, tolerance=1e-3)
+        self.assertIn("beta: no baseline (variant `none`) result", self.report()["problems"])
+
+    def test_skipped_and_not_run_jobs(self):
+        fabricate(self.out, "alpha", ALPHA)
+        os.makedirs(os.path.join(self.out, "duo"))
+        with open(os.path.join(self.out, "duo", "skipped.json"), "w") as handle:
+            json.dump({"job": "duo", "reason": "needs 2 GPUs, this machine has 1"}, handle)
+        manifest = os.path.join(self.tmp, "jobs.json")
+        write_manifest(manifest, [{"name": n, "script": n + ".py"} for n in ("later", "duo", "alpha")])
+        report = self.report(manifest)
+        self.assertEqual(list(report["jobs"]), ["alpha"])
+        self.assertEqual(report["skipped"], {"duo": "needs 2 GPUs, this machine has 1"})
+        self.assertEqual(report["not_run"], ["later"])
+        self.assertEqual(report["problems"], [])  # neither is a failure
+        text = bench_report.format_text(report)
+        self.assertIn("== duo: skipped (needs 2 GPUs, this machine has 1)", text)
+        self.assertIn("not run yet: later", text)
+        self.assertIn("Skipped: needs 2 GPUs, this machine has 1.", bench_report.format_markdown(report))
+
+    def test_commits_are_shown_short(self):
+        self.assertEqual(bench_report._short_commit("d9bd76502ae99a9a76dd2562ce125e133c5f924e +uncommitted changes "),
+                         "d9bd76502ae9 +uncommitted changes")
+        self.assertEqual(bench_report._short_commit("abc1234"), "abc1234")
+        self.assertIsNone(bench_report._short_commit(None))
+
+    def test_no_link_bound_without_a_rate(self):
+        fabricate(self.out, "alpha", ALPHA, link=None)
+        data = self.report()["jobs"]["alpha"]
+        self.assertIsNone(data["link"]["bound_gib"])
+        self.assertIsNone(self.rows(self.report(), "alpha")["actpage-default"]["link_share"])
+        self.assertIn("no link bound: D2H rate not measured (actpage calibrate --quick: no GPU)", data["notes"])
+
+    def test_noise_and_host_steal_notes(self):
+        fabricate(self.out, "alpha", ALPHA, reps=1)
+        self.assertIn("one repetition of each variant", self.report()["jobs"]["alpha"]["notes"][0])
+        fabricate(self.out, "alpha", ALPHA, reps=2)
+        path = os.path.join(self.out, "alpha", "results.json")
+        results = json.loads(read(path))
+        base = [r for r in results["summary"] if r["variant"] == "none"][0]
+        base.update(step_ms_min=95.0, step_ms_max=104.5)
+        for run in results["runs"]:
+            if run["variant"] == "actpage-default":
+                run["threads"] = {"cpus": {"3": {"steal_ms": 400.0}}}
+        with open(path, "w") as handle:
+            json.dump(results, handle)
+        data = self.report()["jobs"]["alpha"]
+        self.assertIn("the baseline's repetitions differ by 10.0%", data["notes"][0])
+        self.assertTrue(any("stole up to 0.4 s of the job's CPUs in a run of actpage-default" in n for n in data["notes"]))
+        self.assertIn("host steal s", bench_report.format_table(data))
+
+    def test_markdown_has_a_table_per_job_with_date_device_and_commit(self):
+        fabricate(self.out, "alpha", ALPHA)
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=1e-3)
+        markdown = bench_report.format_markdown(self.report(), "images/bench-zoo.png")
+        for expected in ("### alpha", "### beta", "Stands for: a beta job.",
+                         "2026-11-28, Fake GPU, 80 GiB, commit `abc1234`; `examples/zoo/alpha.py --steps 6`",
+                         "Link bound 1.40 GiB", "![device memory saved against step time, one panel per job]"
+                         "(images/bench-zoo.png)", "| front | variant |"):
+            self.assertIn(expected, markdown)
+        self.assertEqual(markdown.count("| front | variant |"), 2)
+
+    def test_main_writes_every_output_and_the_png(self):
+        fabricate(self.out, "alpha", ALPHA)
+        fabricate(self.out, "beta", BETA, deterministic=False, tolerance=1e-3)
+        png, js, md = (os.path.join(self.tmp, name) for name in ("b.png", "r.json", "r.md"))
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = bench_report.main([self.out, "--png", png, "--json", js, "--markdown", md])
+        self.assertEqual(code, 1, stdout.getvalue())  # beta's failed run
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.assertIn("no PNG: matplotlib is not installed", stdout.getvalue())
+            return
+        width, height = png_size(png)
+        self.assertGreater(width, 800)  # two panels side by side
+        self.assertGreater(height, 300)
+        self.assertEqual(json.loads(read(js))["jobs"]["alpha"]["rows"][3]["variant"], "actpage-default")
+        self.assertIn("(images/bench-zoo.png)", read(md))
+
+
+class ManifestAndLinkTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "jobs.json")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_defaults_and_shell_assignments(self):
+        write_manifest(self.path, [{"name": "a", "script": "a b.py", "args": ["--x", "it's"], "gpus": 2,
+                                    "launcher": ["torchrun", "--nproc-per-node", "2"], "checkpointing": "method",
+                                    "methods": ["none", "checkpointing"], "deterministic": True}])
+        job = bench_manifest.load(self.path)[0]
+        self.assertEqual((job["loss_tolerance"], job["stream_offload_modules"]), (0.0, None))
+        script = bench_manifest.shell_assignments(job) + '\nprintf "%s|" "$job_script" "${job_args[@]}" ' \
+            '"${#job_launcher[@]}" "$job_gpus" "$job_checkpointing" "$job_deterministic" "$job_loss_tolerance"'
+        done = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, universal_newlines=True)
+        self.assertEqual(done.stdout, "a b.py|--x|it's|3|2|method|true|0.0|")
+
+    def test_a_bad_manifest_names_the_job_and_the_key(self):
+        for jobs, message in (([{"name": "a", "script": "a.py", "checkpointing": "yes"}], "job 1 (a): 'checkpointing'"),
+                              ([{"name": "a", "script": "a.py", "gpus": 0}], "'gpus' must be a whole number"),
+                              ([{"name": "a", "script": "a.py"}, {"name": "a", "script": "b.py"}], "unique: a"),
+                              ([{"script": "a.py"}], "job 1: 'name'")):
+            write_manifest(self.path, jobs)
+            with self.assertRaises(bench_manifest.ManifestError) as caught:
+                bench_manifest.load(self.path)
+            self.assertIn(message, str(caught.exception))
+        write_manifest(self.path, [{"name": "a", "script": "a.py"}])
+        with self.assertRaises(bench_manifest.ManifestError):
+            bench_manifest.find(bench_manifest.load(self.path), "b")
+
+    def test_the_rate_from_a_calibration_and_why_not(self):
+        calibration = os.path.join(self.dir.name, "calibration.json")
+        with open(calibration, "w") as handle:
+            json.dump({"version": 1, "measured": True, "device": "CUDA device 0",
+                       "d2h_bytes_per_s": [[67108864, 55.1e9], [2097152, 52.8e9]]}, handle)
+        record = bench_link.measure(calibration)
+        self.assertEqual((record["d2h_bytes_per_s"], record["copy_bytes"]), (55.1e9, 64 << 20))
+        self.assertEqual(record["source"], "actpage calibrate --quick")
+        self.assertIn("D2H 55.1 GB/s (actpage calibrate --quick, 64 MiB copies)", bench_link.describe(record))
+        with open(calibration, "w") as handle:
+            json.dump({"version": 1, "measured": False, "d2h_bytes_per_s": [[1, 1.0]]}, handle)
+        record = bench_link.measure(calibration)
+        self.assertIsNone(record["d2h_bytes_per_s"])
+        self.assertIn("built-in defaults", record["errors"][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/bench.sh from end to end
+# ---------------------------------------------------------------------------------------------
+# Stands in for the jobs' interpreter: `FAKE_JOB SCRIPT ARGS...` (bench.sh runs BENCH_JOB_PYTHON with
+# the manifest's script). Logs how it was run, and prints a result whose step time and memory depend
+# on the variant it recognises from its arguments and environment.
 FAKE_JOB = textwrap.dedent("""
-    import json, os, sys
-    figures = json.loads(os.environ["FAKE_FIGURES"])
-    job = "llama" if "train_llama.py" in sys.argv[1] else "qwen"
-    args = sys.argv[2:]
+    import json, os, sys, time
+    script, args = os.path.basename(sys.argv[1]), sys.argv[2:]
     def last(flag, default):
         values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
         return values[-1] if values else default
     method = last("--method", "none")
-    steps = int(last("--steps", "10"))
     policy = os.environ.get("ACTPAGE_POLICY")
-    key = os.path.basename(policy) if policy else method
-    ms, used, torch_peak, _ = figures[job][key]
-    losses = [10.5 - 0.125 * i for i in range(steps)]
-    if method == "stream_offload" and steps > 3:
-        losses[3] += 2 ** -20
+    if os.environ.get("FAKE_UNDER_ACTPAGE"):
+        key = "actpage-" + (os.path.basename(policy).split(".")[0] if policy else "bare")
+        key += "+checkpointing" if method == "checkpointing" else ""
+    else:
+        key = "no-checkpointing" if "--no-checkpointing" in args else method
+    steps = int(last("--steps", "10"))
+    ms = {"none": 100.0, "checkpointing": 130.0, "save_on_cpu": 600.0, "stream_offload": 160.0,
+          "no-checkpointing": 80.0}.get(key, 105.0)
+    used = {"none": 20000.0, "checkpointing": 12000.0, "actpage-default-policy+checkpointing": 11000.0,
+            "actpage-default-policy": 19000.0, "no-checkpointing": 26000.0}.get(key, 19500.0)
     with open(os.environ["FAKE_LOG"], "a") as log:
-        log.write(json.dumps({"job": job, "key": key, "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                              "steps": steps, "args": args,
-                              "catch_up": os.environ.get("ACTPAGE_VMM_TRIM_JOB_POOL_CATCH_UP"),
-                              "drain_at_backward_start": os.environ.get("ACTPAGE_OFFLOAD_DRAIN_AT_BACKWARD_START"),
+        log.write(json.dumps({"script": script, "key": key, "args": args, "time": time.time(),
+                              "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "policy": policy,
+                              "trace": os.environ.get("ACTPAGE_TRACE"), "rank": os.environ.get("RANK"),
                               "cpus": sorted(os.sched_getaffinity(0))}) + "\\n")
-    print("ACTPAGE_RESULT " + json.dumps({
-        "losses": [x.hex() for x in losses], "median_step_ms": ms, "median_fwd_ms": ms / 3,
-        "device_used_peak_mib": used, "torch_peak_mib": torch_peak, "device": "Fake GPU", "torch": "0.0",
-        "actpage": {"loaded": policy is not None, "active": policy is not None}}))
+    if os.environ.get("RANK", "0") == "0":
+        print("ACTPAGE_RESULT " + json.dumps({
+            "losses": [(10.5 - 0.125 * i).hex() for i in range(steps)], "median_step_ms": ms, "median_fwd_ms": 30.0,
+            "device_used_peak_mib": used, "torch_peak_mib": used - 2000, "deterministic": "--deterministic" in args,
+            "loss_tolerance": 0.0, "device": "Fake GPU", "actpage": {"loaded": bool(os.environ.get("FAKE_UNDER_ACTPAGE")),
+                                                                   "active": False}}))
 """)
 
-# Stands in for the actpage CLI: `run --policy P [--trace T] -- CMD...` (writes a trace that is JSON,
-# the bytes off the device at the peak taken from FIGURES) and `dump --json T`.
+# Stands in for the actpage CLI: `calibrate --quick --out F`, `run [--policy P] [--trace T] -- CMD`
+# (passes the policy on as ACTPAGE_POLICY, the trace as ACTPAGE_TRACE, as the real one does) and
+# `dump --json T`. FAKE_CALIBRATE_FAILS makes calibrate fail.
 FAKE_ACTPAGE = textwrap.dedent("""
     import json, os, sys
     args = sys.argv[1:]
-    if args[0] == "dump":
-        assert args[1] == "--json", args
-        print(open(args[2]).read())
+    if args[0] == "calibrate":
+        if os.environ.get("FAKE_CALIBRATE_FAILS"):
+            sys.exit("actpage calibrate: no usable GPU 0")
+        assert args[1:3] == ["--quick", "--out"], args
+        with open(args[3], "w") as handle:
+            json.dump({"version": 1, "measured": True, "device": "CUDA device 0",
+                       "d2h_bytes_per_s": [[2097152, 40e9], [67108864, 50e9]]}, handle)
         sys.exit(0)
-    assert args[0] == "run" and args[1] == "--policy", args
-    policy = args[2]
-    rest = args[3:]
-    trace = None
-    if rest[0] == "--trace":
-        trace, rest = rest[1], rest[2:]
-    assert rest[0] == "--", args
-    if trace:
-        figures = json.loads(os.environ["FAKE_FIGURES"])
-        job = "llama" if "train_llama.py" in " ".join(rest) else "qwen"
-        off = figures[job][os.path.basename(policy)][3]
-        with open(trace, "w") as handle:
-            json.dump({"memory": {"offloaded_at_peak_bytes": int(off * %d), "peak_offloaded_bytes": int(off * %d),
-                                  "peak_used_bytes": 0},
-                       "offload": {"count": 10, "bytes": 100}, "reload": {"count": 9, "bytes": 90},
-                       "stalls": {"count": 1, "total_ns": 2500000}}, handle)
-    os.environ["ACTPAGE_POLICY"] = policy
-    os.execvp(rest[1], rest[1:])
-""" % (MIB, MIB))
+    if args[0] == "dump":
+        print(json.dumps({"memory": {"offloaded_at_peak_bytes": 0}}))
+        sys.exit(0)
+    assert args[0] == "run", args
+    args = args[1:]
+    while args[0] != "--":
+        os.environ["ACTPAGE_POLICY" if args[0] == "--policy" else "ACTPAGE_TRACE"] = args[1]
+        args = args[2:]
+    os.environ["FAKE_UNDER_ACTPAGE"] = "1"
+    os.execvp(args[1], args[1:])
+""")
+
+# Stands in for torchrun: `fake_torchrun --nproc-per-node N SCRIPT ARGS...` starts N ranks of the
+# fake job with RANK set, like torchrun passes its environment on; rank 0 prints the result.
+FAKE_LAUNCHER = textwrap.dedent("""
+    import os, subprocess, sys
+    assert sys.argv[1] == "--nproc-per-node", sys.argv
+    ranks = int(sys.argv[2])
+    workers = [subprocess.Popen([os.environ["FAKE_JOB"]] + sys.argv[3:], env=dict(os.environ, RANK=str(rank)))
+               for rank in range(ranks)]
+    sys.exit(max(worker.wait() for worker in workers))
+""")
 
 
 def write_executable(path, text):
@@ -118,420 +421,156 @@ def write_executable(path, text):
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
-def read_png(data):
-    """(width, height, rows of RGB bytes) of an 8-bit RGB PNG with filter 0 rows, checking its CRCs."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "no PNG signature"
-    pos, chunks = 8, []
-    while pos < len(data):
-        length, = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        crc, = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, "bad CRC in %r" % kind
-        chunks.append((kind, body))
-        pos += 12 + length
-    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
-    width, height, depth, colour_type = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert (depth, colour_type) == (8, 2)
-    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    stride = 1 + 3 * width
-    assert len(raw) == stride * height
-    rows = [raw[y * stride + 1:(y + 1) * stride] for y in range(height)]
-    assert all(raw[y * stride] == 0 for y in range(height))
-    return width, height, rows
+class BenchScriptTest(unittest.TestCase):
+    """scripts/bench.sh with a fake manifest of tiny fake jobs and a fake actpage."""
 
-
-def read(path, mode="r"):
-    with open(path, mode) as handle:
-        return handle.read()
-
-
-def colours_in(rows):
-    found = set()
-    for row in rows:
-        for x in range(0, len(row), 3):
-            found.add(bytes(row[x:x + 3]))
-    return found
-
-
-class FakeBench:
-    """A temporary folder with the fake job and actpage, and their environment."""
-
-    def __init__(self):
+    def setUp(self):
+        if not shutil.which("taskset"):
+            self.skipTest("no taskset on this machine (util-linux)")
+        self.core = max(os.sched_getaffinity(0))  # every job must run there and nowhere else
         self.dir = tempfile.TemporaryDirectory()
-        self.tmp = self.dir.name
-        self.job = os.path.join(self.tmp, "fake_job.py")
+        self.addCleanup(self.dir.cleanup)
+        tmp = self.dir.name
+        self.job, self.actpage, launcher = (os.path.join(tmp, n) for n in ("fake_job", "actpage", "fake_torchrun"))
         write_executable(self.job, FAKE_JOB)
-        self.actpage = os.path.join(self.tmp, "actpage")
         write_executable(self.actpage, FAKE_ACTPAGE)
-        self.log = os.path.join(self.tmp, "calls.log")
-        self.env = {"FAKE_FIGURES": json.dumps(FIGURES), "FAKE_LOG": self.log}
+        write_executable(launcher, FAKE_LAUNCHER)
+        self.manifest = os.path.join(tmp, "jobs.json")
+        write_manifest(self.manifest, [
+            {"name": "tiny-llama", "script": "fake/tiny_llama.py", "launcher": None, "gpus": 1,
+             "args": ["--layers", "2"], "methods": ["none", "checkpointing", "save_on_cpu", "stream_offload"],
+             "checkpointing": "method", "stream_offload_modules": "MLP", "deterministic": True, "loss_tolerance": 0.0,
+             "stands_for": "a GPU-bound transformer"},
+            {"name": "tiny-long", "script": "fake/tiny_long.py", "launcher": None, "gpus": 1, "args": [],
+             "methods": ["none"], "checkpointing": "default-on", "stream_offload_modules": None,
+             "deterministic": False, "loss_tolerance": 1e-3, "stands_for": "long context"},
+            {"name": "tiny-fsdp", "script": "fake/tiny_fsdp.py", "launcher": [launcher, "--nproc-per-node", "2"],
+             "gpus": 2, "args": [], "methods": ["none"], "checkpointing": None, "deterministic": True}])
+        self.out = os.path.join(tmp, "bench")
+        self.packed = os.path.join(tmp, "device-out")
+        os.mkdir(self.packed)
+        self.log = os.path.join(tmp, "calls.log")
+        self.env = helpers.clean_environment(dict(
+            FAKE_LOG=self.log, FAKE_JOB=self.job, BENCH_MANIFEST=self.manifest, BENCH_OUT=self.out, OUT=self.packed,
+            PYTHON=sys.executable, BENCH_JOB_PYTHON=self.job, BENCH_ACTPAGE=self.actpage, BENCH_STEPS="5",
+            BENCH_WARMUP="1", BENCH_CPUS=str(self.core), BENCH_GPUS="1", BENCH_THREAD_STATS="0.05",
+            BENCH_CPU_PROBE="0.005"))
+
+    def bench(self, *args, **env):
+        done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench.sh")] + list(args),
+                              env=dict(self.env, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=280)
+        return done.returncode, done.stdout
 
     def calls(self):
         with open(self.log) as handle:
             return [json.loads(line) for line in handle]
 
-    def close(self):
-        self.dir.cleanup()
-
-
-def run_compare(bench, argv):
-    saved = {k: os.environ.get(k) for k in bench.env}
-    os.environ.update(bench.env)
-    try:
-        stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = compare_runs.main(argv)
-        return code, stdout.getvalue()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-class CompareRunsVariantOptionsTest(unittest.TestCase):
-    def setUp(self):
-        self.bench = FakeBench()
-
-    def tearDown(self):
-        self.bench.close()
-
-    def test_variant_options_are_parsed_and_the_rest_stays_extra_args(self):
-        v = compare_runs.parse_variant("near;actpage;async;policy=config/x.json;reps=1;env=A=b=c;--steps 3;--x")
-        self.assertEqual((v.policy, v.reps, v.env), ("config/x.json", 1, {"A": "b=c"}))
-        self.assertEqual(v.extra_args, ["--steps", "3;--x"])  # parts joined again with ';' as before
-        plain = compare_runs.parse_variant("p;plain;async;--offload-min-bytes=1MiB")
-        self.assertEqual((plain.policy, plain.reps, plain.env), (None, None, {}))
-        self.assertEqual(plain.extra_args, ["--offload-min-bytes=1MiB"])
-        for bad in ("x;plain;async;reps=two", "x;plain;async;reps=0", "x;plain;async;env=NOVALUE"):
-            with self.assertRaises(Exception, msg=bad):
-                compare_runs.parse_variant(bad)
-
-    def test_schedule_leaves_out_a_variant_after_its_own_reps(self):
-        a, b = compare_runs.Variant("a", "plain", "async"), compare_runs.Variant("b", "plain", "async", reps=1)
-        order = [(rep, v.name) for rep, v in compare_runs.schedule([a, b], 3)]
-        self.assertEqual(order, [(0, "a"), (0, "b"), (1, "a"), (2, "a")])
-
-    def test_per_variant_policy_env_trace_and_fewer_steps(self):
-        out = os.path.join(self.bench.tmp, "out")
-        code, printed = run_compare(self.bench, [
-            "--actpage", self.bench.actpage, "--out", out, "--reps", "2", "--trace-dir", os.path.join(out, "traces"),
-            "--variant", "none;plain;async",
-            "--variant", "near;actpage;async;policy=%s" % os.path.join(helpers.SOURCE_DIR, "config", "llama-near-free.json"),
-            "--variant", "slow;plain;async;reps=1;env=EXTRA=1;--method save_on_cpu --steps 4",
-            "--", sys.executable, self.bench.job, "examples/train_llama.py", "--steps", "8"])
-        self.assertEqual(code, 0, printed)
-        calls = self.bench.calls()
-        self.assertEqual([c["key"] for c in calls], ["none", "llama-near-free.json", "save_on_cpu",
-                                                     "llama-near-free.json", "none"])
+    def test_every_variant_of_every_job_runs_interleaved_and_the_report_comes_out(self):
+        code, printed = self.bench(BENCH_REPS="2")
+        self.assertEqual(code, 0, printed[-3000:])
+        calls = self.calls()
+        llama = [c for c in calls if c["script"] == "tiny_llama.py"]
+        main = ["none", "actpage-observe", "actpage-bare", "actpage-default-policy", "checkpointing",
+                "actpage-default-policy+checkpointing"]
+        peers = ["save_on_cpu", "stream_offload"]
+        # rep 1: every variant in bench.sh's order; rep 2 rotated by one, the peers (BENCH_PEER_REPS 1) left out
+        self.assertEqual([c["key"] for c in llama], main + peers + main[1:] + main[:1])
+        long = [c["key"] for c in calls if c["script"] == "tiny_long.py"]
+        long_variants = ["none", "actpage-observe", "actpage-bare", "actpage-default-policy", "no-checkpointing"]
+        self.assertEqual(long, long_variants + long_variants[1:] + long_variants[:1])
+        self.assertFalse([c for c in calls if c["script"] == "tiny_fsdp.py"])  # 2 GPUs, this "machine" has 1
+        self.assertIn("=== tiny-fsdp: skipped: needs 2 GPUs, this machine has 1", printed)
+        # Arguments and environment of each variant
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
-        with open(os.path.join(out, "results.json")) as handle:
-            data = json.load(handle)
-        rows = {row["variant"]: row for row in data["summary"]}
-        self.assertEqual(rows["near"]["offloaded_at_peak_mib"], 2700.0)
-        self.assertEqual(rows["near"]["reference"], "none")
-        self.assertTrue(rows["near"]["losses_identical_to_reference"])
-        self.assertEqual((rows["slow"]["runs"], rows["slow"]["ok"]), (1, 1))
-        # 4 steps against the baseline's 8: equal over the steps both ran
-        self.assertTrue(rows["slow"]["losses_identical_to_reference"])
-        self.assertIsNone(rows["none"]["offloaded_at_peak_mib"])
-        near_runs = [r for r in data["runs"] if r["variant"] == "near"]
-        self.assertEqual(near_runs[0]["trace_summary"]["stall_ms"], 2.5)
-        self.assertTrue(near_runs[1]["trace"].endswith("near.rep2.trace"))
-        self.assertIn("--trace", near_runs[0]["argv"])
-
-    def test_actpage_variant_needs_a_policy_from_somewhere(self):
-        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
-            compare_runs.parse_args(["--variant", "a;actpage;async", "--", "job"])
-        args = compare_runs.parse_args(["--variant", "a;actpage;async;policy=p.json", "--", "job"])
-        self.assertEqual(args.variants[0].policy, "p.json")
-
-
-def fabricate(directory, figures=FIGURES, reps=2, fail=None, steal=None, probe=None):
-    """compare_runs-style results.json and bench.sh-style meta.json for each job, made by hand.
-    steal: {(job, variant): [steal ms of CPU 2, of CPU 3] for each of its runs}, as compare_runs.py
-    --thread-stats records it; runs not named have no thread watch. probe: {(job, variant): [the CPU
-    probe's {cpu: rate} before (and after) for each of its runs]}, as --cpu-probe records it."""
-    policies = {"llama": ("llama-near-free.json", "llama-mlp-capped.json"),
-                "qwen": ("qwen3-moe-near-free.json", "qwen3-moe-experts.json")}
-    for job, table in figures.items():
-        near, all_ = policies[job]
-        keys = {"none": "none", "actpage-observe": "observe.json", "actpage-near-free": near, "actpage-all": all_,
-                "save_on_cpu": "save_on_cpu", "checkpointing": "checkpointing", "stream_offload": "stream_offload"}
-        summary, runs = [], []
-        for variant, key in keys.items():
-            ms, used, torch_peak, off = table[key]
-            losses = [(10.5 - 0.125 * i) for i in range(6)]
-            if variant == "stream_offload":
-                losses[3] += 2 ** -20
-            n = 1 if variant in ("save_on_cpu", "checkpointing", "stream_offload") else reps
-            ok = n - (1 if fail == (job, variant) else 0)
-            for rep in range(n):
-                good = rep < ok
-                run = {"variant": variant, "rep": rep + 1, "ok": good, "rc": 0 if good else 1,
-                       "result": {"losses": [x.hex() for x in losses], "median_step_ms": ms,
-                                  "device": "Fake GPU", "torch": "9.9"} if good else None}
-                if steal and (job, variant) in steal:
-                    run["threads"] = {"cpus": {str(cpu): {"steal_ms": ms_stolen, "busy_ms": 1000.0}
-                                               for cpu, ms_stolen in zip((2, 3), steal[(job, variant)][rep])}}
-                if probe and (job, variant) in probe:
-                    rates = probe[(job, variant)][rep]
-                    run["cpu_probe"] = {"before": rates, "after": rates}
-                runs.append(run)
-            summary.append({"variant": variant, "runs": n, "ok": ok, "median_step_ms": ms if ok else None,
-                            "device_used_peak_mib": used if ok else None, "torch_peak_mib": torch_peak if ok else None,
-                            "offloaded_at_peak_mib": off, "median_fwd_ms": ms / 3})
-        os.makedirs(os.path.join(directory, job), exist_ok=True)
-        with open(os.path.join(directory, job, "results.json"), "w") as handle:
-            json.dump({"settings": {"command": ["python3", "examples/train_%s.py" % job, "--steps", "6"]},
-                       "summary": summary, "runs": runs}, handle)
-        with open(os.path.join(directory, job, "meta.json"), "w") as handle:
-            json.dump({"job": job, "started": "2026-11-23T10:00:00Z", "finished": "2026-11-23T10:04:00Z",
-                       "device": "Fake GPU, 80 GiB", "commit": "abc123", "reps": reps, "peer_reps": 1, "steps": 6,
-                       "warmup": 2},
-                      handle)
-
-
-class BenchReportTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.tmp = self.dir.name
-
-    def tearDown(self):
-        self.dir.cleanup()
-
-    def report(self, **kwargs):
-        fabricate(self.tmp, **kwargs)
-        return bench_report.build_report(self.tmp)
-
-    def test_rows_against_the_baseline(self):
-        report = self.report()
-        self.assertEqual(list(report["jobs"]), ["llama", "qwen"])
-        rows = {r["variant"]: r for r in report["jobs"]["llama"]["rows"]}
-        self.assertEqual(list(rows), list(bench_report.VARIANTS))
-        self.assertAlmostEqual(rows["actpage-near-free"]["ratio"], 174.0 / 170.0)
-        self.assertAlmostEqual(rows["actpage-near-free"]["saved_gib"], 2700.0 / 1024)
-        self.assertAlmostEqual(rows["actpage-near-free"]["saved_share"], 1.0)
-        self.assertAlmostEqual(rows["stream_offload"]["saved_gib"], -2000.0 / 1024)
-        self.assertTrue(rows["save_on_cpu"]["losses_equal"])
-        self.assertEqual((rows["stream_offload"]["losses_equal"], rows["stream_offload"]["losses_first_difference_step"]),
-                         (False, 3))
-        self.assertIsNone(rows["none"]["losses_equal"])
-        self.assertEqual(report["problems"], [])
-
-    def test_target_verdicts_say_by_how_much(self):
-        report = self.report()
-        llama = {(c["variant"], c["measure"]): c for c in report["jobs"]["llama"]["checks"]}
-        self.assertTrue(llama[("actpage-observe", "ratio")]["met"])
-        self.assertTrue(llama[("actpage-near-free", "saved_gib")]["met"])
-        self.assertTrue(llama[("actpage-near-free", "ratio")]["met"])
-        all_ratio = llama[("actpage-all", "ratio")]
-        self.assertFalse(all_ratio["met"])
-        self.assertAlmostEqual(all_ratio["missed_by"], 270.0 / 170.0 - 1.5)
-        self.assertIn("MISSED by 0.088x", all_ratio["verdict"])
-        self.assertIn("MISSED by 0.62 GiB", llama[("actpage-all", "saved_gib")]["verdict"])
-        self.assertIn("target at least 5.50 GiB", llama[("actpage-all", "saved_gib")]["verdict"])
-        self.assertTrue(llama[("actpage-all", "saved_share")]["met"])  # 5000 of 5040 MiB: 99.2%
-        qwen = {(c["variant"], c["measure"]): c for c in report["jobs"]["qwen"]["checks"]}
-        # The Llama-only targets are not checked on Qwen; observe and the peak share are.
-        self.assertNotIn(("actpage-near-free", "saved_gib"), qwen)
-        self.assertIn("MISSED by 0.010x", qwen[("actpage-observe", "ratio")]["verdict"])
-        share = qwen[("actpage-all", "saved_share")]
-        self.assertFalse(share["met"])
-        self.assertAlmostEqual(share["value"], 1200.0 / 1300.0)
-        self.assertIn("MISSED by 6.7 points", share["verdict"])
-
-    def test_nothing_off_the_device_at_the_peak_is_said_so(self):
-        rows = [{"variant": "actpage-all", "ratio": 1.2, "saved_gib": 6.0, "saved_share": None,
-                 "offloaded_at_peak_mib": 0.0}]
-        checks = {c["measure"]: c for c in bench_report.check_targets("llama", rows)}
-        self.assertIsNone(checks["saved_share"]["met"])
-        self.assertIn("nothing was off the device", checks["saved_share"]["verdict"])
-        self.assertTrue(checks["saved_gib"]["met"] and checks["ratio"]["met"])
-
-    def test_a_time_miss_inside_the_repetitions_spread_says_so(self):
-        # Baseline reps 89 and 105 ms (18% apart): a 1.059x observe run misses 1.010x by less than that.
-        base = {"variant": "none", "ok": 2, "runs": 2, "median_step_ms": 97.3, "step_ms_min": 89.1,
-                "step_ms_max": 105.5, "device_used_peak_mib": 11333}
-        observe = {"variant": "actpage-observe", "ok": 2, "runs": 2, "median_step_ms": 103.1, "step_ms_min": 95.6,
-                   "step_ms_max": 110.6, "device_used_peak_mib": 11301}
-        rows = bench_report.job_rows({"summary": [base, observe], "runs": []})
-        self.assertAlmostEqual(rows[0]["spread"], 105.5 / 89.1 - 1)
-        self.assertAlmostEqual(rows[1]["baseline_spread"], 105.5 / 89.1 - 1)
-        check = [c for c in bench_report.check_targets("qwen", rows) if c["measure"] == "ratio"][0]
-        self.assertFalse(check["met"])  # still a miss, not a pass
-        self.assertIn("within run-to-run noise: repetitions differ by up to 18.4%", check["verdict"])
-        self.assertIn("| 89.1-105.5 |", bench_report.format_table("qwen", rows, []))
-        # A miss larger than the spread gets no such note; one repetition has no spread.
-        base.update(step_ms_min=97.0, step_ms_max=97.6)
-        observe.update(step_ms_min=103.0, step_ms_max=103.2)
-        check = [c for c in bench_report.check_targets("qwen", bench_report.job_rows({"summary": [base, observe]}))
-                 if c["measure"] == "ratio"][0]
-        self.assertNotIn("noise", check["verdict"])
-        self.assertNotIn("within_noise", check)
-        base["ok"] = 1
-        self.assertIsNone(bench_report.job_rows({"summary": [base]})[0]["spread"])
-
-    def test_host_steal_is_shown_and_a_time_miss_in_a_stolen_run_says_so(self):
-        # Qwen's observe run misses 1.010x; its second run lost 0.25 + 0.20 s to the host, the
-        # baseline's 0.05 s. Llama's near-free row meets its time: no note, whatever the steal.
-        steal = {("qwen", "actpage-observe"): [[10.0, 0.0], [250.0, 200.0]], ("qwen", "none"): [[50.0, 0.0], [0.0, 0.0]],
-                 ("llama", "actpage-near-free"): [[900.0, 0.0], [0.0, 0.0]], ("llama", "none"): [[0.0, 0.0], [0.0, 0.0]]}
-        report = self.report(steal=steal)
-        qwen = {r["variant"]: r for r in report["jobs"]["qwen"]["rows"]}
-        self.assertAlmostEqual(qwen["actpage-observe"]["steal_s_max"], 0.45)
-        self.assertAlmostEqual(qwen["actpage-observe"]["baseline_steal_s_max"], 0.05)
-        self.assertIsNone(qwen["actpage-all"]["steal_s_max"])  # not watched
-        check = [c for c in report["jobs"]["qwen"]["checks"] if c["measure"] == "ratio"][0]
-        self.assertFalse(check["met"])  # still a miss
-        self.assertAlmostEqual(check["host_steal_s"], 0.45)
-        self.assertIn("the host stole up to 0.5 s of the job's CPUs in a run (variant 0.5 s, baseline 0.1 s)",
-                      check["verdict"])
-        llama = [c for c in report["jobs"]["llama"]["checks"] if c["measure"] == "ratio"]
-        self.assertTrue(all("host" not in c["verdict"] for c in llama))
-        text = bench_report.format_text(report)
-        self.assertIn("| `actpage-observe` | actpage, observe only | 2/2 | 71.4 | - | 1.020 | 0.45 | - | 12000 |", text)
-        self.assertIn("- host steal s:", bench_report.format_markdown(report))
-        # Below the notice, a miss says nothing of the host; no watch at all, no markdown line.
-        steal[("qwen", "actpage-observe")] = [[10.0, 0.0], [100.0, 100.0]]
-        check = [c for c in self.report(steal=steal)["jobs"]["qwen"]["checks"] if c["measure"] == "ratio"][0]
-        self.assertNotIn("host", check["verdict"])
-        self.assertNotIn("- host steal s:", bench_report.format_markdown(self.report()))
-
-    def test_the_slowest_cpu_against_the_calls_usual_rate(self):
-        # Llama: the baseline's and observe's runs found both CPUs at 10 rounds/ms; one near-free run
-        # found CPU 3 at 6.
-        usual = {"2": 10.0, "3": 10.0}
-        probe = {("llama", "none"): [usual, usual], ("llama", "actpage-observe"): [usual, usual],
-                 ("llama", "actpage-near-free"): [usual, {"2": 10.0, "3": 6.0}]}
-        rows = {r["variant"]: r for r in self.report(probe=probe)["jobs"]["llama"]["rows"]}
-        self.assertAlmostEqual(rows["none"]["cpu_speed_min"], 1.0)
-        self.assertAlmostEqual(rows["actpage-near-free"]["cpu_speed_min"], 0.6)
-        self.assertIsNone(rows["actpage-all"]["cpu_speed_min"])  # not probed
-        report = bench_report.build_report(self.tmp)
-        self.assertIn("| 1.024 | - | 0.60 | 19300 |", bench_report.format_text(report))
-        self.assertIn("- slowest CPU:", bench_report.format_markdown(report))
-        self.assertNotIn("- slowest CPU:", bench_report.format_markdown(self.report()))
-
-    def test_failed_runs_and_missing_measurements_are_reported(self):
-        report = self.report(fail=("llama", "actpage-near-free"))
-        self.assertEqual(report["problems"], ["llama: actpage-near-free: 1 of 2 runs failed"])
-        fabricate(self.tmp, fail=("qwen", "none"), reps=1)
-        report = bench_report.build_report(self.tmp)
-        self.assertIn("qwen: no baseline (variant `none`) result", report["problems"])
-        qwen = {(c["variant"], c["measure"]): c for c in report["jobs"]["qwen"]["checks"]}
-        self.assertIsNone(qwen[("actpage-observe", "ratio")]["met"])
-        self.assertIn("not measured", qwen[("actpage-observe", "ratio")]["verdict"])
-
-    def test_table_and_markdown(self):
-        report = self.report()
-        text = bench_report.format_text(report)
-        self.assertIn("| `actpage-near-free` | actpage, near-free policy | 2/2 | 174.0 | - | 1.024 | - | - | 19300 | 2.64 | 17600 | 2700 "
-                      "| yes | saved 2.64 GiB >= 2.50 GiB: met; time 1.024x <= 1.030x: met; peak fell by/off 100.0% >= 99.0%: met |",
-                      text)
-        self.assertIn("time 1.588x <= 1.500x: **missed by 0.088x**", text)
-        self.assertIn("| `stream_offload` |", text)
-        self.assertIn("no (step 3)", text)
-        markdown = bench_report.format_markdown(report, "benchmarks.png")
-        for expected in ("### Run of 2026-11-23", "- Device: Fake GPU, 80 GiB", "`abc123`", "#### Llama, 16 layers",
-                         "#### Qwen3-MoE, 8 layers", "Targets missed or not measured:",
-                         "![device memory saved against slowdown](benchmarks.png)"):
-            self.assertIn(expected, markdown)
-        self.assertIn("- Llama, 16 layers, `actpage-all`: step time 1.588x: MISSED by 0.088x", markdown)
-
-    def test_png_is_valid_and_shows_each_job(self):
-        report = self.report()
-        data = bench_report.draw_plot(report, width=640, height=400).png()
-        width, height, rows = read_png(data)
-        self.assertEqual((width, height), (640, 400))
-        colours = colours_in(rows)
-        self.assertGreater(len(colours), 3, "blank image")
-        for colour in bench_report.SERIES_COLOURS[:2]:
-            self.assertIn(bytes(colour), colours)
-        # one job only: its colour present, the other's absent
-        one = {"jobs": {"qwen": report["jobs"]["qwen"]}, "problems": []}
-        colours = colours_in(read_png(bench_report.draw_plot(one).png())[2])
-        self.assertIn(bytes(bench_report.SERIES_COLOURS[0]), colours)
-        self.assertNotIn(bytes(bench_report.SERIES_COLOURS[1]), colours)
-
-    def test_main_writes_every_output(self):
-        fabricate(self.tmp)
-        png, js, md = (os.path.join(self.tmp, name) for name in ("b.png", "r.json", "r.md"))
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = bench_report.main([self.tmp, "--png", png, "--json", js, "--markdown", md])
-        self.assertEqual(code, 0)
-        read_png(read(png, "rb"))
-        self.assertIn("actpage-all", json.loads(read(js))["jobs"]["llama"]["rows"][3]["variant"])
-        self.assertIn("#### Llama", read(md))
-
-
-class BenchScriptTest(unittest.TestCase):
-    """scripts/bench.sh with the fake job and actpage: every variant of both jobs runs, the report is
-    written and packed."""
-
-    def setUp(self):
-        if not shutil.which("taskset"):
-            self.skipTest("no taskset on this machine (util-linux)")
-        # the last core this process may run on: every job must run there and nowhere else
-        self.core = max(os.sched_getaffinity(0))
-
-    def test_end_to_end(self):
-        bench = FakeBench()
-        self.addCleanup(bench.close)
-        out = os.path.join(bench.tmp, "bench")
-        packed = os.path.join(bench.tmp, "device-out")
-        os.mkdir(packed)
-        env = helpers.clean_environment(dict(bench.env, BENCH_OUT=out, OUT=packed, PYTHON=sys.executable,
-                                             BENCH_JOB_PYTHON=bench.job, BENCH_ACTPAGE=bench.actpage,
-                                             BENCH_STEPS="5", BENCH_WARMUP="1", BENCH_CPUS=str(self.core)))
-        done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench.sh")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=240)
-        self.assertEqual(done.returncode, 0, done.stdout[-3000:])
-        calls = bench.calls()
-        # 4 variants twice, the 3 actpage variants with the prefill and the 3 peers once, for both jobs
-        self.assertEqual(len(calls), 2 * (4 * 2 + 3 + 3))
-        # The catch-up variant: each job's shipped near-free settings with one more layer, once per job,
-        # from the policy file alone (no environment settings left over from when it had them).
-        catch_up = [(c["job"], c["key"]) for c in calls if c["key"].startswith(("llama-near-free-", "qwen3-moe-near-free-"))]
-        self.assertEqual(sorted(catch_up), [("llama", "llama-near-free-7.json"), ("qwen", "qwen3-moe-near-free-6.json")])
-        self.assertEqual([c for c in calls if c["catch_up"] is not None], [])
-        self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" for c in calls))
-        self.assertEqual({tuple(c["cpus"]) for c in calls}, {(self.core,)})  # BENCH_CPUS pinned every run
-        slow = [c for c in calls if c["key"] == "save_on_cpu"]
-        self.assertEqual([c["steps"] for c in slow], [6, 6])
-        keys = {(c["job"], c["key"]) for c in calls}
-        for job, near, all_ in (("llama", "llama-near-free.json", "llama-mlp-capped.json"),
-                                ("qwen", "qwen3-moe-near-free.json", "qwen3-moe-experts.json")):
-            for key in ("none", "observe.json", near, all_, "save_on_cpu", "checkpointing", "stream_offload"):
-                self.assertIn((job, key), keys)
-        # Llama's every-MLP peer: the same capped policy, draining where backward begins; Qwen's: the
-        # experts policy with the prefill and the cap from the environment.
-        drained = [(c["job"], c["key"]) for c in calls if c["drain_at_backward_start"] is not None]
-        self.assertEqual(drained, [("llama", "llama-mlp-capped.json")])
-        self.assertEqual(len([c for c in calls if (c["job"], c["key"]) == ("llama", "llama-mlp-capped.json")]), 3)
-        self.assertEqual(len([c for c in calls if (c["job"], c["key"]) == ("qwen", "qwen3-moe-experts.json")]), 3)
-        # every run's threads were watched (BENCH_THREAD_STATS): the report has the host's steal
-        results = json.loads(read(os.path.join(out, "llama", "results.json")))
-        self.assertTrue(all("cpus" in run["threads"] for run in results["runs"]))
-        self.assertIn("host steal s", read(os.path.join(out, "results.md")))
-        self.assertTrue(all(run["cpu_probe"]["before"] == run["cpu_probe"]["after"] or run["cpu_probe"]["after"]
-                            for run in results["runs"]))
-        self.assertTrue(all(set(run["cpu_probe"]["before"]) == {str(self.core)} for run in results["runs"]))
-        self.assertIn("- slowest CPU:", read(os.path.join(out, "results.md")))
-        self.assertIn("MISSED by 0.088x", done.stdout)
-        meta = json.loads(read(os.path.join(out, "llama", "meta.json")))
-        self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["warmup"], meta["cpus"]),
-                         (2, 1, 5, 1, str(self.core)))
-        # the report shows the job's own command and where it was pinned
-        self.assertIn("`examples/train_llama.py --layers 16", read(os.path.join(out, "results.md")))
-        self.assertIn(", pinned to CPU cores %d)" % self.core, read(os.path.join(out, "results.md")))
-        read_png(read(os.path.join(out, "bench.png"), "rb"))
-        with tarfile.open(os.path.join(packed, "bench-results.tar.gz")) as tar:
+        self.assertEqual({tuple(c["cpus"]) for c in calls}, {(self.core,)})
+        by_key = {c["key"]: c for c in llama}
+        for c in llama:
+            self.assertEqual(c["args"][:2], ["--layers", "2"])
+            self.assertIn("--deterministic", c["args"])
+        self.assertTrue(all("--deterministic" not in c["args"] for c in calls if c["script"] == "tiny_long.py"))
+        self.assertIsNone(by_key["actpage-bare"]["policy"])  # actpage with no policy at all
+        self.assertTrue(by_key["actpage-default-policy"]["policy"].endswith("config/default-policy.json"))
+        self.assertTrue(by_key["actpage-observe"]["policy"].endswith("config/observe.json"))
+        # untraced (BENCH_TRACE 0): observe's own trace goes to the traces folder; nothing else traces
+        self.assertTrue(by_key["actpage-observe"]["trace"].startswith(os.path.join(self.out, "traces", "tiny-llama")))
+        self.assertEqual([c["key"] for c in calls if c["trace"] and c["key"] != "actpage-observe"], [])
+        self.assertEqual(by_key["save_on_cpu"]["args"][-4:], ["--steps", "6", "--warmup", "2"])
+        self.assertEqual(by_key["stream_offload"]["args"][-4:], ["--method", "stream_offload", "--offload-modules", "MLP"])
+        self.assertEqual(by_key["checkpointing"]["args"][-2:], ["--method", "checkpointing"])
+        self.assertIn("--steps", by_key["none"]["args"])
+        # The link and the report
+        link = json.loads(read(os.path.join(self.out, "link.json")))
+        self.assertEqual((link["d2h_bytes_per_s"], link["source"]), (50e9, "actpage calibrate --quick"))
+        meta = json.loads(read(os.path.join(self.out, "tiny-llama", "meta.json")))
+        self.assertEqual((meta["reps"], meta["peer_reps"], meta["steps"], meta["cpus"], meta["link"]["d2h_bytes_per_s"]),
+                         (2, 1, 5, str(self.core), 50e9))
+        self.assertEqual(meta["manifest"]["stands_for"], "a GPU-bound transformer")
+        report = json.loads(read(os.path.join(self.out, "report.json")))
+        self.assertEqual(list(report["jobs"]), ["tiny-llama", "tiny-long"])
+        self.assertEqual(report["skipped"], {"tiny-fsdp": "needs 2 GPUs, this machine has 1"})
+        self.assertAlmostEqual(report["jobs"]["tiny-llama"]["link"]["bound_gib"], 50e9 * 0.030 / GIB)
+        rows = {r["variant"]: r for r in report["jobs"]["tiny-llama"]["rows"]}
+        self.assertTrue(rows["actpage-default+checkpointing"]["front"])
+        self.assertEqual(report["jobs"]["tiny-long"]["loss_rule"]["mode"], "tolerance")
+        self.assertLessEqual(len(report["jobs"]["tiny-llama"]["commit"].split()[0]), 12)  # shown short
+        markdown = read(os.path.join(self.out, "results.md"))
+        self.assertIn("### tiny-llama", markdown)
+        self.assertIn("host steal s", markdown)
+        self.assertIn("slowest CPU", markdown)
+        self.assertIn("== tiny-fsdp: skipped", read(os.path.join(self.out, "report.txt")))
+        with tarfile.open(os.path.join(self.packed, "bench-results.tar.gz")) as tar:
             names = tar.getnames()
-        for expected in ("./bench.png", "./results.md", "./report.json", "./llama/results.json", "./qwen/meta.json"):
+        for expected in ("./report.json", "./results.md", "./link.json", "./tiny-llama/results.json",
+                         "./tiny-long/meta.json", "./tiny-fsdp/skipped.json"):
             self.assertIn(expected, names)
-        self.assertFalse(any(name.endswith(".trace") for name in names))
+        self.assertFalse(any(".trace" in name or "traces" in name for name in names))
+        # --report rebuilds the report from what is there, running nothing
+        os.remove(os.path.join(self.out, "report.json"))
+        code, printed = self.bench("--report")
+        self.assertEqual(code, 0, printed[-2000:])
+        self.assertEqual(len(self.calls()), len(calls))
+        self.assertTrue(os.path.isfile(os.path.join(self.out, "report.json")))
+
+    def test_a_subset_through_its_launcher_and_calibrate_failing(self):
+        code, printed = self.bench("tiny-fsdp", BENCH_GPUS="2", BENCH_TRACE="1", FAKE_CALIBRATE_FAILS="1")
+        self.assertEqual(code, 0, printed[-3000:])
+        calls = self.calls()
+        self.assertEqual({c["script"] for c in calls}, {"tiny_fsdp.py"})
+        self.assertEqual(sorted(c["rank"] for c in calls), ["0"] * 4 + ["1"] * 4)  # 4 variants, 2 ranks each
+        self.assertEqual({tuple(c["cpus"]) for c in calls}, {(self.core,)})  # the launcher pinned, its ranks too
+        results = json.loads(read(os.path.join(self.out, "tiny-fsdp", "results.json")))
+        self.assertEqual(results["settings"]["ranks"], 2)
+        default = [r for r in results["runs"] if r["variant"] == "actpage-default"][0]
+        self.assertTrue(default["argv"][default["argv"].index("--trace") + 1].endswith("actpage-default.rep1.rank%r.trace"))
+        # calibrate failed: the torch fallback ran (no CUDA here: no rate) and the report says so
+        self.assertIn("actpage calibrate failed (actpage calibrate: no usable GPU 0)", printed)
+        link = json.loads(read(os.path.join(self.out, "link.json")))
+        self.assertIsNone(link["d2h_bytes_per_s"])
+        self.assertEqual(len(link["errors"]), 1)
+        self.assertIn("no link bound: D2H rate not measured", read(os.path.join(self.out, "report.txt")))
+        self.assertIn("not run yet: tiny-llama, tiny-long", read(os.path.join(self.out, "report.txt")))
+
+    def test_list_unknown_jobs_and_a_missing_manifest(self):
+        code, printed = self.bench("--list")
+        self.assertEqual(code, 0, printed)
+        self.assertIn("tiny-llama: 1 GPU(s), 8 runs:", printed)
+        self.assertIn("tiny-fsdp: 2 GPU(s), 4 runs (skipped here: needs 2 GPUs, this machine has 1):", printed)
+        self.assertIn("  actpage;actpage;async;policy=none", printed)
+        self.assertIn("total: 17 runs, about 6 minutes at ~20 s a run", printed)
+        self.assertFalse(os.path.exists(self.log))
+        code, printed = self.bench("--list", "tiny-llama", BENCH_SKIP_VARIANTS="save_on_cpu,stream_offload")
+        self.assertIn("tiny-llama: 1 GPU(s), 6 runs:", printed)
+        self.assertNotIn("save_on_cpu", printed)
+        code, printed = self.bench("--list", BENCH_SKIP_VARIANTS="none")
+        self.assertEqual(code, 2)
+        self.assertIn("cannot drop none", printed)
+        code, printed = self.bench("nosuchjob")
+        self.assertEqual(code, 2)
+        self.assertIn("unknown job nosuchjob (jobs: tiny-llama tiny-long tiny-fsdp)", printed)
+        code, printed = self.bench(BENCH_MANIFEST=os.path.join(self.dir.name, "none.json"))
+        self.assertEqual(code, 2)
+        self.assertIn("no manifest", printed)
 
 
 if __name__ == "__main__":

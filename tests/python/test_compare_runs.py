@@ -23,10 +23,10 @@ import compare_runs
 FAKE_JOB = textwrap.dedent("""
     import json, os, sys
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-    under_actpage = "ACTPAGE_POLICY" in os.environ
+    under_actpage = "FAKE_UNDER_ACTPAGE" in os.environ
     mode = "actpage" if under_actpage else "plain"
     with open(os.environ["FAKE_LOG"], "a") as log:
-        log.write("%s|%s|%s\\n" % (conf, under_actpage, " ".join(sys.argv[1:])))
+        log.write("%s|%s|%s|%s\\n" % (conf, under_actpage, " ".join(sys.argv[1:]), os.environ.get("ACTPAGE_POLICY")))
     if "--fail" in sys.argv:
         sys.exit(3)
     import time
@@ -51,13 +51,29 @@ FAKE_JOB = textwrap.dedent("""
         "actpage": {"loaded": under_actpage, "active": under_actpage}}))
 """)
 
-# Stands in for `actpage run --policy P -- CMD...`.
+# Stands in for `actpage run [--policy P] [--trace T] -- CMD...` and `actpage dump --json T`. Like
+# the real one it passes the policy on as ACTPAGE_POLICY; a trace path's %r becomes each rank of
+# FAKE_RANKS (one trace per rank, as the ranks of a torchrun job would write), the rank in the trace.
 FAKE_ACTPAGE = textwrap.dedent("""
-    import os, sys
+    import json, os, sys
     args = sys.argv[1:]
-    assert args[0] == "run" and args[1] == "--policy" and args[3] == "--", args
-    os.environ["ACTPAGE_POLICY"] = args[2]
-    os.execvp(args[4], args[4:])
+    if args[0] == "dump":
+        print(open(args[2]).read())
+        sys.exit(0)
+    assert args[0] == "run", args
+    args = args[1:]
+    while args[0] != "--":
+        if args[0] == "--policy":
+            os.environ["ACTPAGE_POLICY"] = args[1]
+        elif args[0] == "--trace":
+            for rank in range(int(os.environ.get("FAKE_RANKS", "1"))):
+                with open(args[1].replace("%r", str(rank)), "w") as trace:
+                    json.dump({"offload": {"count": rank + 1, "bytes": 1}}, trace)
+        else:
+            raise SystemExit("fake actpage: unexpected %r" % args[0])
+        args = args[2:]
+    os.environ["FAKE_UNDER_ACTPAGE"] = "1"
+    os.execvp(args[1], args[1:])
 """)
 
 
@@ -80,7 +96,8 @@ class CompareRunsTest(unittest.TestCase):
         self.out = os.path.join(self.tmp, "out")
 
     def tearDown(self):
-        for name in ("FAKE_LOG", "FAKE_COUNTER", "FAKE_PER_REP", "FAKE_STEPS", "FAKE_FAIL_REPS", "FAKE_SLEEP"):
+        for name in ("FAKE_LOG", "FAKE_COUNTER", "FAKE_PER_REP", "FAKE_STEPS", "FAKE_FAIL_REPS", "FAKE_SLEEP", "FAKE_RANKS",
+                     "ACTPAGE_POLICY"):
             os.environ.pop(name, None)
         self.dir.cleanup()
 
@@ -195,6 +212,51 @@ class CompareRunsTest(unittest.TestCase):
             del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
         with open(self.log) as handle:
             self.assertEqual(handle.read().split("|")[0], "None")
+
+    def test_an_actpage_variant_without_a_policy(self):
+        # policy=none: `actpage run -- CMD`, what a new user types; a policy named in the caller's
+        # environment must not reach it either (actpage run would take ACTPAGE_POLICY).
+        os.environ["ACTPAGE_POLICY"] = "/somewhere/else.json"
+        code, _ = self.main("--reps", "1", "--variant", "none;plain;async",
+                            "--variant", "bare;actpage;async;policy=none", "--variant", "given;actpage;async")
+        self.assertEqual(code, 0)
+        data, rows = self.summary()
+        argv = {run["variant"]: run["argv"] for run in data["runs"]}
+        self.assertEqual(argv["bare"][1:3], ["run", "--"])
+        self.assertEqual(argv["given"][1:4], ["run", "--policy", self.policy])
+        with open(self.log) as handle:
+            calls = [line.strip().split("|") for line in handle]
+        self.assertEqual([(c[1], c[3]) for c in calls], [("False", "/somewhere/else.json"), ("True", "None"),
+                                                         ("True", self.policy)])
+        self.assertEqual(rows["bare"]["reference"], "none")
+        self.assertTrue(rows["bare"]["losses_identical_to_reference"])
+        self.assertEqual(data["settings"]["variants"][1]["policy"], "none")
+        # No policy from anywhere is still an error: policy=none must be asked for.
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            compare_runs.parse_args(["--variant", "a;actpage;async", "--", "job"])
+
+    def test_ranks_trace_each_rank_and_summarise_rank_0(self):
+        os.environ["FAKE_RANKS"] = "2"
+        traces = os.path.join(self.tmp, "traces")
+        code, _ = self.main("--reps", "1", "--ranks", "2", "--trace-dir", traces,
+                            "--variant", "none;plain;async", "--variant", "ap;actpage;async")
+        self.assertEqual(code, 0)
+        data, _ = self.summary()
+        run = [r for r in data["runs"] if r["variant"] == "ap"][0]
+        self.assertTrue(run["argv"][run["argv"].index("--trace") + 1].endswith("ap.rep1.rank%r.trace"))
+        self.assertTrue(run["trace"].endswith("ap.rep1.rank0.trace"))
+        self.assertEqual(run["trace_summary"]["offloads"], 1)
+        self.assertEqual([s["offloads"] for s in run["trace_summaries"]], [1, 2])
+        self.assertEqual(data["settings"]["ranks"], 2)
+        # A rank that writes no trace this time: an earlier comparison's file must not stand in for it.
+        os.environ["FAKE_RANKS"] = "1"
+        self.main("--reps", "1", "--ranks", "2", "--trace-dir", traces, "--variant", "none;plain;async",
+                  "--variant", "ap;actpage;async")
+        run = [r for r in self.summary()[0]["runs"] if r["variant"] == "ap"][0]
+        self.assertEqual(run["trace_summaries"][0]["offloads"], 1)
+        self.assertIsNone(run["trace_summaries"][1])
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            compare_runs.parse_args(["--ranks", "0", "--", "job"])
 
     def test_variant_specs_and_schedule(self):
         variant = compare_runs.parse_variant("x;actpage;max_split_size_mb:64;--method none --steps 3")
