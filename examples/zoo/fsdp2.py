@@ -42,8 +42,8 @@ METHODS = ("none", "checkpointing", "save_on_cpu", "stream_offload")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2",
-                        help="fsdp2: fully_shard per decoder layer and the root (default); ddp: DistributedDataParallel, "
-                             "for a torch without fully_shard (CPU tests)")
+                        help="fsdp2: fully_shard per decoder layer and the root (default); ddp: "
+                             "DistributedDataParallel, for a torch without fully_shard (CPU tests)")
     parser.add_argument("--backend", default=None, help="process group backend (default: nccl on CUDA, gloo on CPU)")
     zoo_common.add_llama_arguments(parser, layers=16, hidden=2048, ffn=5632, heads=16)
     zoo_common.add_zoo_arguments(parser, METHODS, default_offload_modules="MLP", default_seq=4096, default_batch=2)

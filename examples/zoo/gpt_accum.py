@@ -5,11 +5,14 @@ under torch.autocast(bfloat16), gradient clipping, AdamW with weight decay on th
 warm-up then cosine learning rate, and an evaluation pass under torch.no_grad() every few steps.
 
 Stands for: the public GPT-style training scripts people copy and edit (nanoGPT, minGPT, course code).
-Defaults: GPT with 16 layers, n_embd 1280, 20 heads, vocab 50304, tied head, seq (block size) 1024,
-micro-batch 8, --accum 4 micro-batches per optimizer step, --eval-every 4 steps over --eval-batches 2
-fixed held-out batches, lr 6e-4, clip 1.0, bf16 autocast, 12 optimizer steps (3 warm-up).
+Defaults: GPT-2 medium's shape (24 layers, n_embd 1024, 16 heads, ~350M parameters), vocab 50304,
+tied head, seq (block size) 1024, micro-batch 8, --accum 4 micro-batches per optimizer step,
+--eval-every 4 steps over --eval-batches 2 fixed held-out batches, lr 6e-4, clip 1.0, bf16 autocast,
+12 optimizer steps (3 warm-up).
 Methods: none, checkpointing (torch.utils.checkpoint per Block, non-reentrant), save_on_cpu and
 stream_offload (default --offload-modules MLP) around each micro-batch's forward pass.
+Under autocast the bf16 copies of the fp32 weights are saved tensors too: stream_offload (which skips
+only parameters) and save_on_cpu copy them with the activations, once per micro-batch.
 Deterministic with --deterministic (SDPA, embedding, fused AdamW and clipping have deterministic
 CUDA kernels in that mode).
 
@@ -57,7 +60,7 @@ NANOGPT_LR = 6e-4  # set after add_zoo_arguments: set_defaults changes the defau
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    gpt_model.add_gpt_arguments(parser, layers=16, n_embd=1280, n_head=20)
+    gpt_model.add_gpt_arguments(parser, layers=24, n_embd=1024, n_head=16)
     add_loop_arguments(parser, accum=4)
     zoo_common.add_zoo_arguments(parser, METHODS, default_offload_modules="MLP", default_seq=1024, default_batch=8)
     parser.set_defaults(lr=NANOGPT_LR)

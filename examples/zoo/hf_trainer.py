@@ -16,8 +16,13 @@ clipping); device memory in use comes from common.MemorySampler, started at on_t
 Methods: none, checkpointing (TrainingArguments(gradient_checkpointing=True), non-reentrant),
 save_on_cpu and stream_offload (default --offload-modules MLP), entered around every forward pass by
 forward hooks on the model (zoo_common.ForwardContextHooks).
-Deterministic with --deterministic (TrainingArguments(full_determinism=True) as well; the dataset
-draws each sample from a generator seeded by its index, so worker processes change nothing).
+Deterministic with --deterministic: common.prepare_process sets torch's deterministic mode and
+CUBLAS_WORKSPACE_CONFIG before CUDA starts; TrainingArguments(full_determinism=True) is left off
+because it also sets CUDA_LAUNCH_BLOCKING=1, which would serialise every kernel launch wherever it
+takes effect. The dataset draws each sample from a generator seeded by its index, so worker
+processes change nothing.
+Under autocast the bf16 copies of the fp32 weights are saved tensors too: stream_offload (which skips
+only parameters) and save_on_cpu copy them with the activations.
 
 --loop plain drives the same callback, hooks and dataset with a minimal loop of ours in the
 Trainer's order of events instead of the Trainer (the CPU tests: no transformers there); the result
@@ -83,8 +88,8 @@ def training_arguments(args, output_dir, device):
                   gradient_accumulation_steps=1, learning_rate=args.lr, max_grad_norm=1.0,
                   bf16=args.dtype == "bf16", fp16=args.dtype == "fp16", dataloader_num_workers=args.workers,
                   logging_steps=1, report_to="none", save_strategy="no", seed=args.seed, data_seed=args.seed,
-                  gradient_checkpointing=checkpointing, full_determinism=bool(args.deterministic),
-                  use_cpu=device.type == "cpu", disable_tqdm=True, optim="adamw_torch")
+                  gradient_checkpointing=checkpointing, use_cpu=device.type == "cpu", disable_tqdm=True,
+                  optim="adamw_torch")
     if checkpointing:
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     return kwargs

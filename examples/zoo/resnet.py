@@ -6,7 +6,7 @@ AdamW (common.train's loop).
 
 Stands for: image-classification training as torchvision's reference scripts do it (synthetic data).
 Defaults: ResNet-50 (Bottleneck blocks 3,4,6,3, width 64), 1000 classes, 224x224 images, batch 256
-(several GiB of activations: roughly 60 MiB an image in bf16), 12 steps (3 warm-up). Images and
+(an estimated 50-60 MB of saved activations an image in bf16: over 10 GB), 12 steps (3 warm-up). Images and
 labels are drawn on the device from a generator seeded per step (no host-side data pipeline).
 --dtype bf16 means fp32 weights under bf16 autocast (default); fp32 means no autocast.
 Methods: none, checkpointing (torch.utils.checkpoint per Bottleneck block, non-reentrant: 16 regions;

@@ -214,8 +214,8 @@ class ManifestTest(unittest.TestCase):
     def test_every_job_of_the_issue_is_listed_once(self):
         names = [job["name"] for job in self.jobs]
         self.assertEqual(len(names), len(set(names)))
-        self.assertEqual(set(names), {"gpu_bound_llama", "gpt_accum", "hf_trainer", "qwen3_moe", "deepseek_moe", "resnet",
-                                      "long_context", "compiled", "fsdp2"})
+        self.assertEqual(set(names), {"gpu_bound_llama", "gpt_accum", "hf_trainer", "qwen3_moe", "deepseek_moe",
+                                      "resnet", "long_context", "compiled", "fsdp2"})
         listed = {os.path.basename(job["script"]) for job in self.jobs}
         scripts = {name for name in os.listdir(ZOO_DIR) if name.endswith(".py")}
         helpers_only = {"zoo_common.py", "zoo_layers.py", "tiny_models.py", "moe_model.py", "gpt_model.py"}
@@ -312,8 +312,8 @@ class TwoRankJobTest(unittest.TestCase):
 
     def test_rank_0_prints_one_result_with_every_rank_and_runs_repeat(self):
         with tempfile.TemporaryDirectory() as directory:
-            runs = [run_two_ranks(directory, ["--parallel", "ddp", "--deterministic", "--result-json", "run%d.json" % i])
-                    for i in range(2)]
+            runs = [run_two_ranks(directory, ["--parallel", "ddp", "--deterministic",
+                                              "--result-json", "run%d.json" % i]) for i in range(2)]
             for ranks in runs:
                 for code, out, err in ranks:
                     self.assertEqual(code, 0, err[-3000:])

@@ -76,7 +76,8 @@ class GptAccumTest(unittest.TestCase):
         for method in ("checkpointing", "save_on_cpu", "stream_offload"):
             with self.subTest(method=method):
                 result = zoo.run_main(gpt_accum, "--method", method, "--offload-min-bytes", "1KiB")
-                self.assertEqual((result["losses"], result["eval_losses"]), (reference["losses"], reference["eval_losses"]))
+                self.assertEqual(result["losses"], reference["losses"])
+                self.assertEqual(result["eval_losses"], reference["eval_losses"])
         self.assertGreater(result["stream_offload"]["offloaded_tensors"], 0)
         self.assertEqual(result["stream_offload"]["modules"], ["MLP"])
 
@@ -97,7 +98,7 @@ class GptAccumTest(unittest.TestCase):
     def test_defaults_are_the_gpu_sizes(self):
         args = gpt_accum.parse_args([])
         self.assertEqual((args.n_layer, args.n_embd, args.n_head, args.seq, args.batch, args.accum, args.eval_every),
-                         (16, 1280, 20, 1024, 8, 4, 4))
+                         (24, 1024, 16, 1024, 8, 4, 4))
 
 
 class CompiledTest(unittest.TestCase):
@@ -159,7 +160,7 @@ class HfTrainerPiecesTest(unittest.TestCase):
         self.assertEqual((kwargs["logging_steps"], kwargs["report_to"], kwargs["save_strategy"]), (1, "none", "no"))
         self.assertTrue(kwargs["gradient_checkpointing"])
         self.assertEqual(kwargs["gradient_checkpointing_kwargs"], {"use_reentrant": False})
-        self.assertTrue(kwargs["full_determinism"])
+        self.assertNotIn("full_determinism", kwargs)  # it would set CUDA_LAUNCH_BLOCKING=1
         plain = hf_trainer.training_arguments(hf_trainer.parse_args(["--dtype", "fp32"]), "/tmp/out",
                                               torch.device("cpu"))
         self.assertEqual((plain["bf16"], plain["gradient_checkpointing"], plain["use_cpu"]), (False, False, True))

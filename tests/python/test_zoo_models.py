@@ -225,7 +225,8 @@ class ResNetTest(MethodsGiveTheSameLossesMixin, unittest.TestCase):
         x = torch.randn(2, 2048, 3, 3)
         self.assertTrue(torch.allclose(deterministic.net.avgpool(x), torch.nn.AdaptiveAvgPool2d(1)(x), atol=1e-6))
         defaults = self.module.parse_args([])
-        self.assertEqual((defaults.blocks, defaults.image, defaults.batch, defaults.classes), ([3, 4, 6, 3], 224, 256, 1000))
+        self.assertEqual((defaults.blocks, defaults.image, defaults.batch, defaults.classes),
+                         ([3, 4, 6, 3], 224, 256, 1000))
 
     def test_checkpointing_is_per_block_and_bad_arguments_are_errors(self):
         result = zoo.run_main(self.module, "--method", "checkpointing")
