@@ -52,7 +52,11 @@ def parse_size(text):
     return int(float(number) * units[unit])
 
 
-def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048, default_batch=4):
+def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048, default_batch=4, methods=METHODS):
+    """The loop's flags. `methods`: the --method values this job supports (a job without its own
+    checkpointing leaves that out, so asking for it is an argument error, not a silent no-op)."""
+    if "none" not in methods or any(m not in METHODS for m in methods):
+        raise ValueError("methods must include 'none' and come from %s, got %r" % (METHODS, methods))
     group = parser.add_argument_group("training loop (examples/common.py)")
     group.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     group.add_argument("--warmup", type=int, default=3,
@@ -64,7 +68,7 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
                        help="parameter and activation dtype (default bf16)")
     group.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    group.add_argument("--method", choices=METHODS, default="none",
+    group.add_argument("--method", choices=tuple(methods), default="none",
                        help="what the job does about activation memory (default none)")
     group.add_argument("--deterministic", action="store_true",
                        help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8, "
@@ -526,14 +530,17 @@ class Job:
     make_batch    step -> dict of tensors on the device (deterministic in the step)
     compute_loss  (model, batch) -> scalar loss tensor
     config        a dict describing the model, copied into the result
+    result_fields more keys for the result (e.g. what the job says about its own determinism); they
+                  are added last, so they replace the loop's own keys of the same name
     """
 
-    def __init__(self, name, model, make_batch, compute_loss, config=None):
+    def __init__(self, name, model, make_batch, compute_loss, config=None, result_fields=None):
         self.name = name
         self.model = model
         self.make_batch = make_batch
         self.compute_loss = compute_loss
         self.config = dict(config or {})
+        self.result_fields = dict(result_fields or {})
 
 
 def random_token_batches(vocab, batch, seq, seed, device):
@@ -834,6 +841,7 @@ def train(job, args, out=None):
         result["actpage_recorded"] = recorded
         result["alternate"] = alternate_summary(step_ms, recorded, warmup)
         result["alternate_fwd"] = alternate_summary(fwd_ms, recorded, warmup)
+    result.update(job.result_fields)
     emit_result(result, out, args.result_json)
     return result
 

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config binutils file clang
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-dev python3-torch python3-numpy python3-matplotlib
+  python3 python3-dev python3-torch python3-torchvision python3-numpy python3-matplotlib
 )
 
 missing=()
