@@ -179,7 +179,10 @@ job_command() {
     command=("${pin[@]}" "$job_python" "$job_script" "${job_args[@]}")
   fi
   command+=(--steps "$steps" --warmup "$warmup")
-  [[ $job_deterministic != true ]] || command+=(--deterministic)
+  # A deterministic job runs deterministic whether or not its manifest args already say so.
+  if [[ $job_deterministic == true && " ${job_args[*]} " != *" --deterministic "* ]]; then
+    command+=(--deterministic)
+  fi
 }
 
 if [[ $mode == list ]]; then
