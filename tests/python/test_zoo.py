@@ -228,7 +228,8 @@ class ManifestTest(unittest.TestCase):
                 self.assertEqual(os.path.basename(job["script"]), job["name"] + ".py")
                 self.assertIn(job["gpus"], (1, 2))
                 if job["gpus"] == 2:
-                    self.assertEqual(job["launcher"], ["torchrun", "--nproc-per-node", "2"])
+                    # --standalone: each run its own rendezvous (a fixed port clashes between runs).
+                    self.assertEqual(job["launcher"], ["torchrun", "--standalone", "--nproc-per-node", str(job["gpus"])])
                 else:
                     self.assertIsNone(job["launcher"])
                 self.assertIn("none", job["methods"])
