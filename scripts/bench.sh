@@ -82,6 +82,7 @@ peer_reps=${BENCH_PEER_REPS:-1}
 trace=${BENCH_TRACE:-0}
 thread_stats=${BENCH_THREAD_STATS:-0.5}
 cpu_probe=${BENCH_CPU_PROBE:-0.05}
+preflight_steps=${BENCH_PREFLIGHT_STEPS:-0}  # >0: a short plain run of each job first; a job that fails it is skipped
 run_timeout=${BENCH_RUN_TIMEOUT:-300}
 # --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
 # run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
@@ -245,6 +246,28 @@ PY
   fi
   job_variants
   job_command
+  if (( preflight_steps > 0 )); then
+    # A job that cannot run plain is not worth its variants' device time: one short plain run first.
+    rm -rf "$job_out"
+    mkdir -p "$job_out"
+    preflight=("${command[@]}")
+    preflight+=(--steps "$preflight_steps" --warmup 0)
+    echo "=== $job: preflight, $preflight_steps steps plain"
+    if ! PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync timeout "$run_timeout" "${preflight[@]}" >"$job_out/preflight.log" 2>&1; then
+      echo "bench: $job: the preflight run failed; its variants are skipped (last lines of $job_out/preflight.log):"
+      tail -n 15 "$job_out/preflight.log"
+      BENCH_SKIP_JOB=$job BENCH_SKIP_LOG=$job_out/preflight.log "$python" - "$job_out/skipped.json" <<'PY'
+import json, os, sys
+lines = [l for l in open(os.environ["BENCH_SKIP_LOG"], errors="replace").read().splitlines() if l.strip()]
+with open(sys.argv[1], "w") as handle:
+    json.dump({"job": os.environ["BENCH_SKIP_JOB"], "failed": True,
+               "reason": "the preflight run failed: " + (lines[-1][:300] if lines else "no output")}, handle)
+    handle.write("\n")
+PY
+      failed=1
+      continue
+    fi
+  fi
   variant_args=()
   for spec in "${variants[@]}"; do variant_args+=(--variant "$spec"); done
   watch_args=()  # compare_runs options: traces, thread watch, CPU probe

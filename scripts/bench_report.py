@@ -301,6 +301,8 @@ def build_report(directory, manifest=None):
     for job, data in jobs.items():
         if data["skipped"] is not None:
             report["skipped"][job] = data["skipped"].get("reason") or "skipped"
+            if data["skipped"].get("failed"):  # a job that could not run is a problem, not a skip
+                report["problems"].append("%s: %s" % (job, report["skipped"][job]))
             continue
         report["jobs"][job] = job_report(job, data)
         report["problems"] += report["jobs"][job]["problems"]

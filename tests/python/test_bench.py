@@ -353,6 +353,8 @@ FAKE_JOB = textwrap.dedent("""
         values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
         return values[-1] if values else default
     method = last("--method", "none")
+    if script in os.environ.get("FAKE_BROKEN_SCRIPTS", "").split(","):
+        sys.exit("Traceback: %s cannot start" % script)
     policy = os.environ.get("ACTPAGE_POLICY")
     if os.environ.get("FAKE_UNDER_ACTPAGE"):
         key = "actpage-" + (os.path.basename(policy).split(".")[0] if policy else "bare")
@@ -550,6 +552,22 @@ class BenchScriptTest(unittest.TestCase):
         self.assertEqual(len(link["errors"]), 1)
         self.assertIn("no link bound: D2H rate not measured", read(os.path.join(self.out, "report.txt")))
         self.assertIn("not run yet: tiny-llama, tiny-long", read(os.path.join(self.out, "report.txt")))
+
+    def test_a_job_failing_its_preflight_is_skipped_as_a_failure(self):
+        code, printed = self.bench("tiny-llama", "tiny-long", BENCH_PREFLIGHT_STEPS="2",
+                                   FAKE_BROKEN_SCRIPTS="tiny_long.py")
+        self.assertEqual(code, 1, printed[-3000:])
+        calls = self.calls()
+        long = [c for c in calls if c["script"] == "tiny_long.py"]
+        self.assertEqual(len(long), 0)  # it exits before logging: not one variant of it ran
+        llama = [c for c in calls if c["script"] == "tiny_llama.py"]
+        self.assertEqual(llama[0]["key"], "none")  # the preflight: plain, 2 steps, no warm-up
+        self.assertEqual(llama[0]["args"][-4:], ["--steps", "2", "--warmup", "0"])
+        self.assertEqual(len(llama), 1 + 8)  # then every variant once
+        self.assertIn("bench: tiny-long: the preflight run failed", printed)
+        report = json.loads(read(os.path.join(self.out, "report.json")))
+        self.assertEqual(list(report["jobs"]), ["tiny-llama"])
+        self.assertIn("tiny-long: the preflight run failed: Traceback: tiny_long.py cannot start", report["problems"])
 
     def test_list_unknown_jobs_and_a_missing_manifest(self):
         code, printed = self.bench("--list")
