@@ -246,6 +246,10 @@ def run_plain_loop(args, model, dataset, recorder, device):
 
 def main(argv=None, out=None):
     args = parse_args(argv)
+    if "WORLD_SIZE" not in os.environ and args.device in (None, "cuda"):
+        # One process on a machine with several GPUs: the Trainer would wrap the model in
+        # nn.DataParallel over all of them. This job stands for a single-GPU run: one GPU it sees.
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
     common.prepare_process(args)
     device = common.pick_device(args)
     # Trainer's mixed precision keeps fp32 master weights: the model is built in fp32.
