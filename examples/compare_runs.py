@@ -474,6 +474,8 @@ def summarize(variants, records, baseline_name=None, within=None):
             "peak_offloaded_mib": _round(_median([(r.get("trace_summary") or {}).get("peak_offloaded_mib")
                                                   for r in ok])),
             "median_fwd_ms": _round(_median([r["result"].get("median_fwd_ms") for r in ok]), 3),
+            # Forward passes a step (gradient accumulation's micro-batches; the jobs' `microbatches`).
+            "forward_passes": _round(_median([r["result"].get("microbatches") for r in ok]), 0),
         })
         rows[-1].update(paired_statistics(runs, by_variant[ref] if ref is not None else []))
         if within is not None:

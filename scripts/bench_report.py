@@ -155,12 +155,17 @@ def variant_cpu_speed(runs, variant):
 # One job
 # ---------------------------------------------------------------------------------------------
 def link_bound(meta, baseline_row):
-    """{"d2h_bytes_per_s", "source", "fwd_ms", "bound_gib", "why"}: the link bound of a job, or why
-    there is none."""
+    """{"d2h_bytes_per_s", "source", "fwd_ms", "forward_passes", "bound_gib", "why"}: the link bound of
+    a job, or why there is none. The forward time is one forward pass's: with gradient accumulation a
+    step runs several (`forward_passes`), and each one's activations are freed by its own backward,
+    so the copies that lower the peak must hide behind one pass, not behind the step's sum."""
     link = meta.get("link") or {}
     rate = link.get("d2h_bytes_per_s")
-    fwd = (baseline_row or {}).get("median_fwd_ms")
-    bound = {"d2h_bytes_per_s": rate, "source": link.get("source"), "fwd_ms": fwd, "bound_gib": None, "why": None}
+    step_fwd = (baseline_row or {}).get("median_fwd_ms")
+    passes = int((baseline_row or {}).get("forward_passes") or 1)
+    fwd = None if step_fwd is None else step_fwd / max(passes, 1)
+    bound = {"d2h_bytes_per_s": rate, "source": link.get("source"), "fwd_ms": fwd, "forward_passes": passes,
+             "bound_gib": None, "why": None}
     if rate is None:
         bound["why"] = "D2H rate not measured (%s)" % ("; ".join(link.get("errors") or []) or "no link.json")
     elif fwd is None:
@@ -368,8 +373,10 @@ def format_table(job_data):
 def describe_link(link):
     if link["bound_gib"] is None:
         return "link bound: none (%s)" % link["why"]
-    return "link bound %.2f GiB = D2H %.1f GB/s (%s) x forward %.1f ms (GPU time, baseline)" % (
-        link["bound_gib"], link["d2h_bytes_per_s"] / 1e9, link["source"], link["fwd_ms"])
+    passes = link.get("forward_passes") or 1
+    which = "one of %d forward passes a step" % passes if passes > 1 else "GPU time"
+    return "link bound %.2f GiB = D2H %.1f GB/s (%s) x forward %.1f ms (%s, baseline)" % (
+        link["bound_gib"], link["d2h_bytes_per_s"] / 1e9, link["source"], link["fwd_ms"], which)
 
 
 def describe_losses(rule):

@@ -53,7 +53,7 @@ BETA = {  # not deterministic, loss_tolerance 1e-3 (relative); its own checkpoin
 
 
 def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H, reps=1, fwd_ms=30.0,
-              manifest_extra=None):
+              manifest_extra=None, microbatches=None):
     """results.json made by compare_runs' own summarize() from fabricated runs, and bench.sh's meta.json."""
     variants, records = [], []
     for name, (ms, used, losses, failures) in table.items():
@@ -67,6 +67,8 @@ def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H
                       "median_fwd_ms": fwd_ms if name == "none" else fwd_ms * 1.1, "device_used_peak_mib": used,
                       "torch_peak_mib": used - 2000, "deterministic": deterministic, "loss_tolerance": tolerance,
                       "device": "Fake GPU", "actpage": {"loaded": mode == "actpage", "active": mode == "actpage"}}
+            if microbatches is not None:
+                result["microbatches"] = microbatches
             records.append({"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
                             "result": result if ok else None, "argv": []})
     rows = compare_runs.summarize(variants, records, "none")
@@ -212,6 +214,16 @@ class BenchReportTest(unittest.TestCase):
         # No baseline at all: said so.
         fabricate(self.out, "beta", dict(BETA, none=(200.0, 30000.0, None, 1)), deterministic=False, tolerance=1e-3)
         self.assertIn("beta: no baseline (variant `none`) result", self.report()["problems"])
+
+    def test_the_link_bound_of_gradient_accumulation_is_one_forward_pass(self):
+        # Four micro-batches a step, 120 ms of forward GPU time in all: each pass's activations are
+        # freed by its own backward, so what the copies can hide is one pass's 30 ms.
+        fabricate(self.out, "accum", ALPHA, fwd_ms=120.0, microbatches=4)
+        link = self.report()["jobs"]["accum"]["link"]
+        self.assertEqual(link["forward_passes"], 4)
+        self.assertAlmostEqual(link["fwd_ms"], 30.0)
+        self.assertAlmostEqual(link["bound_gib"], D2H * 0.030 / GIB)
+        self.assertIn("x forward 30.0 ms (one of 4 forward passes a step, baseline)", bench_report.describe_link(link))
 
     def test_skipped_and_not_run_jobs(self):
         fabricate(self.out, "alpha", ALPHA)
