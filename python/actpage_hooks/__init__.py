@@ -129,6 +129,13 @@ def set_paused(paused, set_recording=None):
 def on_torch_imported(torch_module=None):
     """Called right after `import torch` (by the import hook). Never raises."""
     try:
+        from . import _fingerprint
+
+        if _fingerprint.wanted():  # `actpage validate` is running this process
+            _fingerprint.install(torch_module)
+    except Exception as error:
+        _log.warn_once("fingerprint", "could not record the backward calls for actpage validate: %r" % (error,))
+    try:
         install()
     except Exception as error:
         _log.warn_once("install", "could not install the module hooks: %r" % (error,))

@@ -33,6 +33,17 @@ struct RunArgs {
 };
 int run(const RunArgs& args, std::ostream& err);
 
+struct ValidateArgs {
+  std::string policy_path;           // empty: defaults and ACTPAGE_* only
+  std::vector<std::string> command;  // the job, after "--"
+  bool bisect = false;               // narrow a difference down to a module
+  bool deterministic = false;        // torch's deterministic algorithms in every run
+  std::string work_dir;              // empty: a temporary folder, removed when the values agree
+  bool keep = false;                 // keep the temporary folder anyway
+};
+// Exit status: 0 the same values, 1 different ones, 2 usage, 3 nothing could be concluded.
+int validate(const ValidateArgs& args, std::ostream& out, std::ostream& err);
+
 struct ReplayArgs {
   std::string trace_path;
   std::string policy_path;

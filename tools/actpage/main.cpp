@@ -14,13 +14,15 @@
 #endif
 
 namespace {
-// `actpage run [opts] -- CMD...`: CLI11 2.1 mangles what follows "--" in a prefix-command subcommand
-// (moves the "--" to the end, rejects "--x"). So when "--" ends run's own options, hand CLI11 only
-// what comes before it and take the rest verbatim as the command.
-std::vector<std::string> split_run_command(int& argc, char** argv) {
+// `actpage run [opts] -- CMD...` (and `validate`): CLI11 2.1 mangles what follows "--" in a
+// prefix-command subcommand (moves the "--" to the end, rejects "--x"). So when "--" ends the
+// subcommand's own options, hand CLI11 only what comes before it and take the rest verbatim.
+std::vector<std::string> split_job_command(int& argc, char** argv) {
   int i = 1;
   while (i < argc && argv[i][0] == '-') ++i;  // the app's own flags (--help, --version)
-  if (i >= argc || std::string_view(argv[i]) != "run") return {};
+  if (i >= argc) return {};
+  const std::string_view subcommand(argv[i]);
+  if (subcommand != "run" && subcommand != "validate") return {};
   for (int j = i + 1; j < argc; ++j) {
     const std::string_view arg(argv[j]);
     if (arg == "--") {
@@ -29,7 +31,8 @@ std::vector<std::string> split_run_command(int& argc, char** argv) {
       return command;
     }
     if (arg.empty() || arg[0] != '-') return {};  // the command starts here, without "--"
-    if (arg == "--policy" || arg == "-p" || arg == "--trace" || arg == "-t") ++j;  // skip the value
+    // Skip the value of an option that takes one.
+    if (arg == "--policy" || arg == "-p" || arg == "--trace" || arg == "-t" || arg == "--work-dir") ++j;
   }
   return {};
 }
@@ -37,7 +40,7 @@ std::vector<std::string> split_run_command(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace actpage::cli;
-  std::vector<std::string> run_command_after_separator = split_run_command(argc, argv);
+  std::vector<std::string> job_command_after_separator = split_job_command(argc, argv);
   CLI::App app{"actpage: pages a GPU training job's activations to pinned host memory, from outside the job"};
   app.set_version_flag("--version", std::string("actpage ") + ACTPAGE_VERSION);
   app.require_subcommand(1);
@@ -91,6 +94,17 @@ int main(int argc, char** argv) {
   calibrate_cmd->add_option("--repetitions", calibrate_args.repetitions, "Repetitions per measurement (default 5)");
   calibrate_cmd->add_flag("--quick", calibrate_args.quick, "Fewer sizes (a few seconds)");
 
+  ValidateArgs validate_args;
+  auto* validate_cmd = app.add_subcommand(
+      "validate", "Run a job plain and with a policy's releases poisoned; say whether the values it computes differ");
+  validate_cmd->add_option("--policy,-p", validate_args.policy_path, "Policy to validate");
+  validate_cmd->add_flag("--bisect", validate_args.bisect, "When the values differ, find the module whose release changes them");
+  validate_cmd->add_flag("--deterministic", validate_args.deterministic,
+                         "Run the job with torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8");
+  validate_cmd->add_option("--work-dir", validate_args.work_dir, "Keep the runs' output, fingerprints and traces here");
+  validate_cmd->add_flag("--keep", validate_args.keep, "Keep the temporary folder of the runs even when the values agree");
+  validate_cmd->prefix_command();
+
   OptionsArgs options_args;
   auto* options_cmd = app.add_subcommand("options", "List every option with its key, environment variable and default");
   options_cmd->add_flag("--markdown", options_args.markdown, "Print the README's Markdown table");
@@ -102,8 +116,13 @@ int main(int argc, char** argv) {
   if (*run_cmd) {
     // prefix_command(): everything after the first positional (or "--") is the job's own argv.
     for (const auto& rest : run_cmd->remaining()) run_args.command.push_back(rest);
-    for (auto& rest : run_command_after_separator) run_args.command.push_back(std::move(rest));
+    for (auto& rest : job_command_after_separator) run_args.command.push_back(std::move(rest));
     return run(run_args, std::cerr);
+  }
+  if (*validate_cmd) {
+    for (const auto& rest : validate_cmd->remaining()) validate_args.command.push_back(rest);
+    for (auto& rest : job_command_after_separator) validate_args.command.push_back(std::move(rest));
+    return validate(validate_args, std::cout, std::cerr);
   }
   if (*replay_cmd) return replay(replay_args, std::cout, std::cerr);
   if (*plan_cmd) return plan(plan_args, std::cout, std::cerr);
