@@ -188,10 +188,8 @@ def wrap(args, model, device):
     return model
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    rank, world, local_rank = distributed_environment()
-    torch = common.prepare_process(args)  # determinism settings before CUDA is initialised
+def rank_device(torch, args, local_rank):
+    """This rank's device: --device, else its local rank's GPU (made current), else the CPU."""
     if args.device is None and torch.cuda.is_available():
         args.device = "cuda:%d" % local_rank
     device = common.pick_device(args)
@@ -199,6 +197,14 @@ def main(argv=None):
         if device.index is None:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    return device
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, world, local_rank = distributed_environment()
+    torch = common.prepare_process(args)  # determinism settings before CUDA is initialised
+    device = rank_device(torch, args, local_rank)
     backend = args.backend or ("nccl" if device.type == "cuda" else "gloo")
     dist = init_process_group(torch, backend, device, rank, world)
     try:

@@ -100,13 +100,7 @@ def main(argv=None, out=None):
     if args.parallel == "fsdp2":
         train_distributed.fully_shard_function()  # a clear exit on a torch without it, before anything starts
     torch = common.prepare_process(args)
-    if args.device is None and torch.cuda.is_available():
-        args.device = "cuda:%d" % local_rank
-    device = common.pick_device(args)
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+    device = train_distributed.rank_device(torch, args, local_rank)
     backend = args.backend or ("nccl" if device.type == "cuda" else "gloo")
     dist = train_distributed.init_process_group(torch, backend, device, rank, world)
     try:
