@@ -191,6 +191,20 @@ void write_diff(const TraceFacts& a, const TraceFacts& b, std::ostream& out) {
   if (ia != 0 && ib != 0) rows.push_back(delta_row("iteration (median)", ia, ib, false));
   rows.push_back(delta_row("offloaded", sa.offload.bytes, sb.offload.bytes, true));
   rows.push_back(delta_row("stalls", sa.stalls.total_ns, sb.stalls.total_ns, false));
+  // Copies that did not pair (trace/pairing.hpp) are named when either trace has any.
+  const auto unpaired = [](const Summary& s) {
+    return s.offload.unfinished + s.reload.unfinished + s.offload.ends_without_begin + s.reload.ends_without_begin;
+  };
+  if (unpaired(sa) + unpaired(sb) != 0) {
+    const auto count_row = [](const std::string& name, std::uint64_t x, std::uint64_t y) {
+      const std::int64_t d = static_cast<std::int64_t>(y) - static_cast<std::int64_t>(x);
+      return std::vector<std::string>{name, std::to_string(x), std::to_string(y), (d < 0 ? "" : "+") + std::to_string(d), ""};
+    };
+    rows.push_back(count_row("copies unfinished", sa.offload.unfinished + sa.reload.unfinished,
+                             sb.offload.unfinished + sb.reload.unfinished));
+    rows.push_back(count_row("copy ends without a begin", sa.offload.ends_without_begin + sa.reload.ends_without_begin,
+                             sb.offload.ends_without_begin + sb.reload.ends_without_begin));
+  }
   table(out, rows);
 
   const auto changes = kind_changes(ta, tb);
@@ -217,7 +231,9 @@ Json json_diff(const TraceFacts& a, const TraceFacts& b) {
                 {"peak_live_bytes", f.summary->peak_live_bytes},
                 {"median_iteration_ns", median_iteration_ns(t)},
                 {"offloaded_bytes", f.summary->offload.bytes},
-                {"stall_ns", f.summary->stalls.total_ns}};
+                {"stall_ns", f.summary->stalls.total_ns},
+                {"offload", copies_json(f.summary->offload)},
+                {"reload", copies_json(f.summary->reload)}};
   };
   const auto changes = kind_changes(*a.timeline, *b.timeline);
   Json kinds = Json::array();

@@ -99,6 +99,7 @@ std::string copy_line(const CopyStats& copies) {
             format_duration(copies.duration.p90_ns) + ", max " + format_duration(copies.duration.max_ns);
   }
   line += ", " + std::to_string(copies.unfinished) + " unfinished";
+  if (copies.ends_without_begin != 0) line += ", " + plural(copies.ends_without_begin, "end", "ends") + " without a begin";
   return line;
 }
 
@@ -131,13 +132,6 @@ nlohmann::ordered_json modules_json(const std::vector<ModuleStats>& modules) {
                     {"stalls", {{"count", module.stalls}, {"total_ns", module.stall_ns}}}});
   }
   return list;
-}
-
-nlohmann::ordered_json copies_json(const CopyStats& copies) {
-  return {{"count", copies.count},
-          {"bytes", copies.bytes},
-          {"duration", duration_json(copies.duration)},
-          {"unfinished", copies.unfinished}};
 }
 
 std::string format_duration_or_dash(std::uint64_t ns) { return ns == 0 ? "-" : format_duration(ns); }
@@ -202,6 +196,14 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
 }
 
 }  // namespace
+
+nlohmann::ordered_json copies_json(const CopyStats& copies) {
+  return {{"count", copies.count},
+          {"bytes", copies.bytes},
+          {"duration", duration_json(copies.duration)},
+          {"unfinished", copies.unfinished},
+          {"ends_without_begin", copies.ends_without_begin}};
+}
 
 std::string format_duration(std::uint64_t ns) {
   char text[32];

@@ -20,6 +20,8 @@ namespace actpage::trace {
 void write_text_report(const Summary& summary, std::ostream& out);
 // The same content as one JSON object (keys in report order; times in ns, sizes in bytes).
 nlohmann::ordered_json json_report(const Summary& summary);
+// One direction's copies as json_report writes them (the diff writes them too).
+nlohmann::ordered_json copies_json(const CopyStats& copies);
 
 // "850 ns", "12.5 us", "3.250 ms", "1.500 s".
 std::string format_duration(std::uint64_t ns);
