@@ -35,29 +35,6 @@ std::string plural(std::uint64_t count, const char* singular, const char* many) 
   return std::to_string(count) + " " + (count == 1 ? singular : many);
 }
 
-// A table: the first column left-aligned, the others right-aligned, two spaces apart.
-void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  if (rows.empty()) return;
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
-  }
-  for (const auto& row : rows) {
-    std::string line = "  ";
-    for (std::size_t column = 0; column < row.size(); ++column) {
-      const std::string& cell = row[column];
-      const std::string pad(widths[column] - cell.size(), ' ');
-      if (column == 0) {
-        line += cell + pad;
-      } else {
-        line += "  " + pad + cell;
-      }
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << '\n';
-  }
-}
-
 void write_modules(std::ostream& out, const char* title, const std::vector<ModuleStats>& modules, bool paging,
                    const char* order = "sorted by bytes") {
   out << '\n' << title << " (" << order << ")\n";
@@ -217,6 +194,28 @@ std::string format_duration(std::uint64_t ns) {
     std::snprintf(text, sizeof text, "%.3f s", static_cast<double>(ns) / 1e9);
   }
   return text;
+}
+
+void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return;
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  for (const auto& row : rows) {
+    std::string line = "  ";
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      const std::string& cell = row[column];
+      const std::string pad(widths[column] - cell.size(), ' ');
+      if (column == 0) {
+        line += cell + pad;
+      } else {
+        line += "  " + pad + cell;
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  }
 }
 
 void write_text_report(const Summary& s, std::ostream& out) {

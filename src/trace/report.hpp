@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "trace/summary.hpp"
 
@@ -25,5 +26,9 @@ nlohmann::ordered_json copies_json(const CopyStats& copies);
 
 // "850 ns", "12.5 us", "3.250 ms", "1.500 s".
 std::string format_duration(std::uint64_t ns);
+
+// A table as the report and the diff print them: each line indented by two spaces, the first column
+// left-aligned, the others right-aligned, two spaces apart, no trailing spaces.
+void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
 
 }  // namespace actpage::trace
