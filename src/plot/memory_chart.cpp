@@ -165,7 +165,11 @@ void draw_panel(Canvas& canvas, const trace::Timeline& t, int top, const ChartOp
     for (const auto& interval : *lane.intervals) {
       const int x0 = x_of(std::max(interval.begin_ns, t.begin_ns));
       const int x1 = std::max(x_of(std::min(interval.end_ns, t.end_ns)), x0 + 1);
-      canvas.fill_rect(x0, lane_top + 2, x1, lane_top + kLaneHeight - 2, lane.colour);
+      if (interval.finished) {
+        canvas.fill_rect(x0, lane_top + 2, x1, lane_top + kLaneHeight - 2, lane.colour);
+      } else {
+        canvas.stripes(x0, lane_top + 2, x1, lane_top + kLaneHeight - 2, lane.colour, 4);
+      }
     }
     lane_top += kLaneHeight + kLaneGap;
   }
@@ -208,6 +212,14 @@ void draw_panel(Canvas& canvas, const trace::Timeline& t, int top, const ChartOp
   entry(t.d2h.empty() ? "D2H copies: none" : "offload copy (D2H)", ChartColours::d2h, false);
   entry(t.h2d.empty() ? "H2D copies: none" : "reload copy (H2D)", ChartColours::h2d, false);
   entry(t.stalls.empty() ? "stalls: none" : "stall (job waits)", ChartColours::stall, false);
+  // A copy whose END never came (trace::Pairing) is striped in its lane up to where it was seen to stop.
+  const auto unfinished = [](const std::vector<trace::Timeline::Interval>& copies) {
+    return std::any_of(copies.begin(), copies.end(), [](const auto& copy) { return !copy.finished; });
+  };
+  if (unfinished(t.d2h) || unfinished(t.h2d)) {
+    canvas.stripes(legend_x, legend_y, legend_x + 18, legend_y + 14, ChartColours::text, 4);
+    canvas.text(legend_x + 26, legend_y, "copy without END", text, kScale);
+  }
 }
 
 }  // namespace

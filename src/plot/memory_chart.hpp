@@ -3,7 +3,8 @@
 // Each panel stacks the bytes resident per module kind (trace/timeline.hpp), draws the bytes off
 // the device (pages actpage gave back) striped on top, the device memory in use from the trace's
 // samples as a black line, and below the chart one lane each for offload copies (D2H), reload
-// copies (H2D) and stalls, with the time axis in milliseconds from the start of the iteration.
+// copies (H2D) and stalls, with the time axis in milliseconds from the start of the iteration (a
+// copy whose END never came is striped, up to where trace::Pairing saw it stop).
 // The legend names every series; the title names the trace, its rank and the iteration, and
 // states the peak. Colours are fixed (ChartColours) so tests can look for each series.
 #pragma once

@@ -82,24 +82,6 @@ std::vector<KindChange> kind_changes(const Timeline& a, const Timeline& b) {
   return changes;
 }
 
-// A table: first column left-aligned, others right-aligned (as report.cpp's).
-void table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  if (rows.empty()) return;
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
-  }
-  for (const auto& row : rows) {
-    std::string line = "  ";
-    for (std::size_t c = 0; c < row.size(); ++c) {
-      const std::string pad(widths[c] - row[c].size(), ' ');
-      line += c == 0 ? row[c] + pad : "  " + pad + row[c];
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << '\n';
-  }
-}
-
 // The sentence that says what happened to the peak and which kinds account for it.
 std::string verdict(const TraceFacts& a, const TraceFacts& b, const std::vector<KindChange>& changes) {
   const Timeline& ta = *a.timeline;
@@ -191,7 +173,21 @@ void write_diff(const TraceFacts& a, const TraceFacts& b, std::ostream& out) {
   if (ia != 0 && ib != 0) rows.push_back(delta_row("iteration (median)", ia, ib, false));
   rows.push_back(delta_row("offloaded", sa.offload.bytes, sb.offload.bytes, true));
   rows.push_back(delta_row("stalls", sa.stalls.total_ns, sb.stalls.total_ns, false));
-  table(out, rows);
+  // Copies that did not pair (trace/pairing.hpp) are named when either trace has any.
+  const auto unpaired = [](const Summary& s) {
+    return s.offload.unfinished + s.reload.unfinished + s.offload.ends_without_begin + s.reload.ends_without_begin;
+  };
+  if (unpaired(sa) + unpaired(sb) != 0) {
+    const auto count_row = [](const std::string& name, std::uint64_t x, std::uint64_t y) {
+      const std::int64_t d = static_cast<std::int64_t>(y) - static_cast<std::int64_t>(x);
+      return std::vector<std::string>{name, std::to_string(x), std::to_string(y), (d < 0 ? "" : "+") + std::to_string(d), ""};
+    };
+    rows.push_back(count_row("copies unfinished", sa.offload.unfinished + sa.reload.unfinished,
+                             sb.offload.unfinished + sb.reload.unfinished));
+    rows.push_back(count_row("copy ends without a begin", sa.offload.ends_without_begin + sa.reload.ends_without_begin,
+                             sb.offload.ends_without_begin + sb.reload.ends_without_begin));
+  }
+  write_table(out, rows);
 
   const auto changes = kind_changes(ta, tb);
   out << "\nResident at each trace's peak, by module kind (largest change first)\n";
@@ -200,7 +196,7 @@ void write_diff(const TraceFacts& a, const TraceFacts& b, std::ostream& out) {
     kinds.push_back({changes[i].kind, format_bytes(changes[i].a), format_bytes(changes[i].b), signed_bytes(changes[i].delta())});
   }
   if (changes.size() > 12) kinds.push_back({"(" + std::to_string(changes.size() - 12) + " more)", "", "", ""});
-  table(out, kinds);
+  write_table(out, kinds);
   out << "\n" << verdict(a, b, changes) << "\n";
 }
 
@@ -217,7 +213,9 @@ Json json_diff(const TraceFacts& a, const TraceFacts& b) {
                 {"peak_live_bytes", f.summary->peak_live_bytes},
                 {"median_iteration_ns", median_iteration_ns(t)},
                 {"offloaded_bytes", f.summary->offload.bytes},
-                {"stall_ns", f.summary->stalls.total_ns}};
+                {"stall_ns", f.summary->stalls.total_ns},
+                {"offload", copies_json(f.summary->offload)},
+                {"reload", copies_json(f.summary->reload)}};
   };
   const auto changes = kind_changes(*a.timeline, *b.timeline);
   Json kinds = Json::array();
@@ -264,7 +262,7 @@ void write_ranks(const std::vector<TraceFacts>& ranks, std::ostream& out) {
                     iteration ? format_duration(iteration) : "-",
                     s.stalls.count ? std::to_string(s.stalls.count) + " (" + format_duration(s.stalls.total_ns) + ")" : "0"});
   }
-  table(out, rows);
+  write_table(out, rows);
 
   // Per-rank columns of one table: every key of any rank, ordered by the largest value.
   auto per_rank = [&](const char* title, const std::vector<ModuleStats> Summary::*list, bool model_order) {
@@ -299,7 +297,7 @@ void write_ranks(const std::vector<TraceFacts>& ranks, std::ostream& out) {
       for (std::uint64_t value : peaks[key]) row.push_back(format_bytes(value));
       table_rows.push_back(std::move(row));
     }
-    table(out, table_rows);
+    write_table(out, table_rows);
   };
   per_rank("Modules by kind, per rank (sorted by bytes)", &Summary::module_kinds, false);
   per_rank("Layers, per rank (in model order)", &Summary::layers, true);

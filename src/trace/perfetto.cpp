@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <map>
 #include <set>
 #include <unordered_map>
 
 #include "common/units.hpp"
+#include "trace/pairing.hpp"
 #include "trace/summary.hpp"
 
 namespace actpage::trace {
@@ -66,57 +66,37 @@ struct Emitter {
   }
 };
 
-// Copies of one direction on lanes that never overlap.
-void copies(Emitter& out, const TraceFile& trace, RecordType begin, RecordType end, const char* direction,
-            std::uint32_t tid_base) {
-  std::vector<const Timed<PagePayload>*> ordered;
-  for (const auto& page : trace.pages) {
-    if (page.type == begin || page.type == end) ordered.push_back(&page);
-  }
-  std::stable_sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) {
-    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
-  });
-  struct Copy {
-    const Timed<PagePayload>* begin;
-    std::uint64_t end_ns;
-  };
-  std::unordered_map<std::uint64_t, std::deque<const Timed<PagePayload>*>> started;
-  std::vector<Copy> done;
-  for (const auto* page : ordered) {
-    if (page->type == begin) {
-      started[page->data.ptr].push_back(page);
-      continue;
-    }
-    auto found = started.find(page->data.ptr);
-    if (found == started.end() || found->second.empty()) continue;
-    done.push_back({found->second.front(), page->time_ns});
-    found->second.pop_front();
-  }
-  for (auto& [ptr, pending] : started) {
-    for (const auto* page : pending) done.push_back({page, trace.last_time_ns});  // never finished
-  }
-  std::stable_sort(done.begin(), done.end(), [](const Copy& a, const Copy& b) {
-    return a.begin->time_ns != b.begin->time_ns ? a.begin->time_ns < b.begin->time_ns : a.begin->index < b.begin->index;
-  });
+// Copies of one direction (Pairing's) on lanes that never overlap; an unfinished copy says how it
+// ended, and an END without a BEGIN is an instant event on the first lane.
+void copies(Emitter& out, const TraceFile& trace, const Copies& paired, const char* direction, std::uint32_t tid_base) {
   std::vector<std::uint64_t> lane_free;  // per lane, when its last copy ends
-  for (const Copy& copy : done) {
+  const auto add_lane = [&] {
+    const std::size_t lane = lane_free.size();
+    lane_free.push_back(0);
+    out.thread_name(tid_base + static_cast<std::uint32_t>(lane), std::string(direction) + " copies " + std::to_string(lane),
+                    tid_base + lane);
+  };
+  for (const Copy& copy : paired.copies) {  // in BEGIN order
     std::size_t lane = 0;
-    while (lane < lane_free.size() && lane_free[lane] > copy.begin->time_ns) ++lane;
-    if (lane == lane_free.size()) {
-      lane_free.push_back(0);
-      out.thread_name(tid_base + static_cast<std::uint32_t>(lane), std::string(direction) + " copies " + std::to_string(lane),
-                      tid_base + lane);
-    }
-    lane_free[lane] = copy.end_ns;
+    while (lane < lane_free.size() && lane_free[lane] > copy.span.begin_ns) ++lane;
+    if (lane == lane_free.size()) add_lane();
+    lane_free[lane] = copy.span.end_ns;
     const std::string module = module_name(trace, copy.begin->data.path_id);
-    out.complete(tid_base + static_cast<std::uint32_t>(lane), copy.begin->time_ns, copy.end_ns,
-                 std::string(direction) + " " + module, "copy",
-                 {{"bytes", copy.begin->data.bytes}, {"size", format_bytes(copy.begin->data.bytes)},
-                  {"ptr", hex(copy.begin->data.ptr)}, {"group", copy.begin->data.group}, {"module", module}});
+    Json args = {{"bytes", copy.begin->data.bytes}, {"size", format_bytes(copy.begin->data.bytes)},
+                 {"ptr", hex(copy.begin->data.ptr)}, {"group", copy.begin->data.group}, {"module", module}};
+    if (!copy.span.finished()) args["unfinished"] = ending_name(copy.span.ending);
+    out.complete(tid_base + static_cast<std::uint32_t>(lane), copy.span.begin_ns, copy.span.end_ns,
+                 std::string(direction) + " " + module, "copy", std::move(args));
+  }
+  for (const Timed<PagePayload>* end : paired.ends_without_begin) {
+    if (lane_free.empty()) add_lane();
+    const std::string module = module_name(trace, end->data.path_id);
+    out.instant(tid_base, end->time_ns, std::string(direction) + " end without a begin: " + module, "copy",
+                {{"bytes", end->data.bytes}, {"ptr", hex(end->data.ptr)}, {"group", end->data.group}, {"module", module}});
   }
 }
 
-void emit_trace(Emitter& out, const TraceFile& trace) {
+void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
   std::string host = trace.hostname.empty() ? "unknown host" : trace.hostname;
   out.metadata.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", out.pid}, {"tid", 0},
                           {"args", {{"name", "rank " + std::to_string(trace.header.rank) + ": " + host + " pid " +
@@ -144,36 +124,49 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
     out.thread_name(tid, name, i);
   }
 
-  // Ranges: replayed per thread so that each becomes one complete event.
-  std::vector<const Timed<RangePayload>*> ranges;
-  for (const auto& r : trace.ranges) ranges.push_back(&r);
-  std::stable_sort(ranges.begin(), ranges.end(), [](const auto* a, const auto* b) {
-    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
-  });
-  std::map<std::uint32_t, std::vector<const Timed<RangePayload>*>> open;
-  auto close = [&](const Timed<RangePayload>* push, std::uint64_t end_ns, bool closed) {
-    const ResolvedPath* path = trace.path(push->data.path_id);
-    Json args = {{"path", path ? path->full : trace.path_string(push->data.path_id)}};
-    if (!closed) args["open_at_end"] = true;
-    out.complete(push->tid, push->time_ns, end_ns, module_name(trace, push->data.path_id), "range", std::move(args));
-  };
-  for (const auto* r : ranges) {
-    auto& stack = open[r->tid];
-    if (r->type == RecordType::range_push) {
-      stack.push_back(r);
-    } else if (!stack.empty()) {
-      close(stack.back(), r->time_ns, true);
-      stack.pop_back();
-    }
+  // Ranges: one complete event each, as Pairing paired them.
+  for (const Range& range : pairing.ranges()) {
+    const ResolvedPath* path = trace.path(range.push->data.path_id);
+    Json args = {{"path", path ? path->full : trace.path_string(range.push->data.path_id)}};
+    if (!range.span.finished()) args["unfinished"] = ending_name(range.span.ending);
+    out.complete(range.push->tid, range.span.begin_ns, range.span.end_ns, module_name(trace, range.push->data.path_id),
+                 "range", std::move(args));
   }
-  for (auto& [tid, stack] : open) {
-    while (!stack.empty()) {
-      close(stack.back(), trace.last_time_ns, false);
-      stack.pop_back();
-    }
+  for (const Timed<RangePayload>* pop : pairing.pops_without_push()) {
+    out.instant(pop->tid, pop->time_ns, "end without a begin: " + module_name(trace, pop->data.path_id), "range",
+                {{"path", trace.path_string(pop->data.path_id)}});
   }
 
-  // Allocations and frees, and the live-bytes counter (paired as summarize() pairs them).
+  // Allocations and frees as instant events (slices where the call was timed), each followed by the
+  // live-bytes counter where it changed it; a free shows the bytes of the allocation it ended.
+  std::unordered_map<std::uint64_t, std::uint64_t> live_after;  // record index -> live bytes after it
+  std::unordered_map<std::uint64_t, std::uint64_t> freed_bytes;  // FREE record index -> bytes
+  std::uint64_t live_bytes = 0;
+  // Pages away: the "off the device" counter after each change (drawn after the allocations).
+  std::uint64_t off_bytes = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> off_counter;  // (time, bytes)
+  for (const AllocationStep& step : pairing.steps()) {
+    const Allocation& allocation = pairing.allocations()[step.allocation];
+    const std::uint64_t bytes = allocation.alloc->data.bytes;
+    switch (step.kind) {
+      case AllocationStep::Kind::allocated: live_bytes += bytes; break;
+      case AllocationStep::Kind::ended:
+        live_bytes -= bytes;
+        if (allocation.free != nullptr) freed_bytes[allocation.free->index] = bytes;
+        break;
+      case AllocationStep::Kind::paged_out: off_bytes += bytes; break;
+      case AllocationStep::Kind::paged_in: off_bytes -= bytes; break;
+    }
+    if (step.kind == AllocationStep::Kind::paged_out || step.kind == AllocationStep::Kind::paged_in) {
+      off_counter.emplace_back(step.time_ns, off_bytes);
+      continue;
+    }
+    live_after[step.index] = live_bytes;
+    if (step.kind == AllocationStep::Kind::ended && step.was_away) {
+      off_bytes -= bytes;
+      off_counter.emplace_back(step.time_ns, off_bytes);
+    }
+  }
   struct Change {
     std::uint64_t time_ns;
     std::uint64_t index;
@@ -186,8 +179,6 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
   std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
     return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
   });
-  std::unordered_map<std::uint64_t, std::uint64_t> live;
-  std::uint64_t live_bytes = 0;
   for (const Change& change : changes) {
     if (change.alloc != nullptr) {
       const AllocPayload& a = change.alloc->data;
@@ -196,76 +187,34 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
       std::string label = (failed ? "failed alloc " : "alloc ") + format_bytes(a.bytes);
       Json args = {{"bytes", a.bytes}, {"ptr", hex(a.ptr)}, {"stream", hex(a.stream)}, {"module", module},
                    {"api", api_name(a.api)}, {"flags", a.flags}};
-      if (a.duration_ns > 0 && a.duration_ns <= change.time_ns) {
+      if (a.duration_ns > 0) {
         // Traces that time the call: a slice as long as the job's thread was inside it.
-        out.complete(change.alloc->tid, change.time_ns - a.duration_ns, change.time_ns, std::move(label), "alloc",
-                     std::move(args));
+        const Span span = ended_span(change.time_ns, a.duration_ns);
+        out.complete(change.alloc->tid, span.begin_ns, span.end_ns, std::move(label), "alloc", std::move(args));
       } else {
         out.instant(change.alloc->tid, change.time_ns, std::move(label), "alloc", std::move(args));
       }
-      if (failed) continue;
-      auto [it, inserted] = live.try_emplace(a.ptr, a.bytes);
-      if (!inserted) {
-        live_bytes -= it->second;
-        it->second = a.bytes;
-      }
-      live_bytes += a.bytes;
     } else {
       const FreePayload& f = change.free->data;
       if (f.ptr == 0) continue;
-      auto it = live.find(f.ptr);
-      const std::uint64_t bytes = it == live.end() ? 0 : it->second;
+      const auto freed = freed_bytes.find(change.index);
+      const std::uint64_t bytes = freed == freed_bytes.end() ? 0 : freed->second;
       out.instant(change.free->tid, change.time_ns, bytes ? "free " + format_bytes(bytes) : std::string("free"), "alloc",
                   {{"bytes", bytes}, {"ptr", hex(f.ptr)}, {"stream", hex(f.stream)}, {"api", api_name(f.api)}});
-      if (it == live.end()) continue;
-      live_bytes -= it->second;
-      live.erase(it);
     }
-    out.counter(change.time_ns, "live bytes", live_bytes);
-  }
-
-  // Bytes off the device: from OFFLOAD_END to RELOAD_BEGIN or the free.
-  {
-    struct Off {
-      std::uint64_t time_ns;
-      std::uint64_t index;
-      int kind;  // 0 off, 1 back, 2 freed
-      std::uint64_t ptr;
-      std::uint64_t bytes;
-    };
-    std::vector<Off> offs;
-    for (const auto& p : trace.pages) {
-      if (p.type == RecordType::offload_end) offs.push_back({p.time_ns, p.index, 0, p.data.ptr, p.data.bytes});
-      if (p.type == RecordType::reload_begin) offs.push_back({p.time_ns, p.index, 1, p.data.ptr, 0});
-    }
-    if (!offs.empty()) {
-      for (const auto& f : trace.frees) offs.push_back({f.time_ns, f.index, 2, f.data.ptr, 0});
-    }
-    std::stable_sort(offs.begin(), offs.end(), [](const Off& a, const Off& b) {
-      return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
-    });
-    std::unordered_map<std::uint64_t, std::uint64_t> off;
-    std::uint64_t off_bytes = 0;
-    for (const Off& change : offs) {
-      if (change.kind == 0) {
-        if (off.emplace(change.ptr, change.bytes).second) off_bytes += change.bytes;
-      } else {
-        auto it = off.find(change.ptr);
-        if (it == off.end()) continue;
-        off_bytes -= it->second;
-        off.erase(it);
-      }
-      out.counter(change.time_ns, "off the device", off_bytes);
+    if (const auto after = live_after.find(change.index); after != live_after.end()) {
+      out.counter(change.time_ns, "live bytes", after->second);
     }
   }
+  for (const auto& [time, bytes] : off_counter) out.counter(time, "off the device", bytes);
 
-  copies(out, trace, RecordType::offload_begin, RecordType::offload_end, "D2H", kCopyTidBase);
-  copies(out, trace, RecordType::reload_begin, RecordType::reload_end, "H2D", kCopyTidBase + 1000);
+  copies(out, trace, pairing.offloads(), "D2H", kCopyTidBase);
+  copies(out, trace, pairing.reloads(), "H2D", kCopyTidBase + 1000);
 
   for (const auto& s : trace.stalls) {
-    const std::uint64_t begin = s.time_ns > s.data.wait_ns ? s.time_ns - s.data.wait_ns : 0;
+    const Span span = ended_span(s.time_ns, s.data.wait_ns);
     const std::string module = module_name(trace, s.data.path_id);
-    out.complete(s.tid, begin, s.time_ns, "stall: waiting for " + module, "stall",
+    out.complete(s.tid, span.begin_ns, span.end_ns, "stall: waiting for " + module, "stall",
                  {{"wait_ns", s.data.wait_ns}, {"group", s.data.group}});
   }
   for (const auto& sample : trace.mem_samples) {
@@ -292,9 +241,10 @@ void emit_trace(Emitter& out, const TraceFile& trace) {
     if (v.type == RecordType::vmm_call) args["api"] = api_name(v.data.api);
     if (v.data.result != 0) args["result"] = v.data.result;
     std::string label = std::string(what) + " " + format_bytes(v.data.bytes);
-    if (v.data.duration_ns > 0 && v.data.duration_ns <= v.time_ns) {
+    if (v.data.duration_ns > 0) {
       // The record is written when the call returned: a slice ending there.
-      out.complete(v.tid, v.time_ns - v.data.duration_ns, v.time_ns, std::move(label), "vmm", std::move(args));
+      const Span span = ended_span(v.time_ns, v.data.duration_ns);
+      out.complete(v.tid, span.begin_ns, span.end_ns, std::move(label), "vmm", std::move(args));
     } else {
       out.instant(v.tid, v.time_ns, std::move(label), "vmm", std::move(args));
     }
@@ -319,7 +269,7 @@ nlohmann::ordered_json perfetto_trace(const std::vector<const TraceFile*>& trace
     // Two traces of one pid (two files of a process) still get two processes.
     out.pid = trace->header.pid;
     while (!pids.insert(out.pid).second) ++out.pid;
-    emit_trace(out, *trace);
+    emit_trace(out, *trace, Pairing(*trace));
   }
   std::stable_sort(out.events.begin(), out.events.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   Json events = Json::array();

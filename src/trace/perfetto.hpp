@@ -4,10 +4,13 @@
 // Contract (what a reader finds):
 // - One process per trace file (pid = the traced pid; name "rank R: <host> pid P"), several traces
 //   on one time axis aligned by their wall-clock start (FileHeader::start_unix_ns).
+// - Every paired record is paired by trace::Pairing (pairing.hpp), as the text report and the plot
+//   pair them; a slice whose end record never came carries args.unfinished (how it ended), and an
+//   end record without its begin is an instant event "... end without a begin".
 // - Each traced thread is a thread (tid = the kernel thread id) carrying its ranges as complete
-//   ("X") events, nested as pushed and popped (ranges still open at the end run to the end), its
-//   allocations and frees as instant ("i") events with bytes, pointer, stream and module in args,
-//   and its stalls as "X" events named "stall: waiting for <module>".
+//   ("X") events, its allocations and frees as instant ("i") events with bytes, pointer, stream and
+//   module in args (slices where the trace timed the call), and its stalls as "X" events named
+//   "stall: waiting for <module>".
 // - Copies are "X" events on synthetic threads "D2H copies N" / "H2D copies N" (tids from
 //   kCopyTidBase), a copy going on the first lane free at its start so that lanes never overlap.
 // - Counters ("C"): "device memory" (in use, from MEM_SAMPLE), "live bytes" (allocations) and

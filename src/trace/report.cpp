@@ -35,29 +35,6 @@ std::string plural(std::uint64_t count, const char* singular, const char* many) 
   return std::to_string(count) + " " + (count == 1 ? singular : many);
 }
 
-// A table: the first column left-aligned, the others right-aligned, two spaces apart.
-void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  if (rows.empty()) return;
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
-  }
-  for (const auto& row : rows) {
-    std::string line = "  ";
-    for (std::size_t column = 0; column < row.size(); ++column) {
-      const std::string& cell = row[column];
-      const std::string pad(widths[column] - cell.size(), ' ');
-      if (column == 0) {
-        line += cell + pad;
-      } else {
-        line += "  " + pad + cell;
-      }
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << '\n';
-  }
-}
-
 void write_modules(std::ostream& out, const char* title, const std::vector<ModuleStats>& modules, bool paging,
                    const char* order = "sorted by bytes") {
   out << '\n' << title << " (" << order << ")\n";
@@ -99,6 +76,7 @@ std::string copy_line(const CopyStats& copies) {
             format_duration(copies.duration.p90_ns) + ", max " + format_duration(copies.duration.max_ns);
   }
   line += ", " + std::to_string(copies.unfinished) + " unfinished";
+  if (copies.ends_without_begin != 0) line += ", " + plural(copies.ends_without_begin, "end", "ends") + " without a begin";
   return line;
 }
 
@@ -131,13 +109,6 @@ nlohmann::ordered_json modules_json(const std::vector<ModuleStats>& modules) {
                     {"stalls", {{"count", module.stalls}, {"total_ns", module.stall_ns}}}});
   }
   return list;
-}
-
-nlohmann::ordered_json copies_json(const CopyStats& copies) {
-  return {{"count", copies.count},
-          {"bytes", copies.bytes},
-          {"duration", duration_json(copies.duration)},
-          {"unfinished", copies.unfinished}};
 }
 
 std::string format_duration_or_dash(std::uint64_t ns) { return ns == 0 ? "-" : format_duration(ns); }
@@ -203,6 +174,14 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
 
 }  // namespace
 
+nlohmann::ordered_json copies_json(const CopyStats& copies) {
+  return {{"count", copies.count},
+          {"bytes", copies.bytes},
+          {"duration", duration_json(copies.duration)},
+          {"unfinished", copies.unfinished},
+          {"ends_without_begin", copies.ends_without_begin}};
+}
+
 std::string format_duration(std::uint64_t ns) {
   char text[32];
   if (ns < 1000) {
@@ -215,6 +194,28 @@ std::string format_duration(std::uint64_t ns) {
     std::snprintf(text, sizeof text, "%.3f s", static_cast<double>(ns) / 1e9);
   }
   return text;
+}
+
+void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return;
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  for (const auto& row : rows) {
+    std::string line = "  ";
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      const std::string& cell = row[column];
+      const std::string pad(widths[column] - cell.size(), ' ');
+      if (column == 0) {
+        line += cell + pad;
+      } else {
+        line += "  " + pad + cell;
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  }
 }
 
 void write_text_report(const Summary& s, std::ostream& out) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "trace/summary.hpp"
 
@@ -20,8 +21,14 @@ namespace actpage::trace {
 void write_text_report(const Summary& summary, std::ostream& out);
 // The same content as one JSON object (keys in report order; times in ns, sizes in bytes).
 nlohmann::ordered_json json_report(const Summary& summary);
+// One direction's copies as json_report writes them (the diff writes them too).
+nlohmann::ordered_json copies_json(const CopyStats& copies);
 
 // "850 ns", "12.5 us", "3.250 ms", "1.500 s".
 std::string format_duration(std::uint64_t ns);
+
+// A table as the report and the diff print them: each line indented by two spaces, the first column
+// left-aligned, the others right-aligned, two spaces apart, no trailing spaces.
+void write_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
 
 }  // namespace actpage::trace

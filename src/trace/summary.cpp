@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <deque>
 #include <map>
 #include <unordered_map>
 #include <utility>
 
+#include "trace/pairing.hpp"
 #include "trace/timeline.hpp"
 
 namespace actpage::trace {
@@ -129,30 +129,17 @@ class Attribution {
   std::unordered_map<std::uint32_t, ModuleSlots> cache_;
 };
 
-// One allocation or free, in time order.
-struct Event {
-  std::uint64_t time_ns;
-  std::uint64_t index;
-  const Timed<AllocPayload>* alloc;  // exactly one of the two is set
-  const Timed<FreePayload>* free;
-};
-
-struct Live {
-  std::uint64_t time_ns;
-  std::uint64_t bytes;
-  ModuleSlots slots;
-};
-
 bool failed(const AllocPayload& alloc) { return (alloc.flags & kAllocFailed) != 0 || alloc.ptr == 0; }
 
-void summarize_allocations(const TraceFile& trace, Summary& summary) {
-  std::vector<Event> events;
-  events.reserve(trace.allocs.size() + trace.frees.size());
-  for (const auto& alloc : trace.allocs) events.push_back({alloc.time_ns, alloc.index, &alloc, nullptr});
-  for (const auto& free : trace.frees) events.push_back({free.time_ns, free.index, nullptr, &free});
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
-  });
+// Allocations and frees as Pairing paired them, walked in time order.
+void summarize_allocations(const TraceFile& trace, const Pairing& pairing, Summary& summary) {
+  for (const auto& alloc : trace.allocs) {
+    if (failed(alloc.data)) ++summary.failed_allocations;
+  }
+  for (const auto& free : trace.frees) {
+    if (free.data.ptr != 0) ++summary.frees;
+  }
+  summary.unmatched_frees = pairing.frees_without_alloc().size();
 
   ModuleTable names;
   ModuleTable paths;
@@ -164,34 +151,30 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
     return std::array<std::pair<ModuleTable*, std::size_t>, 4>{
         {{&names, slots.by_name}, {&paths, slots.by_path}, {&layers, slots.by_layer}, {&kinds, slots.by_kind}}};
   };
-  std::unordered_map<std::uint64_t, Live> live;
+  const std::vector<Allocation>& allocations = pairing.allocations();
+  const std::vector<AllocationStep>& steps = pairing.steps();
+  std::vector<ModuleSlots> slots_of(allocations.size());
   std::uint64_t live_bytes = 0;
-  std::size_t peak_event = events.size();  // none yet
+  std::size_t peak_step = steps.size();  // none yet
   std::vector<std::uint64_t> all_lifetimes;
   std::map<std::uint16_t, ApiCount> apis;
 
-  const auto end_life = [&](const Live& gone) {
-    live_bytes -= gone.bytes;
-    for (auto [table, slot] : tables(gone.slots)) table->live[slot] -= gone.bytes;
-  };
-  const auto never_freed = [&](const Live& gone) {
-    for (auto [table, slot] : tables(gone.slots)) {
+  const auto never_freed = [&](const Allocation& gone, const ModuleSlots& slots) {
+    for (auto [table, slot] : tables(slots)) {
       ++table->stats[slot].never_freed;
-      table->stats[slot].never_freed_bytes += gone.bytes;
+      table->stats[slot].never_freed_bytes += gone.alloc->data.bytes;
     }
     ++summary.never_freed;
-    summary.never_freed_bytes += gone.bytes;
+    summary.never_freed_bytes += gone.alloc->data.bytes;
   };
 
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const Event& event = events[i];
-    if (event.alloc != nullptr) {
-      const AllocPayload& alloc = event.alloc->data;
-      if (failed(alloc)) {
-        ++summary.failed_allocations;
-        continue;
-      }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const AllocationStep& step = steps[i];
+    const Allocation& allocation = allocations[step.allocation];
+    const AllocPayload& alloc = allocation.alloc->data;
+    if (step.kind == AllocationStep::Kind::allocated) {
       const ModuleSlots slots = attribution.slots(alloc.path_id);
+      slots_of[step.allocation] = slots;
       const bool owned = (alloc.flags & kAllocOwned) != 0;
       const bool candidate = (alloc.flags & kAllocCandidate) != 0;
       for (auto [table, slot] : tables(slots)) {
@@ -225,14 +208,6 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
       ++api.allocations;
       api.bytes += alloc.bytes;
 
-      auto [it, inserted] = live.try_emplace(alloc.ptr, Live{event.time_ns, alloc.bytes, slots});
-      if (!inserted) {
-        // The pointer's free never reached the trace (lost records): the old allocation ends here.
-        ++summary.reused_live_pointers;
-        never_freed(it->second);
-        end_life(it->second);
-        it->second = Live{event.time_ns, alloc.bytes, slots};
-      }
       live_bytes += alloc.bytes;
       for (auto [table, slot] : tables(slots)) {
         std::uint64_t& now = table->live[slot];
@@ -241,53 +216,41 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
       }
       if (live_bytes > summary.peak_live_bytes) {
         summary.peak_live_bytes = live_bytes;
-        summary.peak_time_ns = event.time_ns;
-        peak_event = i;
+        summary.peak_time_ns = step.time_ns;
+        peak_step = i;
       }
-    } else {
-      const FreePayload& free = event.free->data;
-      if (free.ptr == 0) continue;
-      ++summary.frees;
-      auto found = live.find(free.ptr);
-      if (found == live.end()) {
-        ++summary.unmatched_frees;
-        continue;
+    } else if (step.kind == AllocationStep::Kind::ended) {
+      const ModuleSlots& slots = slots_of[step.allocation];
+      if (allocation.life.finished()) {
+        for (auto [table, slot] : tables(slots)) {
+          table->lifetimes[slot].push_back(allocation.life.length_ns());
+          ++table->stats[slot].freed;
+        }
+        all_lifetimes.push_back(allocation.life.length_ns());
+      } else {
+        // The pointer was allocated again while live: its free never reached the trace.
+        ++summary.reused_live_pointers;
+        never_freed(allocation, slots);
       }
-      const Live& gone = found->second;
-      const std::uint64_t lifetime = event.time_ns - gone.time_ns;
-      for (auto [table, slot] : tables(gone.slots)) {
-        table->lifetimes[slot].push_back(lifetime);
-        ++table->stats[slot].freed;
-      }
-      all_lifetimes.push_back(lifetime);
-      end_life(gone);
-      live.erase(found);
+      live_bytes -= alloc.bytes;
+      for (auto [table, slot] : tables(slots)) table->live[slot] -= alloc.bytes;
     }
   }
-  for (const auto& [ptr, still] : live) never_freed(still);
+  for (std::size_t i = 0; i < allocations.size(); ++i) {
+    if (allocations[i].life.ending == Ending::trace_end) never_freed(allocations[i], slots_of[i]);
+  }
   summary.live_bytes_at_end = live_bytes;
   summary.lifetime = duration_stats(all_lifetimes);
 
-  // What was live at the peak: replay the events up to it, by innermost name.
-  if (peak_event < events.size()) {
-    std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> at_peak;  // ptr -> bytes, name slot
+  // What was live at the peak: replay the steps up to it, by innermost name.
+  if (peak_step < steps.size()) {
     std::vector<std::uint64_t> module_bytes(names.stats.size(), 0);
-    for (std::size_t i = 0; i <= peak_event; ++i) {
-      const Event& event = events[i];
-      if (event.alloc != nullptr) {
-        const AllocPayload& alloc = event.alloc->data;
-        if (failed(alloc)) continue;
-        const std::size_t slot = attribution.slots(alloc.path_id).by_name;
-        auto [it, inserted] = at_peak.try_emplace(alloc.ptr, alloc.bytes, slot);
-        if (!inserted) {
-          module_bytes[it->second.second] -= it->second.first;
-          it->second = {alloc.bytes, slot};
-        }
-        module_bytes[slot] += alloc.bytes;
-      } else if (auto found = at_peak.find(event.free->data.ptr); found != at_peak.end()) {
-        module_bytes[found->second.second] -= found->second.first;
-        at_peak.erase(found);
-      }
+    for (std::size_t i = 0; i <= peak_step; ++i) {
+      const AllocationStep& step = steps[i];
+      const std::uint64_t bytes = allocations[step.allocation].alloc->data.bytes;
+      std::uint64_t& module = module_bytes[slots_of[step.allocation].by_name];
+      if (step.kind == AllocationStep::Kind::allocated) module += bytes;
+      if (step.kind == AllocationStep::Kind::ended) module -= bytes;
     }
     for (std::size_t slot = 0; slot < module_bytes.size(); ++slot) {
       if (module_bytes[slot] != 0) summary.peak_modules.push_back({names.stats[slot].module, module_bytes[slot]});
@@ -343,31 +306,17 @@ void summarize_allocations(const TraceFile& trace, Summary& summary) {
   });
 }
 
-// BEGIN/END pairs of one direction, matched by pointer in time order.
-CopyStats copy_stats(const TraceFile& trace, RecordType begin, RecordType end) {
-  std::vector<const Timed<PagePayload>*> ordered;
-  for (const auto& page : trace.pages) {
-    if (page.type == begin || page.type == end) ordered.push_back(&page);
-  }
-  std::sort(ordered.begin(), ordered.end(), [](const Timed<PagePayload>* a, const Timed<PagePayload>* b) {
-    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
-  });
+// The copies of one direction, as Pairing paired them.
+CopyStats copy_stats(const Copies& copies) {
   CopyStats stats;
-  std::unordered_map<std::uint64_t, std::deque<std::uint64_t>> started;  // ptr -> begin times
   std::vector<std::uint64_t> durations;
-  for (const auto* page : ordered) {
-    if (page->type == begin) {
-      ++stats.count;
-      stats.bytes += page->data.bytes;
-      started[page->data.ptr].push_back(page->time_ns);
-      continue;
-    }
-    auto found = started.find(page->data.ptr);
-    if (found == started.end() || found->second.empty()) continue;
-    durations.push_back(page->time_ns - found->second.front());
-    found->second.pop_front();
+  for (const Copy& copy : copies.copies) {
+    ++stats.count;
+    stats.bytes += copy.begin->data.bytes;
+    if (copy.span.finished()) durations.push_back(copy.span.length_ns());
   }
-  for (const auto& [ptr, times] : started) stats.unfinished += times.size();
+  stats.unfinished = copies.unfinished;
+  stats.ends_without_begin = copies.ends_without_begin.size();
   stats.duration = duration_stats(durations);
   return stats;
 }
@@ -385,7 +334,9 @@ std::string api_name(std::uint16_t id) {
   return "api " + std::to_string(id);
 }
 
-Summary summarize(const TraceFile& trace) {
+Summary summarize(const TraceFile& trace) { return summarize(trace, Pairing(trace)); }
+
+Summary summarize(const TraceFile& trace, const Pairing& pairing) {
   Summary summary;
   summary.source = trace.source;
   summary.pid = trace.header.pid;
@@ -405,10 +356,10 @@ Summary summarize(const TraceFile& trace) {
     if (text.starts_with(kAdviceMessagePrefix)) summary.advice.push_back(text.substr(kAdviceMessagePrefix.size()));
   }
 
-  summarize_allocations(trace, summary);
+  summarize_allocations(trace, pairing, summary);
 
-  summary.offload = copy_stats(trace, RecordType::offload_begin, RecordType::offload_end);
-  summary.reload = copy_stats(trace, RecordType::reload_begin, RecordType::reload_end);
+  summary.offload = copy_stats(pairing.offloads());
+  summary.reload = copy_stats(pairing.reloads());
   for (const auto& stall : trace.stalls) {
     ++summary.stalls.count;
     summary.stalls.total_ns += stall.data.wait_ns;
@@ -441,44 +392,20 @@ Summary summarize(const TraceFile& trace) {
     }
   }
 
-  // Bytes off the device over time: from OFFLOAD_END until RELOAD_BEGIN or the free of the pointer.
+  // Bytes off the device over time: the allocations' pages away (Pairing).
   {
-    struct Change {
-      std::uint64_t time_ns;
-      std::uint64_t index;
-      int kind;  // 0 off, 1 back (reload begins), 2 freed
-      std::uint64_t ptr;
-      std::uint64_t bytes;
-    };
-    std::vector<Change> changes;
-    for (const auto& page : trace.pages) {
-      if (page.type == RecordType::offload_end) changes.push_back({page.time_ns, page.index, 0, page.data.ptr, page.data.bytes});
-      if (page.type == RecordType::reload_begin) changes.push_back({page.time_ns, page.index, 1, page.data.ptr, 0});
-    }
-    if (!changes.empty()) {
-      for (const auto& free_record : trace.frees) {
-        changes.push_back({free_record.time_ns, free_record.index, 2, free_record.data.ptr, 0});
-      }
-    }
-    std::sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
-      return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
-    });
-    std::unordered_map<std::uint64_t, std::uint64_t> off;  // pointer -> bytes off the device
     std::uint64_t off_now = 0;
     bool peak_seen = false;
-    for (const Change& change : changes) {
-      if (summary.memory.samples > 0 && !peak_seen && change.time_ns > summary.memory.peak_used_time_ns) {
+    for (const AllocationStep& step : pairing.steps()) {
+      if (summary.memory.samples > 0 && !peak_seen && step.time_ns > summary.memory.peak_used_time_ns) {
         summary.memory.offloaded_at_peak_bytes = off_now;
         peak_seen = true;
       }
-      if (change.kind == 0) {
-        auto [it, inserted] = off.emplace(change.ptr, change.bytes);
-        if (inserted) off_now += change.bytes;
-      } else {
-        auto it = off.find(change.ptr);
-        if (it == off.end()) continue;
-        off_now -= it->second;
-        off.erase(it);
+      const std::uint64_t bytes = pairing.allocations()[step.allocation].alloc->data.bytes;
+      if (step.kind == AllocationStep::Kind::paged_out) {
+        off_now += bytes;
+      } else if (step.kind == AllocationStep::Kind::paged_in || (step.kind == AllocationStep::Kind::ended && step.was_away)) {
+        off_now -= bytes;
       }
       summary.memory.peak_offloaded_bytes = std::max(summary.memory.peak_offloaded_bytes, off_now);
     }
@@ -502,7 +429,7 @@ Summary summarize(const TraceFile& trace) {
     }
     if (call.type == RecordType::vmm_call) ++summary.vmm_calls;
   }
-  summary.time = time_breakdown(trace);
+  summary.time = time_breakdown(trace, pairing);
   return summary;
 }
 

@@ -5,8 +5,9 @@
 //   the full range path (`module_paths`). Allocations made with no range open are the module
 //   kUntagged. Owned (kAllocOwned) and pass-through allocations both count; failed ones
 //   (kAllocFailed, or a null pointer) are only counted in failed_allocations.
-// - ALLOC and FREE records are paired by pointer in time order across all threads (ties keep file
-//   order); a pointer may be reused after its free. A free with no live allocation is counted in
+// - Every paired record is paired by trace::Pairing (pairing.hpp), the rule all of `actpage dump`
+//   shares: ALLOC and FREE by pointer in time order across all threads (ties keep file order); a
+//   pointer may be reused after its free. A free with no live allocation is counted in
 //   unmatched_frees; an allocation of a pointer that is still live (its free was lost) ends the old
 //   one, counted in reused_live_pointers and as never freed. Frees of the null pointer are ignored.
 // - Lifetime = free time - allocation time, over freed allocations only; allocations never freed
@@ -14,8 +15,10 @@
 //   ceil(p * n) - 1 (so the median of an even count is the lower middle value).
 // - Live bytes peak: the greatest sum of live allocation sizes, at the first time it is reached,
 //   with the per-module (innermost name) breakdown of what was live then.
-// - Paging: OFFLOAD_BEGIN/END (and RELOAD_BEGIN/END) are paired by pointer in time order; the
-//   copy duration is end - begin; begins without an end are `unfinished`.
+// - Paging: a copy's duration is END - BEGIN over matched copies only; a BEGIN without its END is
+//   `unfinished`, an END without a BEGIN is counted in `ends_without_begin` (Pairing's rule).
+//   Bytes off the device are the allocations' pages away: from OFFLOAD_END of a live allocation to
+//   its RELOAD_BEGIN or its end.
 // - Lists are sorted by bytes, largest first, then by name.
 #pragma once
 
@@ -73,8 +76,9 @@ struct ApiCount {
 struct CopyStats {
   std::uint64_t count = 0;  // BEGIN records
   std::uint64_t bytes = 0;
-  DurationStats duration;   // paired BEGIN -> END
-  std::uint64_t unfinished = 0;
+  DurationStats duration;   // matched BEGIN -> END
+  std::uint64_t unfinished = 0;          // BEGINs whose END never came
+  std::uint64_t ends_without_begin = 0;  // ENDs with no open BEGIN (the BEGIN was lost)
 };
 
 struct StallStats {
@@ -91,8 +95,9 @@ struct MemoryStats {
   std::uint64_t peak_used_bytes = 0;  // total - free
   std::uint64_t peak_used_time_ns = 0;
   std::int32_t peak_device = -1;
-  // Bytes whose device pages actpage had given back (OFFLOAD_END, not yet RELOAD_BEGIN or freed)
-  // at the time of the peak use: what the peak would have held without offloading.
+  // Bytes whose device pages actpage had given back (Pairing's pages away: OFFLOAD_END of a live
+  // allocation, not yet RELOAD_BEGIN or freed) at the time of the peak use: what the peak would have
+  // held without offloading.
   std::uint64_t offloaded_at_peak_bytes = 0;
   std::uint64_t peak_offloaded_bytes = 0;  // the most ever off the device at once
   // What held the peak: the ENGINE_MEMORY record the sampler wrote with the peak's sample (traces
@@ -173,6 +178,8 @@ struct Summary {
 };
 
 Summary summarize(const TraceFile& trace);
+// The same, with the trace's records already paired (the caller's Pairing of `trace`).
+Summary summarize(const TraceFile& trace, const Pairing& pairing);
 
 // The name of an api_list.def id ("cudaMallocAsync"); "api N" for an unknown id.
 std::string api_name(std::uint16_t id);

@@ -1,7 +1,6 @@
 #include "trace/time_breakdown.hpp"
 
 #include <algorithm>
-#include <unordered_map>
 #include <utility>
 
 namespace actpage::trace {
@@ -9,38 +8,11 @@ namespace {
 
 using Interval = std::pair<std::uint64_t, std::uint64_t>;  // [begin, end)
 
-// Pairs BEGIN and END records of one kind by pointer in time order. A BEGIN whose END never comes
-// ends where the pointer's story moves on: its FREE (the job freed it during the copy), a reload of
-// it, or its next BEGIN; only one with none of those runs to the end of the trace. (An offload that
-// backward overtook, or whose allocation the job freed, writes no END: run to the trace's end, one
-// such offload would count as in flight for every later iteration.) Returns the union of the
-// intervals, sorted and disjoint.
-std::vector<Interval> in_flight(const TraceFile& trace, RecordType begin, RecordType end) {
-  struct Event {
-    std::uint64_t time;
-    std::uint64_t index;  // file order, for ties
-    std::uint64_t ptr;
-    int kind;             // 0 begin, 1 end, 2 something else that ends an open one
-  };
-  std::vector<Event> events;
-  for (const auto& page : trace.pages) {
-    const int kind = page.type == begin ? 0 : page.type == end ? 1 : 2;
-    events.push_back({page.time_ns, page.index, page.data.ptr, kind});
-  }
-  for (const auto& free : trace.frees) events.push_back({free.time_ns, free.index, free.data.ptr, 2});
-  std::sort(events.begin(), events.end(),
-            [](const Event& a, const Event& b) { return a.time != b.time ? a.time < b.time : a.index < b.index; });
-  std::unordered_map<std::uint64_t, std::uint64_t> open;  // ptr -> begin time
+// The union of the copies' spans, sorted and disjoint.
+std::vector<Interval> in_flight(const Copies& copies) {
   std::vector<Interval> intervals;
-  for (const Event& event : events) {
-    auto it = open.find(event.ptr);
-    if (it != open.end()) {
-      intervals.emplace_back(it->second, event.time);
-      open.erase(it);
-    }
-    if (event.kind == 0) open[event.ptr] = event.time;
-  }
-  for (const auto& [ptr, start] : open) intervals.emplace_back(start, std::max(start, trace.last_time_ns));
+  intervals.reserve(copies.copies.size());
+  for (const Copy& copy : copies.copies) intervals.emplace_back(copy.span.begin_ns, copy.span.end_ns);
   std::sort(intervals.begin(), intervals.end());
   std::vector<Interval> merged;
   for (const auto& interval : intervals) {
@@ -73,7 +45,9 @@ std::uint64_t median(std::vector<std::uint64_t> values) {
 
 }  // namespace
 
-TimeBreakdown time_breakdown(const TraceFile& trace) {
+TimeBreakdown time_breakdown(const TraceFile& trace) { return time_breakdown(trace, Pairing(trace)); }
+
+TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   TimeBreakdown result;
   result.has_waits = !trace.waits.empty();
   result.has_host_pins = !trace.host_pins.empty();
@@ -151,8 +125,8 @@ TimeBreakdown time_breakdown(const TraceFile& trace) {
     if (page.type == RecordType::offload_begin) it->offloaded_bytes += page.data.bytes;
     if (page.type == RecordType::reload_begin) it->reloaded_bytes += page.data.bytes;
   }
-  const auto offloads = in_flight(trace, RecordType::offload_begin, RecordType::offload_end);
-  const auto reloads = in_flight(trace, RecordType::reload_begin, RecordType::reload_end);
+  const auto offloads = in_flight(pairing.offloads());
+  const auto reloads = in_flight(pairing.reloads());
   for (IterationTime& it : result.iterations) {
     const std::uint64_t end = it.start_ns + it.wall_ns;
     it.offload_inflight_ns = overlap(offloads, it.start_ns, end);

@@ -14,12 +14,13 @@
 //   from kSlowAllocNs.
 // - forward_ns: from the iteration's start to the first push of a backward range (kPathBackward) in
 //   it; 0 when the iteration has none.
-// - Offloads in flight: the union of [OFFLOAD_BEGIN, OFFLOAD_END] of each pointer (paired in time
-//   order), clipped to the iteration, and the part of it inside the forward; the same for reloads.
-//   OFFLOAD_END is written once the pages went back, so an offload in flight is copy plus unmap.
-//   An offload with no END (backward overtook it and its pages stayed, or the job freed it during
-//   the copy) counts until its pointer's FREE, reload or next BEGIN, whichever comes first; only one
-//   with none of those runs to the end of the trace.
+// - Offloads in flight: the union of the offload copies' spans as trace::Pairing gives them
+//   (pairing.hpp), clipped to the iteration, and the part of it inside the forward; the same for
+//   reloads. OFFLOAD_END is written once the pages went back, so an offload in flight is copy plus
+//   unmap. An offload with no END (backward overtook it and its pages stayed, or the job freed it
+//   during the copy) counts until its pointer's FREE, next copy or next allocation; only one with
+//   none of those runs to the end of the trace (otherwise it would count as in flight for every
+//   later iteration).
 // - `steady` is the field-wise median over the iterations after the first (all of them when there
 //   is only one): the first pays for growing the pools.
 #pragma once
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trace/pairing.hpp"
 #include "trace/reader.hpp"
 
 namespace actpage::trace {
@@ -102,5 +104,7 @@ struct TimeBreakdown {
 inline constexpr std::uint64_t kSlowAllocNs = 1'000'000;
 
 TimeBreakdown time_breakdown(const TraceFile& trace);
+// The same, with the trace's records already paired (the caller's Pairing of `trace`).
+TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing);
 
 }  // namespace actpage::trace

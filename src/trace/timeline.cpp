@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <deque>
 #include <map>
 #include <unordered_map>
 
@@ -29,37 +28,19 @@ struct Change {
   std::int64_t offloaded;
 };
 
-// Pairs BEGIN and END records of one direction by pointer, in time order.
-std::vector<Timeline::Interval> copies(const TraceFile& trace, RecordType begin, RecordType end) {
-  std::vector<const Timed<PagePayload>*> ordered;
-  for (const auto& page : trace.pages) {
-    if (page.type == begin || page.type == end) ordered.push_back(&page);
-  }
-  std::stable_sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) {
-    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
-  });
-  std::unordered_map<std::uint64_t, std::deque<const Timed<PagePayload>*>> started;
+// The copies of one direction as Pairing paired them, unfinished ones included (marked).
+std::vector<Timeline::Interval> copies(const TraceFile& trace, const Copies& paired) {
   std::vector<Timeline::Interval> intervals;
-  for (const auto* page : ordered) {
-    if (page->type == begin) {
-      // A begin still unpaired is a copy that never ended (an offload the engine cancelled when
-      // backward came for it): the pointer's next copy is this one.
-      auto& pending = started[page->data.ptr];
-      pending.clear();
-      pending.push_back(page);
-      continue;
-    }
-    auto found = started.find(page->data.ptr);
-    if (found == started.end() || found->second.empty()) continue;
-    const auto* first = found->second.front();
-    found->second.pop_front();
-    intervals.push_back({first->time_ns, page->time_ns, first->data.bytes, module_name(trace, first->data.path_id)});
+  intervals.reserve(paired.copies.size());
+  for (const Copy& copy : paired.copies) {
+    intervals.push_back({copy.span.begin_ns, copy.span.end_ns, copy.begin->data.bytes,
+                         module_name(trace, copy.begin->data.path_id), copy.span.finished()});
   }
-  std::sort(intervals.begin(), intervals.end(), [](const auto& a, const auto& b) { return a.begin_ns < b.begin_ns; });
+  std::stable_sort(intervals.begin(), intervals.end(), [](const auto& a, const auto& b) { return a.begin_ns < b.begin_ns; });
   return intervals;
 }
 
-std::vector<Timeline::Iteration> find_iterations(const TraceFile& trace) {
+std::vector<Timeline::Iteration> find_iterations(const TraceFile& trace, const Pairing& pairing) {
   std::vector<std::uint64_t> starts;
   if (!trace.iterations.empty()) {
     for (const auto& record : trace.iterations) starts.push_back(record.time_ns);
@@ -73,22 +54,13 @@ std::vector<Timeline::Iteration> find_iterations(const TraceFile& trace) {
       std::uint64_t open_ns = 0;
     };
     std::map<std::string, Candidate> top_level;  // forward range name -> its pushes, time open
-    // A top-level range is pushed with nothing open on its thread: at most one is open per thread.
-    std::unordered_map<std::uint32_t, std::pair<std::uint32_t, std::uint64_t>> open;  // tid -> (path, since)
-    for (const auto& range : trace.ranges) {
-      const ResolvedPath* path = trace.path(range.data.path_id);
+    for (const Range& range : pairing.ranges()) {
+      const ResolvedPath* path = trace.path(range.push->data.path_id);
       if (path == nullptr || path->depth != 1 || path->backward) continue;
       if (path->leaf.size() >= 9 && path->leaf.ends_with(".backward")) continue;
-      if (range.type == RecordType::range_push) {
-        top_level[path->leaf].pushes.push_back(range.time_ns);
-        open[range.tid] = {range.data.path_id, range.time_ns};
-      } else if (auto it = open.find(range.tid); it != open.end() && it->second.first == range.data.path_id) {
-        top_level[path->leaf].open_ns += range.time_ns - std::min(range.time_ns, it->second.second);
-        open.erase(it);
-      }
-    }
-    for (const auto& [tid, pushed] : open) {  // still open at the end
-      top_level[trace.path(pushed.first)->leaf].open_ns += trace.last_time_ns - std::min(trace.last_time_ns, pushed.second);
+      Candidate& candidate = top_level[path->leaf];
+      candidate.pushes.push_back(range.span.begin_ns);
+      candidate.open_ns += range.span.length_ns();  // one still open at the end: until the trace's end
     }
     // A range pushed once (a whole run's) only counts when nothing repeats.
     const Candidate* best = nullptr;
@@ -142,7 +114,7 @@ std::string layer_of(const ResolvedPath& path) {
   return {};
 }
 
-std::string open_range_at(const TraceFile& trace, std::uint64_t time_ns, std::uint32_t tid) {
+std::string open_range_at(const TraceFile& trace, const Pairing& pairing, std::uint64_t time_ns, std::uint32_t tid) {
   if (tid == 0) {
     std::unordered_map<std::uint32_t, std::uint64_t> pushes;
     for (const auto& range : trace.ranges) {
@@ -156,25 +128,15 @@ std::string open_range_at(const TraceFile& trace, std::uint64_t time_ns, std::ui
       }
     }
   }
-  std::vector<const Timed<RangePayload>*> ordered;
-  for (const auto& range : trace.ranges) {
-    if (range.tid == tid && range.time_ns <= time_ns) ordered.push_back(&range);
-  }
-  std::stable_sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) {
-    return a->time_ns != b->time_ns ? a->time_ns < b->time_ns : a->index < b->index;
-  });
-  std::vector<std::uint32_t> stack;
-  for (const auto* range : ordered) {
-    if (range->type == RecordType::range_push) {
-      stack.push_back(range->data.path_id);
-    } else if (!stack.empty()) {
-      stack.pop_back();
-    }
-  }
-  return stack.empty() ? std::string() : module_name(trace, stack.back());
+  const Range* range = pairing.innermost_open_range(tid, time_ns);
+  return range == nullptr ? std::string() : module_name(trace, range->push->data.path_id);
 }
 
 Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options) {
+  return build_timeline(trace, Pairing(trace), options);
+}
+
+Timeline build_timeline(const TraceFile& trace, const Pairing& pairing, const TimelineOptions& options) {
   Timeline timeline;
   timeline.source = trace.source;
   timeline.rank = trace.header.rank;
@@ -193,96 +155,45 @@ Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options) 
     return it->second;
   };
 
-  // Every change of resident and offloaded bytes, in time order.
-  struct Record {
-    std::uint64_t time_ns;
-    std::uint64_t index;
-    int kind;  // 0 alloc, 1 free, 2 pages given back, 3 reload begins
-    std::uint64_t ptr;
-    std::uint64_t bytes;
-    std::uint32_t path_id;
-  };
-  std::vector<Record> records;
-  for (const auto& a : trace.allocs) {
-    if ((a.data.flags & kAllocFailed) != 0 || a.data.ptr == 0) continue;
-    records.push_back({a.time_ns, a.index, 0, a.data.ptr, a.data.bytes, a.data.path_id});
-  }
-  for (const auto& f : trace.frees) {
-    if (f.data.ptr != 0) records.push_back({f.time_ns, f.index, 1, f.data.ptr, 0, 0});
-  }
-  for (const auto& p : trace.pages) {
-    if (p.type == RecordType::offload_end) records.push_back({p.time_ns, p.index, 2, p.data.ptr, p.data.bytes, p.data.path_id});
-    if (p.type == RecordType::reload_begin) records.push_back({p.time_ns, p.index, 3, p.data.ptr, 0, 0});
-  }
-  std::sort(records.begin(), records.end(), [](const Record& a, const Record& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.index < b.index;
-  });
-
-  struct Live {
-    std::uint64_t bytes;
-    std::size_t kind;
-    bool off;
-  };
-  std::unordered_map<std::uint64_t, Live> live;
+  // Every change of resident and offloaded bytes, in time order (Pairing's allocation steps).
   std::vector<Change> changes;
-  changes.reserve(records.size() + 1);
+  changes.reserve(pairing.steps().size());
+  std::vector<std::size_t> kind_of_allocation(pairing.allocations().size(), 0);
   std::vector<std::uint64_t> resident;
   std::uint64_t resident_total = 0;
   std::uint64_t offloaded = 0;
   std::vector<std::uint64_t> peak_resident;
-  auto apply = [&](const Record& r, std::size_t kind, std::int64_t d_resident, std::int64_t d_off) {
+  auto apply = [&](const AllocationStep& step, std::size_t kind, std::int64_t d_resident, std::int64_t d_off) {
     if (resident.size() < kinds.size()) resident.resize(kinds.size(), 0);
     resident[kind] = static_cast<std::uint64_t>(static_cast<std::int64_t>(resident[kind]) + d_resident);
     resident_total = static_cast<std::uint64_t>(static_cast<std::int64_t>(resident_total) + d_resident);
     offloaded = static_cast<std::uint64_t>(static_cast<std::int64_t>(offloaded) + d_off);
-    changes.push_back({r.time_ns, r.index, kind, d_resident, d_off});
+    changes.push_back({step.time_ns, step.index, kind, d_resident, d_off});
     if (resident_total > timeline.peak_resident_bytes) {
       timeline.peak_resident_bytes = resident_total;
-      timeline.peak_time_ns = r.time_ns;
+      timeline.peak_time_ns = step.time_ns;
       timeline.offloaded_at_peak_bytes = offloaded;
       peak_resident = resident;
     }
   };
-  auto end_life = [&](const Record& r, const Live& gone) {
-    if (gone.off) {
-      apply(r, gone.kind, 0, -static_cast<std::int64_t>(gone.bytes));
-    } else {
-      apply(r, gone.kind, -static_cast<std::int64_t>(gone.bytes), 0);
-    }
-  };
-  for (const Record& r : records) {
-    switch (r.kind) {
-      case 0: {
-        const std::size_t kind = kind_of(r.path_id);
-        auto [it, inserted] = live.try_emplace(r.ptr, Live{r.bytes, kind, false});
-        if (!inserted) {
-          end_life(r, it->second);  // its free was lost
-          it->second = Live{r.bytes, kind, false};
+  for (const AllocationStep& step : pairing.steps()) {
+    const AllocPayload& alloc = pairing.allocations()[step.allocation].alloc->data;
+    const auto bytes = static_cast<std::int64_t>(alloc.bytes);
+    std::size_t& kind = kind_of_allocation[step.allocation];
+    switch (step.kind) {
+      case AllocationStep::Kind::allocated:
+        kind = kind_of(alloc.path_id);
+        apply(step, kind, bytes, 0);
+        break;
+      case AllocationStep::Kind::paged_out: apply(step, kind, -bytes, bytes); break;
+      case AllocationStep::Kind::paged_in: apply(step, kind, bytes, -bytes); break;
+      case AllocationStep::Kind::ended:
+        if (step.was_away) {
+          apply(step, kind, 0, -bytes);
+        } else {
+          apply(step, kind, -bytes, 0);
         }
-        apply(r, kind, static_cast<std::int64_t>(r.bytes), 0);
         break;
-      }
-      case 1: {
-        auto it = live.find(r.ptr);
-        if (it == live.end()) break;
-        end_life(r, it->second);
-        live.erase(it);
-        break;
-      }
-      case 2: {
-        auto it = live.find(r.ptr);
-        if (it == live.end() || it->second.off) break;
-        it->second.off = true;
-        apply(r, it->second.kind, -static_cast<std::int64_t>(it->second.bytes), static_cast<std::int64_t>(it->second.bytes));
-        break;
-      }
-      default: {
-        auto it = live.find(r.ptr);
-        if (it == live.end() || !it->second.off) break;
-        it->second.off = false;
-        apply(r, it->second.kind, static_cast<std::int64_t>(it->second.bytes), -static_cast<std::int64_t>(it->second.bytes));
-        break;
-      }
     }
   }
   peak_resident.resize(kinds.size(), 0);
@@ -306,7 +217,7 @@ Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options) 
   for (std::size_t k = 0; k < kinds.size(); ++k) timeline.peak_resident[series_of[k]] += peak_resident[k];
 
   // The window.
-  timeline.iterations = find_iterations(trace);
+  timeline.iterations = find_iterations(trace, pairing);
   timeline.begin_ns = 0;
   timeline.end_ns = trace.last_time_ns;
   if (!options.whole_trace && !timeline.iterations.empty()) {
@@ -351,15 +262,15 @@ Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options) 
   auto in_window = [&](const Timeline::Interval& interval) {
     return interval.end_ns >= timeline.begin_ns && interval.begin_ns <= timeline.end_ns;
   };
-  for (auto& interval : copies(trace, RecordType::offload_begin, RecordType::offload_end)) {
+  for (auto& interval : copies(trace, pairing.offloads())) {
     if (in_window(interval)) timeline.d2h.push_back(std::move(interval));
   }
-  for (auto& interval : copies(trace, RecordType::reload_begin, RecordType::reload_end)) {
+  for (auto& interval : copies(trace, pairing.reloads())) {
     if (in_window(interval)) timeline.h2d.push_back(std::move(interval));
   }
   for (const auto& stall : trace.stalls) {
-    Timeline::Interval interval{stall.time_ns > stall.data.wait_ns ? stall.time_ns - stall.data.wait_ns : 0, stall.time_ns,
-                                0, module_name(trace, stall.data.path_id)};
+    const Span span = ended_span(stall.time_ns, stall.data.wait_ns);
+    Timeline::Interval interval{span.begin_ns, span.end_ns, 0, module_name(trace, stall.data.path_id)};
     if (in_window(interval)) timeline.stalls.push_back(std::move(interval));
   }
   for (const auto& sample : trace.mem_samples) {
@@ -375,7 +286,7 @@ Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options) 
   }
   std::sort(timeline.device_used.begin(), timeline.device_used.end(),
             [](const auto& a, const auto& b) { return a.time_ns < b.time_ns; });
-  if (timeline.peak_resident_bytes > 0) timeline.range_at_peak = open_range_at(trace, timeline.peak_time_ns);
+  if (timeline.peak_resident_bytes > 0) timeline.range_at_peak = open_range_at(trace, pairing, timeline.peak_time_ns);
   return timeline;
 }
 

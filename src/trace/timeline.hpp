@@ -4,8 +4,8 @@
 // Contract:
 // - Memory: after every allocation, free, OFFLOAD_END and RELOAD_BEGIN (in time order, ties in file
 //   order) a Point records the bytes *resident* per series (live allocation bytes minus bytes whose
-//   pages actpage gave back) and the bytes off the device. Live and offloaded bytes pair by pointer
-//   exactly as summarize() does (summary.hpp).
+//   pages actpage gave back) and the bytes off the device. Every paired record is paired by
+//   trace::Pairing (pairing.hpp), exactly as summarize() and the Perfetto trace pair them.
 // - Series are module kinds: the innermost range name with each numeric component replaced by '*'
 //   ("model.layers.3.mlp" -> "model.layers.*.mlp"), so that a 32-layer model gives a handful of
 //   series. The `max_series - 1` kinds with the most resident bytes at the resident peak keep their
@@ -15,8 +15,9 @@
 //   all (a library's short top-level ranges, e.g. CCCL's on the autograd thread, may be pushed more
 //   often). The window is one of them (by default the one holding the resident peak), or the whole
 //   trace when none can be found.
-// - Copies are paired BEGIN -> END by pointer; a stall is the interval [time - wait, time] of its
-//   record. Only what overlaps the window is kept; points before it are folded into the first one.
+// - Copies are Pairing's, unfinished ones included (`finished` false, ending where Pairing ends
+//   them); a stall is the span [time - wait, time] of its record. Only what overlaps the window is
+//   kept; points before it are folded into the first one.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "trace/pairing.hpp"
 #include "trace/reader.hpp"
 
 namespace actpage::trace {
@@ -53,6 +55,7 @@ struct Timeline {
     std::uint64_t end_ns = 0;
     std::uint64_t bytes = 0;
     std::string module;  // innermost range name
+    bool finished = true;  // false: a copy whose END never came (trace::Pairing)
   };
   struct Sample {
     std::uint64_t time_ns = 0;
@@ -87,9 +90,11 @@ struct Timeline {
 };
 
 Timeline build_timeline(const TraceFile& trace, const TimelineOptions& options = {});
+// The same, with the trace's records already paired (the caller's Pairing of `trace`).
+Timeline build_timeline(const TraceFile& trace, const Pairing& pairing, const TimelineOptions& options = {});
 
 // The innermost range open on `tid` at `time_ns` ("" when none); tid 0: the thread that pushed the
 // most ranges.
-std::string open_range_at(const TraceFile& trace, std::uint64_t time_ns, std::uint32_t tid = 0);
+std::string open_range_at(const TraceFile& trace, const Pairing& pairing, std::uint64_t time_ns, std::uint32_t tid = 0);
 
 }  // namespace actpage::trace

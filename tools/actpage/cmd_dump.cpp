@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "plot/memory_chart.hpp"
 #include "trace/compare.hpp"
+#include "trace/pairing.hpp"
 #include "trace/perfetto.hpp"
 #include "trace/reader.hpp"
 #include "trace/report.hpp"
@@ -65,8 +66,11 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
     }
     traces.push_back(std::move(trace).value());
   }
+  // Each trace's paired records, read once for every output (trace/pairing.hpp).
+  std::vector<trace::Pairing> pairings;
+  for (const auto& trace : traces) pairings.emplace_back(trace);
   std::vector<trace::Summary> summaries;
-  for (const auto& trace : traces) summaries.push_back(trace::summarize(trace));
+  for (std::size_t i = 0; i < traces.size(); ++i) summaries.push_back(trace::summarize(traces[i], pairings[i]));
 
   if (!args.perfetto_path.empty()) {
     std::vector<const trace::TraceFile*> all;
@@ -78,7 +82,7 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
     std::vector<trace::Timeline> timelines;
     trace::TimelineOptions options;
     if (args.iteration > 0) options.iteration = static_cast<std::uint64_t>(args.iteration - 1);
-    for (const auto& trace : traces) timelines.push_back(trace::build_timeline(trace, options));
+    for (std::size_t i = 0; i < traces.size(); ++i) timelines.push_back(trace::build_timeline(traces[i], pairings[i], options));
     const plot::Canvas canvas = plot::draw_memory_chart(timelines);
     if (Status status = plot::write_png(canvas.image(), args.plot_path); !status.ok()) {
       err << "actpage dump: " << status.message() << '\n';
@@ -90,7 +94,9 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err) {
   if (!args.diff_path.empty() || traces.size() > 1 || args.merge) {
     if (!args.json && (!args.plot_path.empty() || !args.perfetto_path.empty()) && args.diff_path.empty()) return 0;
     std::vector<trace::Timeline> timelines;
-    for (const auto& trace : traces) timelines.push_back(trace::build_timeline(trace, whole_trace_kinds()));
+    for (std::size_t i = 0; i < traces.size(); ++i) {
+      timelines.push_back(trace::build_timeline(traces[i], pairings[i], whole_trace_kinds()));
+    }
     std::vector<trace::TraceFacts> facts;
     for (std::size_t i = 0; i < traces.size(); ++i) facts.push_back({&summaries[i], &timelines[i]});
     if (!args.diff_path.empty()) {

@@ -6,7 +6,7 @@
 //    NVTX_INJECTION64_PATH names it (unless the user chose another injection library: kept, with a
 //    warning), ACTPAGE_POLICY (absolute) and ACTPAGE_TRACE pass the options on, PYTHONPATH gets the
 //    Python hook package in front, and PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync when
-//    that is compatible with what the user set (see merge_alloc_conf). Children of the job (torchrun
+//    that is compatible with what the user set (interpose/alloc_conf.hpp). Children of the job (torchrun
 //    workers, data-loader workers) inherit all of it.
 // 3. The command runs as a child (fork + execvpe); SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
 //    SIGUSR2 are forwarded to it, and its exit status is returned (128 + signal when a signal killed
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "interpose/alloc_conf.hpp"
 #include "policy/policy.hpp"
 
 extern char** environ;
@@ -45,7 +46,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view kName = "actpage run";
-constexpr std::string_view kAsyncBackend = "backend:cudaMallocAsync";
 
 // ---- the job's environment ------------------------------------------------------------------
 
@@ -118,114 +118,6 @@ std::vector<std::string> split_list(std::string_view text, std::string_view sepa
   }
   if (!current.empty()) items.push_back(std::move(current));
   return items;
-}
-
-// ---- PYTORCH_CUDA_ALLOC_CONF ------------------------------------------------------------------
-
-struct AllocItem {
-  std::string key;
-  std::string value;
-};
-
-std::string trim(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c != ' ' && c != '\t') out.push_back(c);  // torch's lexer drops spaces everywhere
-  }
-  return out;
-}
-
-// "a:1,b:[x:1,y:2],c:True" -> {a,1},{b,[x:1,y:2]},{c,True}: commas inside brackets do not split.
-std::vector<AllocItem> parse_alloc_conf(std::string_view text) {
-  std::vector<AllocItem> items;
-  std::string current;
-  int depth = 0;
-  auto flush = [&] {
-    std::string item = trim(current);
-    current.clear();
-    if (item.empty()) return;
-    const auto colon = item.find(':');
-    if (colon == std::string::npos) {
-      items.push_back({item, ""});
-    } else {
-      items.push_back({item.substr(0, colon), item.substr(colon + 1)});
-    }
-  };
-  for (char c : text) {
-    if (c == '[') ++depth;
-    if (c == ']' && depth > 0) --depth;
-    if (c == ',' && depth == 0) {
-      flush();
-    } else {
-      current.push_back(c);
-    }
-  }
-  flush();
-  return items;
-}
-
-// Options only torch's native caching allocator reads: the async backend ignores them (torch warns).
-bool native_only_key(const std::string& key) {
-  static constexpr std::array<std::string_view, 6> keys = {
-      "max_split_size_mb",        "max_non_split_rounding_mb", "garbage_collection_threshold",
-      "roundup_power2_divisions", "release_lock_on_cudamalloc", "expandable_segments"};
-  for (auto k : keys) {
-    if (key == k) return true;
-  }
-  return false;
-}
-
-struct AllocDecision {
-  std::string value;       // the value to give the job
-  bool changed = false;    // differs from the user's
-  bool paging = true;      // per-tensor allocations reach actpage
-  std::vector<std::string> warnings;
-};
-
-// What actpage makes of the user's allocator setting `user` (nullopt or empty: unset).
-AllocDecision merge_alloc_conf(const std::optional<std::string>& user, std::string_view variable) {
-  AllocDecision decision;
-  if (!non_empty(user)) {
-    decision.value = std::string(kAsyncBackend);
-    decision.changed = true;
-    return decision;
-  }
-  decision.value = *user;
-  const auto items = parse_alloc_conf(*user);
-  for (const auto& item : items) {
-    if (item.key != "backend") continue;
-    if (item.value == "cudaMallocAsync") return decision;
-    decision.paging = false;
-    decision.warnings.push_back(std::string(variable) + " selects backend:" + item.value +
-                                ": kept. torch's native allocator hands the driver whole segments, not "
-                                "tensors, so actpage can only observe: per-tensor paging is OFF. Use "
-                                "backend:cudaMallocAsync (or leave the backend unset) to page activations.");
-    return decision;
-  }
-  std::vector<std::string> ignored;
-  for (const auto& item : items) {
-    if (item.key == "expandable_segments" && item.value == "True") {
-      decision.paging = false;
-      decision.warnings.push_back(std::string(variable) + "=" + *user +
-                                  ": kept. expandable_segments:True is a feature of torch's native "
-                                  "allocator (the cudaMallocAsync backend does not have it) and maps memory "
-                                  "through driver entry points that bypass actpage: per-tensor paging is "
-                                  "OFF. Remove expandable_segments to let actpage select "
-                                  "backend:cudaMallocAsync.");
-      return decision;
-    }
-    if (native_only_key(item.key)) ignored.push_back(item.key);
-  }
-  decision.value = *user + "," + std::string(kAsyncBackend);
-  decision.changed = true;
-  if (!ignored.empty()) {
-    std::string list;
-    for (const auto& key : ignored) list += (list.empty() ? "" : ", ") + key;
-    decision.warnings.push_back(std::string(variable) + ": appended " + std::string(kAsyncBackend) +
-                                " so that actpage sees each tensor; the async backend ignores what only torch's native "
-                                "allocator reads: " + list + ".");
-  }
-  return decision;
 }
 
 // ---- locating the library and the Python package ----------------------------------------------
@@ -492,30 +384,18 @@ int run(const RunArgs& args, std::ostream& err) {
   }
 
   if (options.set_alloc_backend) {
-    // torch reads PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF (which one wins depends on the torch
-    // version): edit whichever the user set, and give both the same value when only the new one is set.
-    const auto cuda_conf = env.get("PYTORCH_CUDA_ALLOC_CONF");
-    const auto generic_conf = env.get("PYTORCH_ALLOC_CONF");
-    std::vector<std::string> warnings;
-    auto apply = [&](const char* variable, const std::optional<std::string>& user, const char* also) {
-      AllocDecision decision = merge_alloc_conf(user, variable);
-      if (decision.changed) {
-        env.set(variable, decision.value);
-        if (also != nullptr) env.set(also, decision.value);
+    // The rule the library's constructor applies too (interpose/alloc_conf.hpp): applied here, the
+    // job's children inherit it and the constructor finds nothing left to change.
+    const interpose::AllocConfPlan plan = interpose::plan_alloc_conf(env.get(interpose::kCudaAllocConfVariable),
+                                                                     env.get(interpose::kAllocConfVariable));
+    for (const auto& [variable, value] : plan.assignments) env.set(variable, value);
+    if (info) {
+      for (const char* variable : {interpose::kCudaAllocConfVariable, interpose::kAllocConfVariable}) {
+        if (const auto value = env.get(variable)) err << kName << ": " << variable << "=" << *value << "\n";
       }
-      for (auto& w : decision.warnings) warnings.push_back(std::move(w));
-      if (info) err << kName << ": " << variable << "=" << decision.value << "\n";
-    };
-    if (non_empty(cuda_conf)) {
-      apply("PYTORCH_CUDA_ALLOC_CONF", cuda_conf, nullptr);
-      if (non_empty(generic_conf)) apply("PYTORCH_ALLOC_CONF", generic_conf, nullptr);
-    } else if (non_empty(generic_conf)) {
-      apply("PYTORCH_ALLOC_CONF", generic_conf, "PYTORCH_CUDA_ALLOC_CONF");
-    } else {
-      apply("PYTORCH_CUDA_ALLOC_CONF", std::nullopt, nullptr);
     }
     if (warn) {
-      for (const auto& w : warnings) err << kName << ": warning: " << w << "\n";
+      for (const auto& w : plan.warnings) err << kName << ": warning: " << w << "\n";
     }
   }
 

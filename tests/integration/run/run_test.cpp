@@ -212,6 +212,10 @@ TEST_F(ActpageRun, AllocatorSettings) {
        "per-tensor paging is OFF"},
       {"backend:native", "backend:native", "per-tensor paging is OFF"},
       {"backend:native,max_split_size_mb:64", "backend:native,max_split_size_mb:64", "backend:native"},
+      // The library's cases of the one rule (interpose/alloc_conf.hpp), as the CLI applies it.
+      {"backend: cudaMallocAsync", "backend: cudaMallocAsync", ""},
+      {"expandable_segments: true", "expandable_segments: true", "per-tensor paging is OFF"},
+      {" max_split_size_mb:64, ", "max_split_size_mb:64,backend:cudaMallocAsync", "max_split_size_mb"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.user.value_or("(unset)"));
@@ -230,6 +234,12 @@ TEST_F(ActpageRun, NewAllocatorVariableAloneIsEditedAndMirrored) {
   auto env = job_env({{"PYTORCH_ALLOC_CONF", "max_split_size_mb:64"}});
   EXPECT_EQ(env["PYTORCH_ALLOC_CONF"], "max_split_size_mb:64,backend:cudaMallocAsync");
   EXPECT_EQ(env["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64,backend:cudaMallocAsync");
+  // Already the async backend: mirrored too, for a torch that reads only the older name.
+  env = job_env({{"PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync"}});
+  EXPECT_EQ(env["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync");
+  // Paging off: nothing is added to either.
+  env = job_env({{"PYTORCH_ALLOC_CONF", "expandable_segments:True"}});
+  EXPECT_EQ(env.count("PYTORCH_CUDA_ALLOC_CONF"), 0u);
 }
 
 TEST_F(ActpageRun, AllocatorLeftAloneWhenThePolicySaysSo) {
