@@ -95,7 +95,7 @@ def descendants(root, proc="/proc"):
 # accounted (the host's other work on the same core); this is what shows it.
 _PROBE_SCRIPT = r"""
 import json, os, sys, time
-cpus, seconds = json.loads(sys.argv[1]), float(sys.argv[2])
+cpus, seconds, detail = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "detail"
 rates = {}
 for cpu in cpus:
     try:
@@ -104,23 +104,29 @@ for cpu in cpus:
         continue
     time.sleep(0.002)  # let the move happen
     count, x = 0, 0
+    start_cpu = time.thread_time()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         for i in range(1000):
             x = (x * 31 + i) & 0xFFFF
         count += 1
-    rates[str(cpu)] = round(count / (seconds * 1000.0), 3)  # thousands of loop rounds per ms
+    rate = round(count / (seconds * 1000.0), 3)  # thousands of loop rounds per ms
+    share = round((time.thread_time() - start_cpu) / seconds, 3)  # of the wall time, on the CPU
+    rates[str(cpu)] = {"rate": rate, "share": share} if detail else rate
 print(json.dumps(rates))
 """
 
 
-def cpu_speed(cpus, seconds=0.05, python=None):
+def cpu_speed(cpus, seconds=0.05, python=None, detail=False):
     """{cpu (str): rounds of the probe loop per ms} for each CPU of `cpus`, measured `seconds` each,
-    one after another in a child interpreter; {} if it could not run."""
+    one after another in a child interpreter; {} if it could not run. detail: {cpu: {"rate": rounds
+    per ms, "share": the part of the wall time the probe was on the CPU}} (a CPU other threads
+    share gives the probe less than all of it)."""
     if not cpus:
         return {}
     try:
-        done = subprocess.run([python or sys.executable, "-c", _PROBE_SCRIPT, json.dumps(sorted(cpus)), str(seconds)],
+        done = subprocess.run([python or sys.executable, "-c", _PROBE_SCRIPT, json.dumps(sorted(cpus)), str(seconds),
+                               "detail" if detail else "rates"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
                               timeout=10 + 2 * seconds * len(cpus))
         return json.loads(done.stdout) if done.returncode == 0 else {}
