@@ -41,7 +41,6 @@ const char* sim_op_call_name(SimOp op) noexcept {
     case SimOp::fill: return "cuMemsetD8Async";
     case SimOp::mem_info: return "cuMemGetInfo";
     case SimOp::trim_pool: return "cuMemPoolTrimTo";
-    case SimOp::grow_pool: return "cuMemAllocFromPoolAsync";
     case SimOp::launch: return "cuLaunchKernel";
   }
   return "unknown";
@@ -218,23 +217,6 @@ Result<std::size_t> SimDevice::trim_job_pool(std::size_t bytes) {
   const std::uint64_t given = std::min<std::uint64_t>(bytes, unused);
   job_pool_reserved_ -= given;
   return static_cast<std::size_t>(given);
-}
-
-Result<std::size_t> SimDevice::grow_job_pool(std::size_t bytes, StreamHandle /*stream*/) {
-  if (auto error = enter(SimOp::grow_pool, [&] { return "growing the memory pool to " + format_bytes(bytes) + " unused"; })) {
-    return *error;
-  }
-  std::lock_guard<std::mutex> lock(memory_mutex_);
-  const std::uint64_t unused = job_pool_reserved_ - job_pool_used_;
-  if (unused >= bytes) return std::size_t{0};
-  job_pool_reserved_ += bytes - unused;
-  ++job_pool_growths_;
-  return static_cast<std::size_t>(bytes - unused);
-}
-
-std::uint64_t SimDevice::job_pool_growths() const {
-  std::lock_guard<std::mutex> lock(memory_mutex_);
-  return job_pool_growths_;
 }
 
 void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {

@@ -1,7 +1,5 @@
 #include "engine/device_engine.hpp"
 
-#include <sys/prctl.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -21,12 +19,6 @@ namespace {
 // Fill pattern of poison mode: 0xFF bytes are NaN in bf16, fp16 and fp32, so a read of poisoned
 // activations turns the loss into NaN instead of slightly changing it.
 constexpr std::uint8_t kPoisonByte = 0xFF;
-
-// vmm.grow_job_pool_for_head: how long before the last iteration's layers' end the VMM worker grows
-// the job's pool. On the H100 each of the head's three 1000 MiB allocations took the job's thread
-// 1.2-1.6 ms when the pool had to grow (session 19); much earlier, the reserve would stack on
-// offloaded pages still being copied.
-constexpr std::uint64_t kPoolGrowLeadNs = 6'000'000;
 
 void trace_page(trace::RecordType type, DevPtr va, std::size_t bytes, ranges::PathId path,
                 std::uint32_t group) {
@@ -89,8 +81,8 @@ class DeviceEngine::TurnScope {
 bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
 
 bool DeviceEngine::vmm_has_work() const {
-  return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || !map_ahead_sizes().empty() ||
-         prefill_due() || pool_watch_due() || pool_grow_due();
+  return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || prefill_due() ||
+         pool_watch_due();
 }
 
 bool DeviceEngine::reload_has_work() const {
@@ -244,7 +236,6 @@ void DeviceEngine::shutdown() {
   allocations_.clear();
   windows_.clear();
   unmap_ready_.clear();
-  unmap_ready_bytes_ = 0;
   groups_.clear();
   open_groups_.clear();
   keep_window_.clear();
@@ -291,53 +282,16 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 
   Group* group = open_group_for(verdict, thread);
   const std::uint32_t group_id = group->id;
-  if (group->window == nullptr && group->planned_bytes > 0 && !group->window_tried) {
-    // The first allocation of a module call whose sizes the last iteration taught: one window for
-    // the whole call.
-    group->window_tried = true;
-    Window* window = new_window(round_up(group->planned_bytes, granularity_), stream, group->position, lock);
-    auto found = groups_.find(group_id);  // the lock was released: look the group up again
-    group = found != groups_.end() ? found->second.get() : nullptr;
-    if (window != nullptr) {
-      if (group != nullptr && !group->sealed) {
-        window->open = true;
-        group->window = window;
-      } else {
-        retire_window(*window);  // sealed meanwhile (backward began on another thread)
-      }
-    }
-    if (group == nullptr) {
-      ++stats_.allocations_passed;
-      return 0;
-    }
+  // A window of its own: its pages go and come back with it.
+  Window* window = new_window(round_up(bytes, granularity_), stream, lock);
+  auto found = groups_.find(group_id);  // the lock was released: look the group up again
+  group = found != groups_.end() ? found->second.get() : nullptr;
+  if (window == nullptr || group == nullptr) {
+    if (window != nullptr) retire_window(*window);
+    ++stats_.allocations_passed;
+    return 0;
   }
-
-  // Sub-allocations keep 512-byte alignment, as cudaMalloc's are at least 256-byte aligned.
-  constexpr std::size_t kSubAlignment = 512;
-  const std::size_t aligned = round_up(bytes, kSubAlignment);
-  Window* window = group->window;
-  DevPtr va = 0;
-  if (window != nullptr && window->open && window->used + aligned <= window->bytes) {
-    va = window->va + window->used;
-    window->used += aligned;
-    // The window may have been used by the job before (reuse waits for its frees, rule 5): done
-    // once, when it was taken from the cache.
-  } else {
-    // A window of its own: the first iteration, a size that grew, or windows switched off.
-    window = new_window(round_up(bytes, granularity_), stream, group->position, lock);
-    auto found = groups_.find(group_id);
-    group = found != groups_.end() ? found->second.get() : nullptr;
-    if (window == nullptr || group == nullptr) {
-      if (window != nullptr) retire_window(*window);
-      ++stats_.allocations_passed;
-      return 0;
-    }
-    va = window->va;
-    window->used = window->bytes;
-  }
-  if (plan_this_iteration_.size() > group->position && group->iteration == iteration_) {
-    plan_this_iteration_[group->position].bytes += aligned;
-  }
+  const DevPtr va = window->va;
   auto owned = std::make_unique<Allocation>();
   owned->va = va;
   owned->bytes = bytes;
@@ -352,21 +306,11 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   return va;
 }
 
-DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
+DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
-  // vmm.unmap_by_group: the start of the longest run of cached neighbours that fits this module
-  // call's next activations, the neighbour of the window taken last among equal runs
-  // (take_cached_in_row): a call's ranges then lie side by side and go back to the driver in one
-  // unmap. What went back within the last forward at this place (the module's temporaries) comes
-  // from the top of the cache instead, and is not followed: it would take the place the next
-  // activation's neighbour had. Otherwise the oldest range of the best size.
-  const bool side_by_side = options_.vmm_unmap_by_group;
-  const bool temporary = side_by_side && cursor_ < freed_in_forward_last_iteration_.size() &&
-                         freed_in_forward_last_iteration_[cursor_] != 0;
-  if (auto cached = !side_by_side ? take_cached(mapped_bytes)
-                    : temporary   ? take_cached(mapped_bytes, RangeCache::End::high)
-                                  : take_cached_in_row(mapped_bytes)) {
+  // The oldest cached range of the best size.
+  if (auto cached = take_cached(mapped_bytes)) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
     window->physical = cached->physical;
@@ -427,17 +371,8 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     window->physical = *physical;
   }
   window->mapped = true;
-  if (!temporary) next_window_va_ = window->va + window->bytes;
-  window->iteration = iteration_;
-  window->position = sizes_this_iteration_.size();
   sizes_this_iteration_.push_back(window->bytes);
-  freed_in_forward_this_iteration_.push_back(0);
-  calls_this_iteration_.push_back(call);
   ++cursor_;
-  // The cache cannot serve what comes next: the VMM worker maps it ahead (vmm.map_ahead).
-  if (options_.vmm_map_ahead && cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_])) {
-    offload_cv_.notify_all();
-  }
   stats_.live_owned_bytes += window->bytes;
   Window* raw = window.get();
   windows_.emplace(raw->va, std::move(window));
@@ -458,23 +393,8 @@ void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, Even
   window.free_points.push_back(FreePoint{stream, event});
 }
 
-void DeviceEngine::close_window(Window& window) {
-  window.open = false;
-  if (window.allocations.empty()) {
-    retire_window(window);
-  } else {
-    maybe_queue_unmap(window);
-  }
-}
-
 void DeviceEngine::retire_window(Window& window) {
-  if (!in_backward_ && window.iteration == iteration_ && window.position < freed_in_forward_this_iteration_.size()) {
-    freed_in_forward_this_iteration_[window.position] = 1;
-  }
-  if (window.unmap_queued) {
-    std::erase(unmap_ready_, &window);
-    unmap_ready_bytes_ -= window.bytes;
-  }
+  if (window.unmap_queued) std::erase(unmap_ready_, &window);
   stats_.live_owned_bytes -= window.bytes;
   if (window.mapped) {
     put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
@@ -489,13 +409,12 @@ void DeviceEngine::retire_window(Window& window) {
 }
 
 void DeviceEngine::maybe_queue_unmap(Window& window) {
-  if (window.open || !window.mapped || window.unmap_queued || window.unmapping || window.allocations.empty() ||
+  if (!window.mapped || window.unmap_queued || window.unmapping || window.allocations.empty() ||
       window.copied != window.allocations.size()) {
     return;
   }
   window.unmap_queued = true;
   unmap_ready_.push_back(&window);
-  unmap_ready_bytes_ += window.bytes;
   offload_cv_.notify_all();
 }
 
@@ -573,7 +492,6 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   const TurnScope turn(*this, Turn::job);
   const auto thread = std::this_thread::get_id();
   if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
-    const std::uint64_t layers_end_ns = monotonic_ns();
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
     // the step's peak: what is still being copied would count there.
     if (options_.offload_drain_at_layers_end) wait_for_offload_backlog(lock, 0);
@@ -582,16 +500,6 @@ void DeviceEngine::on_pop(ranges::PathId node) {
       backward_drain_forward_thread_.store(thread, std::memory_order_relaxed);
       backward_drain_armed_.store(true, std::memory_order_release);  // the thread is seen with it
     }
-    // And so would what the pool holds unused: the reserve an earlier backward grew it to (on the
-    // H100 Llama job 2.6-3.3 GiB above its use at the peak, session 11). Given back here, the pool
-    // grows for the logits by what they need.
-    if (options_.vmm_trim_job_pool_at_layers_end && !pool_trim_failed_.load(std::memory_order_relaxed)) {
-      lock.unlock();
-      const std::optional<PoolTrim> trim = trim_job_pool_by(std::numeric_limits<std::size_t>::max());
-      lock.lock();
-      if (trim) record_pool_trim(*trim);
-    }
-    if (options_.vmm_grow_job_pool_for_head) note_pool_at_layers_end(layers_end_ns, lock);
   }
   if (open_groups_.empty()) return;
   std::vector<Group*> to_seal;
@@ -606,25 +514,15 @@ void DeviceEngine::on_pop(ranges::PathId node) {
 }
 
 std::uint64_t DeviceEngine::offload_backlog_bytes() const {
-  // Only bytes that will leave without the job: a copied allocation whose window also holds one
-  // that stays (a host pool miss kept it resident) is given back only when backward takes the
-  // window back, and a wait for it would never end.
-  auto leaving = [](const Allocation& allocation) {
-    return allocation.state == PageState::pending || allocation.state == PageState::offloading ||
-           allocation.state == PageState::unmapping;
-  };
+  // Queued, being copied, or copied and waiting for its window's unmap (each window holds one
+  // allocation: its pages leave with it).
   std::uint64_t bytes = 0;
   for (const auto& [id, group] : groups_) {
     for (const Allocation* allocation : group->allocations) {
-      if (!leaving(*allocation)) continue;
-      if (allocation->state == PageState::unmapping) {
-        const Window& window = *allocation->window;
-        const bool whole_window_leaves =
-            !window.open && std::all_of(window.allocations.begin(), window.allocations.end(),
-                                        [&](const Allocation* other) { return leaving(*other); });
-        if (!whole_window_leaves) continue;
+      if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
+          allocation->state == PageState::unmapping) {
+        bytes += allocation->bytes;
       }
-      bytes += allocation->bytes;
     }
   }
   return bytes;
@@ -837,14 +735,7 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   group->thread = thread;
   group->iteration = iteration_;
   group->position = plan_this_iteration_.size();
-  plan_this_iteration_.push_back(GroupPlan{verdict.selected, 0});
-  // The same module call at the same place of the last forward pass allocated this much: one
-  // window of that size serves it (not in host_mapped mode, which swaps pages per allocation).
-  if (options_.vmm_group_windows && options_.stray_access != StrayAccess::host_mapped &&
-      group->position < plan_last_iteration_.size() &&
-      plan_last_iteration_[group->position].selected == verdict.selected) {
-    group->planned_bytes = plan_last_iteration_[group->position].bytes;
-  }
+  plan_this_iteration_.push_back(verdict.selected);
   group->forward_pass = forward_pass::current();
   const ranges::PathId parent = registry.node(verdict.selected).parent;
   group->layer_node = parent != ranges::kNoPath ? parent : verdict.selected;
@@ -862,9 +753,7 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
       layer != ranges::kNoPath && layer != verdict.selected && layer != parent) {
     group->names.push_back(registry.node(layer).name);
   }
-  if ((options_.offload_drain_at_layers_end || options_.offload_drain_at_backward_start ||
-       options_.vmm_trim_job_pool_at_layers_end || options_.vmm_grow_job_pool_for_head) &&
-      thread == forward_thread_) {
+  if ((options_.offload_drain_at_layers_end || options_.offload_drain_at_backward_start) && thread == forward_thread_) {
     // Where the layers end: the range holding them, not the selected module's parent's parent (for
     // Qwen3-MoE's experts that is their layer, and the forward waited for the copies after every
     // selected layer: x1.45 for 1.2 GiB on the H100, session 16).
@@ -892,11 +781,6 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
 
 void DeviceEngine::seal(Group& group) {
   group.sealed = true;
-  if (group.window != nullptr) {
-    Window* window = group.window;
-    group.window = nullptr;
-    close_window(*window);
-  }
   cache_dirty_ = true;  // forward moved on: the demand for cached ranges changed
   offload_cv_.notify_all();
   if (group.allocations.empty()) {
@@ -931,9 +815,8 @@ void DeviceEngine::seal(Group& group) {
   // this layer is not among the last keep_last, so it leaves now rather than once a later layer
   // begins (a copy-bound forward starts its copies a layer or two earlier). A forward that turns
   // out shorter than the last only reloads the layer at once.
-  if (options_.keep_last > 0 && options_.keep_last_learned && group.thread == forward_thread_ &&
-      group.position < plan_last_iteration_.size() &&
-      plan_last_iteration_[group.position].selected == group.selected &&
+  if (options_.keep_last > 0 && group.thread == forward_thread_ && group.position < plan_last_iteration_.size() &&
+      plan_last_iteration_[group.position] == group.selected &&
       layers_after_last_iteration_[group.position] >= options_.keep_last) {
     ++stats_.groups_left_at_seal;
     queue_offload(group);
@@ -968,9 +851,7 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
-  if (options_.vmm_grow_job_pool_for_head) learn_head_pool_growth();
   pool_trim_debt_ = 0;
-  if (options_.vmm_trim_job_pool_in_backward) open_pool_watch(PoolWatch::backward);
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
@@ -991,32 +872,9 @@ void DeviceEngine::backward_begins() {
   // Groups left open (a release range that never closed) are sealed as resident.
   std::vector<Group*> open = std::move(open_groups_);
   open_groups_.clear();
-  for (Group* group : open) {
-    group->sealed = true;
-    if (group->window != nullptr) {
-      Window* window = group->window;
-      group->window = nullptr;
-      close_window(*window);
-    }
-  }
-  // The memory saved counts now: give back what is copied without waiting for a batch to fill.
+  for (Group* group : open) group->sealed = true;
+  // The memory saved counts now: give back what is copied.
   if (!unmap_ready_.empty()) offload_cv_.notify_all();
-  if (options_.prefetch_at_backward_start) prefetch_at_backward_start();
-}
-
-void DeviceEngine::prefetch_at_backward_start() {
-  // Backward reads the last offloaded groups first. Asked for only when backward reached them, their
-  // reloads began late and the job's stream waited for their copies. Their reloads start now; the
-  // copies run while backward computes the layers that were kept. With groups of several forward
-  // passes (a pipeline's micro-batches) which pass backward reads first is not known here: the
-  // markers ask for it.
-  std::uint64_t pass = 0;
-  for (const auto& [id, group] : groups_) {
-    if (group->forward_pass == 0) continue;
-    if (pass != 0 && group->forward_pass != pass) return;
-    pass = group->forward_pass;
-  }
-  prefetch_before(forward_order_.size(), pass);
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -1047,7 +905,6 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
         if (window.unmap_queued) {
           window.unmap_queued = false;
           std::erase(unmap_ready_, &window);
-          unmap_ready_bytes_ -= window.bytes;
         }
         --window.copied;
         if (allocation.host) host_pool_->free(*allocation.host);
@@ -1115,7 +972,7 @@ void DeviceEngine::dispose(Allocation& allocation) {
     allocation.has_host_physical = false;
     offload_cv_.notify_all();
     windows_.erase(window.va);
-  } else if (window.allocations.empty() && !window.open) {
+  } else if (window.allocations.empty()) {
     retire_window(window);
   } else {
     maybe_queue_unmap(window);  // the others may all be copied
@@ -1144,50 +1001,8 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
   groups_.erase(group->id);
 }
 
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes, RangeCache::End end) {
-  auto range = cache_.take(mapped_bytes, end);
-  stats_.cached_bytes = cache_.bytes();
-  return range;
-}
-
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached_in_row(std::size_t mapped_bytes) {
-  // This activation, then the ones the same module call asked for after it last forward, skipping
-  // its temporaries (they come from the top of the cache). Only the call's own: its windows go back
-  // in one unmap if they are neighbours, while the next call's go in another anyway, and a run
-  // longer than the call would take ranges from the middle of runs later calls want. A module
-  // call's activations are seldom more than a handful.
-  constexpr std::size_t kLookAhead = 8;
-  std::array<std::size_t, kLookAhead> row{};
-  std::size_t length = 0;
-  row[length++] = mapped_bytes;
-  const std::size_t positions = sizes_last_iteration_.size();
-  const bool known = cursor_ < positions && calls_last_iteration_.size() == positions &&
-                     freed_in_forward_last_iteration_.size() == positions;
-  for (std::size_t position = cursor_ + 1;
-       known && position < positions && calls_last_iteration_[position] == calls_last_iteration_[cursor_] &&
-       length < kLookAhead;
-       ++position) {
-    if (freed_in_forward_last_iteration_[position] != 0) continue;
-    row[length++] = sizes_last_iteration_[position];
-  }
-  auto range = cache_.take_row(std::span<const std::size_t>(row.data(), length), next_window_va_);
-  stats_.cached_bytes = cache_.bytes();
-  return range;
-}
-
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached_for_reload(std::size_t mapped_bytes) {
-  if (options_.vmm_reload_waits_for_frees) return take_cached(mapped_bytes);
-  // In backward the device runs 10-15 ms behind the job's thread: a range the job has just freed is
-  // free on the device only that much later, and waiting for it held up every reload queued behind
-  // this one while the job's thread stalled on them. Such a range stays for a later reload.
-  auto frees_done = [&](const CachedRange& range) {
-    for (const FreePoint& point : range.free_points) {
-      if (!device_.query_event(point.event).ok()) return false;  // not yet, or unknown: not usable
-    }
-    return true;
-  };
-  auto range = cache_.take_if(mapped_bytes, frees_done);
-  if (!range && cache_.has(mapped_bytes)) ++stats_.reload_busy_skips;
+std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
+  auto range = cache_.take(mapped_bytes);
   stats_.cached_bytes = cache_.bytes();
   return range;
 }
@@ -1318,18 +1133,6 @@ EventHandle DeviceEngine::release_event_of(const Allocation& allocation) const {
     if (stream == allocation.stream) release = event;
   }
   return release;
-}
-
-bool DeviceEngine::release_reached(const Allocation& allocation) {
-  if (!options_.copy_at_release || !options_.vmm_grant_when_idle || serialized_ ||
-      options_.stray_access == StrayAccess::host_mapped) {
-    return true;
-  }
-  const EventHandle release = release_event_of(allocation);
-  if (release.value == 0) return true;
-  // Any answer but "not yet" (an error included) lets the copy go out ordered after the event, as
-  // it always is.
-  return device_.query_event(release).code() != ErrorCode::not_ready;
 }
 
 bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
@@ -1545,7 +1348,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   }
   allocation.state = PageState::reloading;
   ++reload_preparing_;
-  std::optional<CachedRange> recycled = take_cached_for_reload(bytes);
+  std::optional<CachedRange> recycled = take_cached(bytes);
   lock.unlock();
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;
@@ -1608,16 +1411,14 @@ void DeviceEngine::offload_worker() {
   // Feeds the copy stream and sees copies end; nothing here waits on anything but a copy, so the
   // copy engine never idles behind a VMM call or a job's free (vmm_worker() does those).
   if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the offload worker", status);
-  // copy_wait poll sleeps ~20 us between asks: the default 50 us timer slack would stretch each.
-  if (options_.copy_wait == CopyWait::poll) (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   std::unique_lock<std::mutex> lock(mutex_);
   const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
     offload_cv_.wait(lock, [&] { return stopping_ || (offload_has_work() && may_run(Turn::offload)); });
     if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
     const TurnScope turn(*this, Turn::offload);
-    // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order).
-    bool waited_for_release = false;
+    // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order). Each copy
+    // waits on the device for its module's end (its release point), not here.
     while (can_issue_d2h()) {
       Allocation* copying = nullptr;
       for (Allocation* allocation : offload_inflight_) {
@@ -1632,22 +1433,6 @@ void DeviceEngine::offload_worker() {
       }
       if (offload_queue_.empty() || offload_inflight_.size() >= cap) break;
       Allocation* allocation = offload_queue_.front();
-      if (allocation->state == PageState::pending && !stopping_ && !waited_for_release &&
-          !release_reached(*allocation)) {
-        // The GPU has not finished the module yet. Chunks queued: wait for the front one (below)
-        // and look again. None: wait here for the release point, with nothing on the copy stream
-        // for a grant to wait behind; then the copy goes out (also when the wait failed: it is
-        // ordered after the release point on the device anyway).
-        if (!d2h_chunks_.empty()) break;
-        const EventHandle release = release_event_of(*allocation);
-        lock.unlock();
-        const Status waited = device_.synchronize_event(release);
-        lock.lock();
-        if (!waited.ok()) note_failure("waiting for an offload's release point", waited);
-        waited_for_release = true;
-        continue;
-      }
-      waited_for_release = false;
       offload_queue_.pop_front();
       if (allocation->state != PageState::pending) continue;
       if (options_.stray_access == StrayAccess::host_mapped) {
@@ -1659,7 +1444,7 @@ void DeviceEngine::offload_worker() {
     if (!d2h_chunks_.empty()) {
       const D2hChunk chunk = d2h_chunks_.front();
       lock.unlock();
-      Status status = wait_for_copy_chunk(chunk.done);
+      Status status = device_.synchronize_event(chunk.done);
       lock.lock();
       d2h_chunks_.pop_front();
       recycle_event(chunk.done);
@@ -1669,26 +1454,11 @@ void DeviceEngine::offload_worker() {
         chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
         note_failure("an offload copy", status);
       }
-      // The VMM worker may be waiting for the queue to drain (recycle, unmap batch).
+      // The VMM worker may be waiting for the queue to drain (a recycle).
       offload_cv_.notify_all();
       issued_cv_.notify_all();
     }
     if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
-  }
-}
-
-Status DeviceEngine::wait_for_copy_chunk(EventHandle done) {
-  if (options_.copy_wait != CopyWait::poll) return device_.synchronize_event(done);
-  // Polls: the next chunk goes out within ~kCopyPollInterval of this one's end, where the driver's
-  // blocking wait wakes this thread through an interrupt (late, on a virtual machine, with the copy
-  // engine idle meanwhile). Sleeping between asks, not spinning: a tight cuEventQuery loop crowded
-  // the job's own driver calls (its forward grew by 25 ms on the H100). The worker's timer slack is
-  // 1 us (offload_worker) so that the sleeps are about as short as asked.
-  constexpr auto kCopyPollInterval = std::chrono::microseconds(20);
-  while (true) {
-    Status status = device_.query_event(done);
-    if (status.code() != ErrorCode::not_ready) return status;
-    std::this_thread::sleep_for(kCopyPollInterval);
   }
 }
 
@@ -1700,8 +1470,7 @@ void DeviceEngine::vmm_worker() {
   const auto ready = [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); };
   while (true) {
     if (const std::optional<std::uint64_t> wake = timed_vmm_work_ns(); wake && !serialized_) {
-      // A watch on the job's pool is open, or its growth is due later: wake then, if nothing else
-      // comes first.
+      // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
       const std::uint64_t now = monotonic_ns();
       const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
       if (!offload_cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
@@ -1710,7 +1479,6 @@ void DeviceEngine::vmm_worker() {
     }
     if (stopping_) break;
     const TurnScope turn(*this, Turn::vmm);
-    if (pool_grow_due()) grow_job_pool_ahead(lock);
     if (pool_watch_due()) watch_job_pool(lock);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
@@ -1723,7 +1491,6 @@ void DeviceEngine::vmm_worker() {
     } else {
       release_unwanted_pending(lock);
     }
-    if (!map_ahead_sizes().empty()) map_ahead(lock);
     if (cache_dirty_) {
       cache_dirty_ = false;
       trim_cache(lock);
@@ -1838,54 +1605,11 @@ void DeviceEngine::offload_done(Allocation& allocation) {
   }
 }
 
-bool DeviceEngine::unmap_forced() const {
-  // The memory must be free by the peak, i.e. by the time backward begins.
-  if (in_backward_ || stopping_ || flush_requests_ > 0) return true;
-  // A batch of bytes may never fill up: not after the forward pass asked for its last learned
-  // range either. (A module call's last copy, which vmm.unmap_by_group waits for, is queued already.)
-  return (!options_.vmm_unmap_by_group || options_.vmm_unmap_batch_bytes > 0) &&
-         (sizes_last_iteration_.empty() || cursor_ >= sizes_last_iteration_.size());
-}
-
-bool DeviceEngine::groups_copied(const Window& window) const {
-  for (const Allocation* allocation : window.allocations) {
-    const Group* group = allocation->group;
-    if (group == nullptr) continue;
-    for (const Allocation* sibling : group->allocations) {
-      // Queued or in flight: its window becomes ready when the copy ends. (Released ones, held by
-      // keep_last, may wait for a later layer: not waited for.)
-      if (sibling->state == PageState::pending || sibling->state == PageState::offloading) return false;
-    }
-  }
-  return true;
-}
-
-bool DeviceEngine::unmap_due() const {
-  if (unmap_ready_.empty()) return false;
-  // Each unmap waits for the device to finish its queued work and holds up the job's launches
-  // meanwhile: give pages back in batches.
-  if (unmap_forced()) return true;
-  if (!options_.vmm_unmap_by_group) return unmap_ready_bytes_ >= options_.vmm_unmap_batch_bytes;
-  std::uint64_t ready = 0;
-  for (const Window* window : unmap_ready_) {
-    if (groups_copied(*window)) ready += window->bytes;
-  }
-  return ready > 0 && ready >= options_.vmm_unmap_batch_bytes;
-}
+bool DeviceEngine::unmap_due() const { return !unmap_ready_.empty(); }
 
 void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   std::vector<Window*> batch = std::move(unmap_ready_);
   unmap_ready_.clear();
-  unmap_ready_bytes_ = 0;
-  if (options_.vmm_unmap_by_group && !unmap_forced()) {
-    // Windows whose module calls still copy stay for a later batch, with their neighbours.
-    std::erase_if(batch, [&](Window* window) {
-      if (groups_copied(*window)) return false;
-      unmap_ready_.push_back(window);
-      unmap_ready_bytes_ += window->bytes;
-      return true;
-    });
-  }
   std::sort(batch.begin(), batch.end(), [](const Window* a, const Window* b) { return a->va < b->va; });
   struct Plan {
     Window* window;
@@ -2090,8 +1814,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   // issuing chunks meanwhile, and a grant waits for every copy on the stream: hold them (on the
   // H100 the Qwen3-MoE forward's recycle grants took 3-5 ms behind a layer's copies, and the job's
   // own maps waited with them).
-  const bool hold = options_.vmm_recycle_holds_copies &&
-                    std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
+  const bool hold = std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
   if (hold) hold_copies(lock);
   for (std::size_t first = 0; first < items.size();) {
     if (!items[first].mapped) {
@@ -2153,47 +1876,6 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   issued_cv_.notify_all();
 }
 
-std::vector<std::size_t> DeviceEngine::map_ahead_sizes() const {
-  // A few allocations ahead: a module call's worth, the time the worker needs to drain the copy
-  // queue and map (~0.5 ms) against the job reaching them.
-  constexpr std::size_t kLookahead = 4;
-  std::vector<std::size_t> wanted;
-  if (!options_.vmm_map_ahead || in_backward_ || stopping_ || map_ahead_failed_ || options_.vmm_cache_bytes == 0 ||
-      cursor_ >= sizes_last_iteration_.size()) {
-    return wanted;
-  }
-  // What could serve them: the cache, and pages about to be recycled. Best fit within an eighth,
-  // as RangeCache::take() serves.
-  std::vector<std::size_t> available = cache_.sizes();
-  for (const PendingPages& pages : recycle_pending_) available.push_back(pages.bytes);
-  std::uint64_t budget = options_.vmm_cache_bytes > cache_.bytes() ? options_.vmm_cache_bytes - cache_.bytes() : 0;
-  const std::size_t end = std::min(sizes_last_iteration_.size(), cursor_ + kLookahead);
-  for (std::size_t at = cursor_; at < end; ++at) {
-    const std::size_t size = sizes_last_iteration_[at];
-    auto best = available.end();
-    for (auto it = available.begin(); it != available.end(); ++it) {
-      if (*it < size || *it > size + size / 8) continue;
-      if (best == available.end() || *it < *best) best = it;
-    }
-    if (best != available.end()) {
-      available.erase(best);
-      continue;
-    }
-    if (size > budget) break;
-    budget -= size;
-    wanted.push_back(size);
-  }
-  return wanted;
-}
-
-void DeviceEngine::map_ahead(std::unique_lock<std::mutex>& lock) {
-  const std::vector<std::size_t> sizes = map_ahead_sizes();
-  if (sizes.empty()) return;
-  const MappedRanges mapped = map_fresh_ranges(sizes, /*trim_job_pool=*/false, lock);
-  stats_.ranges_mapped_ahead += mapped.mapped;
-  if (mapped.mapped < sizes.size()) map_ahead_failed_ = true;  // out of memory, arena full...
-}
-
 bool DeviceEngine::prefill_due() const {
   // Backward has freed every activation actpage served: nothing of this iteration comes back to the
   // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
@@ -2205,25 +1887,8 @@ std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
   // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
   // already holds of each size.
   std::vector<std::size_t> wanted;
-  if (!options_.vmm_unmap_by_group) {
-    for (const auto& [size, count] : demand()) {
-      for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
-    }
-    return wanted;
-  }
-  // vmm.unmap_by_group: in the forward's order, as map_fresh_ranges() lays them out side by side:
-  // the forward takes them in a row (RangeCache::take_row prefers the neighbour), and a module call's
-  // ranges then go back in one unmap.
-  std::map<std::size_t, std::size_t> held;  // of each size, what the cache holds and no earlier position took
-  for (std::size_t size : demanded_sizes()) {
-    auto [have_it, first] = held.try_emplace(size, 0);
-    if (first) have_it->second = cache_.count(size);
-    std::size_t& have = have_it->second;
-    if (have > 0) {
-      --have;
-    } else {
-      wanted.push_back(size);
-    }
+  for (const auto& [size, count] : demand()) {
+    for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
   }
   return wanted;
 }
@@ -2235,7 +1900,7 @@ void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
     // so the pool can give it back before the optimizer step and the next forward's ranges.
     const std::uint64_t debt = pool_trim_debt_;
     pool_trim_debt_ = 0;
-    if (pool_watch_ == PoolWatch::reload_debt) pool_watch_ = PoolWatch::none;
+    pool_watch_open_ = false;
     ++trimming_;
     lock.unlock();
     const std::optional<PoolTrim> trim = trim_job_pool_by(debt);
@@ -2336,7 +2001,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
   std::vector<CachedRange> surplus =
-      everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes, options_.vmm_unmap_by_group);
+      everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes);
   stats_.cached_bytes = cache_.bytes();
   for (const CachedRange& range : surplus) release_range(lock, range);
 }
@@ -2368,15 +2033,8 @@ void DeviceEngine::start_iteration() {
   // The last forward's offloads that found no pinned memory are asked for again in this one; the
   // host pool's growth already answers them (HostPool::start_burst).
   if (host_pool_) host_pool_->start_burst();
-  if (!sizes_this_iteration_.empty()) {
-    sizes_last_iteration_ = std::move(sizes_this_iteration_);
-    freed_in_forward_last_iteration_ = std::move(freed_in_forward_this_iteration_);
-    calls_last_iteration_ = std::move(calls_this_iteration_);
-  }
+  if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
-  freed_in_forward_this_iteration_.clear();
-  calls_this_iteration_.clear();
-  next_window_va_ = 0;  // the forward starts where the cache's lowest run does
   if (!plan_this_iteration_.empty()) {
     plan_last_iteration_ = std::move(plan_this_iteration_);
     auto& registry = ranges::Registry::instance();
@@ -2384,30 +2042,17 @@ void DeviceEngine::start_iteration() {
     std::unordered_set<ranges::PathId> layers_seen;
     for (std::size_t position = plan_last_iteration_.size(); position-- > 0;) {
       layers_after_last_iteration_[position] = static_cast<std::uint32_t>(layers_seen.size());
-      const ranges::PathId selected = plan_last_iteration_[position].selected;
+      const ranges::PathId selected = plan_last_iteration_[position];
       const ranges::PathId parent = registry.node(selected).parent;
       layers_seen.insert(parent != ranges::kNoPath ? parent : selected);
     }
   }
   plan_this_iteration_.clear();
   cursor_ = 0;
-  map_ahead_failed_ = false;
   prefilled_ = false;
-  pool_trim_debt_ = 0;  // the pool grows back in this forward: nothing more to give back for backward's reloads
-  open_pool_watch(options_.vmm_trim_job_pool_at_forward_start ? PoolWatch::forward_start : PoolWatch::none);
-  iteration_started_ns_ = monotonic_ns();
-  pool_base_at_layers_end_.reset();
-  pool_grown_this_iteration_ = 0;
-  pool_grow_at_ns_ = 0;
-  if (options_.vmm_grow_job_pool_for_head && head_pool_growth_ > 0 && layers_end_after_ns_ > 0 && !pool_grow_failed_) {
-    // The head will grow the pool by about what it grew by last time: grow it now, on the VMM worker,
-    // shortly before the layers end (where actpage's offloaded pages have gone, so that the reserve
-    // does not stack on them), so that the job's own allocations there find it.
-    const std::uint64_t after = layers_end_after_ns_ > kPoolGrowLeadNs ? layers_end_after_ns_ - kPoolGrowLeadNs : 0;
-    pool_grow_at_ns_ = std::max<std::uint64_t>(1, iteration_started_ns_ + after);
-    pool_grow_bytes_ = head_pool_growth_;
-    offload_cv_.notify_all();
-  }
+  // The pool grows back in this forward: nothing more to give back for backward's reloads.
+  pool_trim_debt_ = 0;
+  pool_watch_open_ = false;
   ++iteration_;
   ++stats_.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
@@ -2430,129 +2075,56 @@ std::optional<DeviceEngine::PoolTrim> DeviceEngine::trim_job_pool_by(std::size_t
   return PoolTrim{std::move(trimmed), monotonic_ns() - started};
 }
 
-// --- Watching the job's pool (vmm.trim_job_pool_at_forward_start, vmm.trim_job_pool_in_backward) --
+// --- Watching the job's pool (vmm.trim_job_pool_catch_up) ----------------------------------------
 
 namespace {
 // How often an open watch looks at the job's pool: each look is two cuMemPoolGetAttribute calls.
 constexpr std::uint64_t kPoolWatchIntervalNs = 1'000'000;
-// The forward's watch looks this many times: long enough for the device to run the frees the
-// optimizer step queued (the job's thread may be that far ahead), short next to a forward pass.
-constexpr std::uint32_t kForwardPoolWatchLooks = 8;
-// A watch trims only when the unused reserve exceeds the slack by this much, and by half the slack:
-// the job's temporaries come and go within it between two looks, and trimming them would only make
-// the job's thread grow the pool again. (On the H100 the backward watch still trims on most looks,
-// ~260 times an iteration at ~0.1 ms each: the pool reports freed bytes as unused before the device
-// has run the frees, and each trim gives back what the device has run past since the last.)
+// A look trims only once this much of the debt (or all of it, if less) can go: each trim is a
+// driver call that waits for the device, and what the pool reports unused may not be trimmable yet
+// (the pool reports freed bytes as unused before the device has run the frees).
 constexpr std::uint64_t kPoolWatchMinTrimBytes = std::uint64_t{64} << 20;
-// The reload-debt watch waits this much longer after a trim that gave back next to nothing.
+// The watch waits this much longer after a trim that gave back next to nothing.
 constexpr std::uint64_t kPoolDebtBackoffNs = 3'000'000;
 }  // namespace
 
-void DeviceEngine::open_pool_watch(PoolWatch kind) {
-  pool_watch_ = pool_trim_failed_.load(std::memory_order_relaxed) ? PoolWatch::none : kind;
-  pool_watch_looks_left_ = kForwardPoolWatchLooks;
+void DeviceEngine::open_pool_watch() {
+  pool_watch_open_ = !pool_trim_failed_.load(std::memory_order_relaxed);
   pool_watch_next_ns_ = 0;  // the first look at once
-  if (pool_watch_ != PoolWatch::none) offload_cv_.notify_all();
+  if (pool_watch_open_) offload_cv_.notify_all();
 }
 
 std::optional<std::uint64_t> DeviceEngine::timed_vmm_work_ns() const {
-  std::optional<std::uint64_t> wake;
-  if (pool_watch_ != PoolWatch::none) wake = pool_watch_next_ns_;
-  if (pool_grow_at_ns_ != 0) wake = wake ? std::min(*wake, pool_grow_at_ns_) : pool_grow_at_ns_;
-  return wake;
-}
-
-bool DeviceEngine::pool_grow_due() const {
-  return pool_grow_at_ns_ != 0 && (serialized_ || monotonic_ns() >= pool_grow_at_ns_);
-}
-
-void DeviceEngine::grow_job_pool_ahead(std::unique_lock<std::mutex>& lock) {
-  const std::uint64_t bytes = pool_grow_bytes_;
-  pool_grow_at_ns_ = 0;
-  pool_grow_bytes_ = 0;
-  ++trimming_;  // quiesce() waits for the call to end, as for a trim
-  lock.unlock();
-  const std::uint64_t started = monotonic_ns();
-  // On the reload stream: idle in the forward (reloads begin in backward), and never the copy
-  // stream, whose queued copies would hold the free back.
-  Result<std::size_t> grown = device_.grow_job_pool(static_cast<std::size_t>(bytes), reload_stream_);
-  const std::uint64_t took = monotonic_ns() - started;
-  lock.lock();
-  --trimming_;
-  ++stats_.pool_grows;
-  stats_.pool_grow_ns += took;
-  if (grown.ok()) {
-    stats_.pool_grown_bytes += *grown;
-    pool_grown_this_iteration_ += *grown;
-  } else if (!pool_grow_failed_) {
-    // Only time is at stake (the job grows its pool itself, as without the option): stop trying.
-    pool_grow_failed_ = true;
-    ACTPAGE_LOG_WARN("device {}: growing the job's memory pool ahead of the head failed, no more growths this run: {}",
-                     device_.ordinal(), grown.status().message());
-  }
-  issued_cv_.notify_all();
-}
-
-void DeviceEngine::note_pool_at_layers_end(std::uint64_t layers_end_ns, std::unique_lock<std::mutex>& lock) {
-  lock.unlock();
-  Result<PoolUsage> usage = device_.job_pool_usage();
-  lock.lock();
-  if (!usage.ok() || in_backward_) return;
-  // What the reserve would be had actpage not grown it: the head's growth is measured from there.
-  pool_base_at_layers_end_ = usage->reserved_bytes - std::min(usage->reserved_bytes, pool_grown_this_iteration_);
-  layers_end_after_ns_this_iteration_ = layers_end_ns > iteration_started_ns_ ? layers_end_ns - iteration_started_ns_ : 0;
-}
-
-void DeviceEngine::learn_head_pool_growth() {
-  // A growth not made by now comes too late to spare the head anything and would add to backward's
-  // peak: drop it.
-  pool_grow_at_ns_ = 0;
-  pool_grow_bytes_ = 0;
-  if (!pool_base_at_layers_end_) return;
-  Result<PoolUsage> usage = device_.job_pool_usage();
-  if (!usage.ok()) return;
-  head_pool_growth_ = usage->reserved_bytes > *pool_base_at_layers_end_ ? usage->reserved_bytes - *pool_base_at_layers_end_ : 0;
-  layers_end_after_ns_ = layers_end_after_ns_this_iteration_;
-  pool_base_at_layers_end_.reset();
+  if (!pool_watch_open_) return std::nullopt;
+  return pool_watch_next_ns_;
 }
 
 bool DeviceEngine::pool_watch_due() const {
-  if (pool_watch_ == PoolWatch::none) return false;
+  if (!pool_watch_open_) return false;
   return serialized_ || monotonic_ns() >= pool_watch_next_ns_;
 }
 
 void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
-  const PoolWatch kind = pool_watch_;
-  if (serialized_ || (kind == PoolWatch::forward_start && --pool_watch_looks_left_ == 0)) {
-    pool_watch_ = PoolWatch::none;
-  }
+  if (serialized_) pool_watch_open_ = false;  // a replay must not depend on time: one look
   const std::uint64_t debt = pool_trim_debt_;  // read under the lock; paid below, under it again
-  // A reload-debt trim is worth a driver call only once this much of the debt can go.
+  // A trim is worth a driver call only once this much of the debt can go.
   const std::uint64_t useful = std::min(debt, kPoolWatchMinTrimBytes);
   ++trimming_;  // quiesce() waits for the look to end
   lock.unlock();
-  const std::uint64_t slack = options_.vmm_job_pool_slack_bytes;
-  const std::uint64_t least = std::max(kPoolWatchMinTrimBytes, slack / 2);
   Result<PoolUsage> usage = device_.job_pool_usage();
   std::optional<PoolTrim> trim;
   if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
     const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;
-    if (kind == PoolWatch::reload_debt) {
-      // Only the debt, and only once a useful part of it can go: each trim is a driver call that
-      // waits for the device, and what the pool reports unused may not be trimmable yet.
-      if (debt > 0 && unused >= useful) trim = trim_job_pool_by(std::min(debt, unused));
-    } else if (unused > slack + least) {
-      trim = trim_job_pool_by(unused - slack);
-    }
+    // Only the debt, and only once a useful part of it can go.
+    if (debt > 0 && unused >= useful) trim = trim_job_pool_by(std::min(debt, unused));
   }
   lock.lock();
   --trimming_;
   pool_watch_next_ns_ = monotonic_ns() + kPoolWatchIntervalNs;
-  if (kind == PoolWatch::reload_debt && trim && trim->trimmed.ok() && *trim->trimmed < useful) {
+  if (trim && trim->trimmed.ok() && *trim->trimmed < useful) {
     // The pool reported bytes unused that it could not give back: frees the device has not run
-    // yet. Each trim waits for the device and holds the job's driver calls meanwhile; give the
-    // device a few layers' worth of time before the next (on the H100, looking every millisecond
-    // trimmed ~75 times an iteration).
+    // yet. Each trim waits for the device and holds the job's driver calls meanwhile: give the
+    // device a few layers' worth of time before the next.
     pool_watch_next_ns_ += kPoolDebtBackoffNs;
   }
   ++stats_.pool_watch_polls;
@@ -2561,33 +2133,21 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}", device_.ordinal(),
                       usage.status().message());
     pool_trim_failed_.store(true, std::memory_order_relaxed);
-    pool_watch_ = PoolWatch::none;
+    pool_watch_open_ = false;
     return;
   }
   if (!trim) return;
   record_pool_trim(*trim);
   if (!trim->trimmed.ok()) {
-    pool_watch_ = PoolWatch::none;
+    pool_watch_open_ = false;
     return;
   }
   ++stats_.pool_watch_trims;
   stats_.pool_watch_trimmed_bytes += *trim->trimmed;
-  // Any watch's trim pays the reloads' debt (backward's watch trims beyond the slack anyway).
   pool_trim_debt_ -= std::min<std::uint64_t>(pool_trim_debt_, *trim->trimmed);
-  if (pool_trim_debt_ == 0) reload_cv_.notify_all();  // prefetches held back for it may go
-  if (kind == PoolWatch::reload_debt) {
-    if (pool_trim_debt_ == 0 && pool_watch_ == PoolWatch::reload_debt) pool_watch_ = PoolWatch::none;
-    return;  // paying for pages already created: nothing to top the cache up with
-  }
-  if (options_.vmm_prefill_cache && (kind == PoolWatch::forward_start || prefilled_)) {
-    // The prefill at the end of backward could create only what the pool gave back then, before
-    // the optimizer step freed what it used: what the pool gives back after it (backward's watch
-    // stays open until the next forward begins) tops the cache up for the next forward, device
-    // memory in use staying where it was before the trim.
-    const MappedRanges mapped = map_fresh_ranges(prefill_sizes(), /*trim_job_pool=*/false, lock, *trim->trimmed);
-    stats_.ranges_prefilled += mapped.mapped;
-    stats_.bytes_prefilled += mapped.bytes;
-    stats_.bytes_topped_up += mapped.bytes;
+  if (pool_trim_debt_ == 0) {
+    reload_cv_.notify_all();  // prefetches held back for it may go
+    pool_watch_open_ = false;
   }
 }
 
@@ -2633,7 +2193,7 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
     const std::uint64_t shortfall = bytes - *trim->trimmed;
     pool_trim_debt_ += shortfall;
     stats_.pool_trim_debt_bytes += shortfall;
-    if (pool_watch_ == PoolWatch::none) open_pool_watch(PoolWatch::reload_debt);
+    if (!pool_watch_open_) open_pool_watch();
   }
   return created;
 }
@@ -2672,10 +2232,10 @@ void DeviceEngine::reload_worker() {
       allocation->state = PageState::reloading;  // no one else touches it meanwhile
       const DevPtr va = window.va;
       const std::size_t bytes = window.bytes;
-      // Pages the job freed in this backward are the first choice, once the device has run their
-      // frees: no new memory while backward gives memory back (the job's own allocator cannot
-      // reuse what sits in our cache).
-      std::optional<CachedRange> recycled = take_cached_for_reload(bytes);
+      // Pages the job freed in this backward are the first choice (this worker waits for the device
+      // to run their frees): no new memory while backward gives memory back (the job's own
+      // allocator cannot reuse what sits in our cache).
+      std::optional<CachedRange> recycled = take_cached(bytes);
       lock.unlock();
       const std::uint64_t started = monotonic_ns();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};

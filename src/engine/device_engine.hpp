@@ -97,7 +97,7 @@ class DeviceEngine {
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
   // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and
-  // offload_drain_at_layers_end or vmm.trim_job_pool_at_layers_end is on. Without the engine's lock.
+  // offload_drain_at_layers_end or offload_drain_at_backward_start is on. Without the engine's lock.
   bool drains_at(ranges::PathId node) const noexcept {
     return node != ranges::kNoPath && drain_node_.load(std::memory_order_relaxed) == node;
   }
@@ -115,25 +115,19 @@ class DeviceEngine {
  private:
   struct Group;
   struct Allocation;
-  // A mapped device range that allocations are served from: the unit of mapping and unmapping.
-  // In steady state one window holds all allocations of one group (one module call), sized from
-  // the same group of the previous iteration, so that giving a layer's pages back is one unmap
-  // (cuMemUnmap waits for the device: see docs/performance.md). Otherwise (first iteration, sizes
-  // that grew, host_mapped mode) a window holds one allocation.
+  // A mapped device range that an allocation is served from: the unit of mapping and unmapping.
+  // Each window holds one allocation (its list is empty once the job freed it); adjacent windows
+  // ready together go back in one unmap.
   struct Window {
     DevPtr va = 0;
     std::size_t bytes = 0;          // mapped size, a multiple of the granularity
     PhysicalHandle physical;        // valid while mapped
     bool mapped = false;            // device pages are behind the range now
-    bool open = false;              // still takes sub-allocations (its group is open)
-    std::size_t used = 0;           // offset of the next sub-allocation
     std::vector<Allocation*> allocations;  // live ones
     std::uint32_t copied = 0;       // of those, copied to the host and waiting for the unmap
     bool unmap_queued = false;      // in unmap_ready_
-    bool unmapping = false;         // the offload worker is unmapping it now (lock released)
+    bool unmapping = false;         // the VMM worker is unmapping it now (lock released)
     std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
-    std::uint64_t iteration = 0;    // when it was taken, and its place in that forward's sequence
-    std::size_t position = 0;
   };
   struct Allocation {
     DevPtr va = 0;
@@ -165,19 +159,11 @@ class DeviceEngine {
     std::thread::id thread;
     std::uint64_t iteration = 0;
     std::size_t position = 0;                       // index in this iteration's forward order
-    std::size_t planned_bytes = 0;                  // the same group's bytes last iteration; 0 none
-    Window* window = nullptr;                       // the group's window, once made
-    bool window_tried = false;
     std::uint64_t forward_pass = 0;                 // the creating thread's forward call (0: unknown)
     std::vector<Allocation*> allocations;           // live ones
     std::vector<ranges::NameId> names;              // selected range's name and its parent's
     std::vector<std::pair<StreamHandle, EventHandle>> release_events;
     bool sealed = false;
-  };
-  // What one group of the forward pass allocated: the size of its window next iteration.
-  struct GroupPlan {
-    ranges::PathId selected = ranges::kNoPath;
-    std::size_t bytes = 0;
   };
   using CachedRange = RangeCache::Range;
 
@@ -191,7 +177,6 @@ class DeviceEngine {
   // Requests the groups before `position` in forward order; with a forward pass id, only that
   // forward call's (and unknown ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
-  void prefetch_at_backward_start();  // prefetch.at_backward_start
   // Bytes of selected activations queued, copying or copied but still mapped (offload_backlog_bytes).
   std::uint64_t offload_backlog_bytes() const;
   // On the job's thread after a seal: waits while the backlog exceeds `limit` (offload_backlog_bytes,
@@ -200,22 +185,14 @@ class DeviceEngine {
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
-  // `call`: the module call's place in this forward (Group::position).
-  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
-                     std::unique_lock<std::mutex>& lock);
-  // The window takes no more allocations; an empty one is retired.
-  void close_window(Window& window);
+  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
   // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
   void retire_window(Window& window);
-  // Every live allocation of a closed window is copied: queue its pages to be given back.
+  // Every live allocation of the window is copied: queue its pages to be given back.
   void maybe_queue_unmap(Window& window);
   // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
   void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
   bool unmap_due() const;
-  // Ready windows must go now, whatever their groups (backward began, a flush, the forward's end).
-  bool unmap_forced() const;
-  // vmm.unmap_by_group: none of the window's groups has a copy still to finish.
-  bool groups_copied(const Window& window) const;
   // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
   // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
   void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
@@ -238,12 +215,6 @@ class DeviceEngine {
   // Whether the pending pages should be recycled now: no offload copy runs (granting access then
   // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
   bool recycle_due() const;
-  // vmm.map_ahead: the sizes of the next few allocations (the last iteration's order) that neither
-  // the cache nor the pages waiting to be recycled can serve, within vmm.cache_bytes.
-  std::vector<std::size_t> map_ahead_sizes() const;
-  // Creates and maps ranges of those sizes for the cache, in one span, granting access once while
-  // no offload copy runs. VMM worker; unlocks.
-  void map_ahead(std::unique_lock<std::mutex>& lock);
   // vmm.prefill_cache: backward has freed every activation actpage served (so none comes back to
   // the cache) and the cache has not been filled this backward.
   bool prefill_due() const;
@@ -272,13 +243,8 @@ class DeviceEngine {
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
-  std::optional<CachedRange> take_cached(std::size_t mapped_bytes, RangeCache::End end = RangeCache::End::oldest);
-  // vmm.unmap_by_group, an activation: the range that begins the longest run of cached neighbours
-  // fitting the activations the last forward's module call asked for next (RangeCache::take_row).
-  std::optional<CachedRange> take_cached_in_row(std::size_t mapped_bytes);
-  // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
-  // the device has run (the reload worker must not wait for the job's queued work).
-  std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
+  // The oldest cached range of the best size (whoever takes it orders after its free points).
+  std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
   void put_cached(const CachedRange& range);
   // The sizes the next allocations are expected to ask for: the rest of the last iteration's
   // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
@@ -301,14 +267,6 @@ class DeviceEngine {
   // The event after which the job is done with `allocation` (its module's end on its stream);
   // {} when none was recorded.
   EventHandle release_event_of(const Allocation& allocation) const;
-  // Whether a new offload may go on the copy stream now: its release point has been reached on the
-  // device. Only then does a queued copy run at once, so that the queue drains within its chunks'
-  // copy time when access must be granted (vmm.grant_when_idle); a copy queued ahead of its
-  // release point waits there for the job's kernels, and the grant with it (6 ms in the Qwen3-MoE
-  // forward, docs/performance.md). True without grant_when_idle, in host_mapped mode and in a
-  // serialized replay (which must not depend on timing), and when the event cannot be asked;
-  // true always with copy_at_release off (the default).
-  bool release_reached(const Allocation& allocation);
   // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
   // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
   bool issue_chunk(Allocation& allocation, bool whole);
@@ -337,8 +295,6 @@ class DeviceEngine {
   void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void issue_offloads_now(Group& group);
   void offload_worker();
-  // The offload worker's wait for a copy chunk's end, as copy_wait says (lock not held).
-  Status wait_for_copy_chunk(EventHandle done);
   void vmm_worker();
   void reload_worker();
   // Whether each worker has work now (its wait's condition, stopping aside).
@@ -371,30 +327,14 @@ class DeviceEngine {
   std::optional<PoolTrim> trim_job_pool_by(std::size_t bytes);
   // Counts a trim; the first failure warns and stops later trims. Lock held.
   void record_pool_trim(const PoolTrim& trim);
-  // vmm.trim_job_pool_at_forward_start / vmm.trim_job_pool_in_backward: while a watch is open the
-  // VMM worker looks at the job's pool every kPoolWatchIntervalNs and gives back what it holds
-  // unused beyond vmm.job_pool_slack_bytes. The forward's watch closes after a few looks (the pool's
-  // use only grows in a forward); backward's stays open until the next forward. With
-  // vmm.prefill_cache, what a watch gives back once the prefill has run (after the optimizer step)
-  // or when the forward begins tops the range cache up (the prefill at the end of backward created
-  // only what the pool gave back before the optimizer step). Serialized
-  // (a replay, which must not depend on time), each watch looks once.
-  // vmm.trim_job_pool_catch_up: the reload_debt watch trims the pool by what reloads created and
-  // their own trims did not give back (pool_trim_debt_), no more, and closes when that is paid.
-  enum class PoolWatch : std::uint8_t { none, forward_start, backward, reload_debt };
-  void open_pool_watch(PoolWatch kind);
+  // vmm.trim_job_pool_catch_up: while the job's pool owes reloads' pages (pool_trim_debt_), a watch
+  // is open: the VMM worker looks at the pool every kPoolWatchIntervalNs and trims it by the debt,
+  // no more, once a useful part of it can go; the watch closes when the debt is paid. Serialized
+  // (a replay, which must not depend on time), a watch looks once.
+  void open_pool_watch();
   bool pool_watch_due() const;
-  // vmm.grow_job_pool_for_head: the growth of the job's pool this iteration's head will need is due
-  // (kPoolGrowLeadNs before the layers ended in the last iteration); the VMM worker makes it.
-  bool pool_grow_due() const;
-  void grow_job_pool_ahead(std::unique_lock<std::mutex>& lock);
-  // When the VMM worker must wake for timed work of its own (a pool watch's next look, the pool's
-  // growth); nullopt: only when told.
+  // When the VMM worker must wake for its next look at the pool; nullopt: only when told.
   std::optional<std::uint64_t> timed_vmm_work_ns() const;
-  // vmm.grow_job_pool_for_head: at the layers' end (the job's thread, lock held; released around the
-  // driver's query) and when backward begins (lock held), what the head's growth of the pool was.
-  void note_pool_at_layers_end(std::uint64_t layers_end_ns, std::unique_lock<std::mutex>& lock);
-  void learn_head_pool_growth();
   // One look (and trim); unlocks around the driver calls.
   void watch_job_pool(std::unique_lock<std::mutex>& lock);
   // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
@@ -438,12 +378,11 @@ class DeviceEngine {
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
   std::map<DevPtr, std::unique_ptr<Window>> windows_;
-  std::vector<Window*> unmap_ready_;      // closed windows whose allocations are all copied
-  std::uint64_t unmap_ready_bytes_ = 0;
-  DevPtr next_window_va_ = 0;             // the end of the window the forward took last (RangeCache::take_row)
-  std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
-  std::vector<GroupPlan> plan_this_iteration_;
-  std::vector<GroupPlan> plan_last_iteration_;
+  std::vector<Window*> unmap_ready_;      // windows whose allocations are all copied
+  std::uint32_t flush_requests_ = 0;      // quiesce() or a backlog wait: nothing may be held back for later
+  // The selected range of each module call (Group::position) of this and the last forward pass.
+  std::vector<ranges::PathId> plan_this_iteration_;
+  std::vector<ranges::PathId> plan_last_iteration_;
   // Per position of plan_last_iteration_: how many distinct layers' selected modules came after it
   // in that forward pass (keep_last: a group with at least keep_last layers after it leaves at its
   // seal, see seal()).
@@ -481,28 +420,12 @@ class DeviceEngine {
   };
   std::vector<PendingPages> recycle_pending_;
   std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
-  bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
   bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
-  PoolWatch pool_watch_ = PoolWatch::none;
-  std::uint32_t pool_watch_looks_left_ = 0;  // the forward's watch closes after these
-  std::uint64_t pool_watch_next_ns_ = 0;     // monotonic_ns() of the next look
+  bool pool_watch_open_ = false;   // vmm.trim_job_pool_catch_up: the VMM worker looks at the pool
+  std::uint64_t pool_watch_next_ns_ = 0;  // monotonic_ns() of the next look
   // Bytes of reload pages created in this backward that the job's pool has not given back yet
   // (vmm.trim_job_pool_catch_up).
   std::uint64_t pool_trim_debt_ = 0;
-  // vmm.grow_job_pool_for_head. Learned in the last iteration: how much the job's pool grew from the
-  // layers' end to backward's start (the logits, the loss, its gradient; what actpage grew it by
-  // counts as the job's), and how long after the iteration's start the layers ended. This
-  // iteration: its start, the pool's reserve at the layers' end less what actpage grew it by before
-  // (nullopt until then), what actpage grew it by, and the growth due (at 0: none).
-  std::uint64_t head_pool_growth_ = 0;
-  std::uint64_t layers_end_after_ns_ = 0;
-  std::uint64_t iteration_started_ns_ = 0;
-  std::optional<std::uint64_t> pool_base_at_layers_end_;
-  std::uint64_t layers_end_after_ns_this_iteration_ = 0;
-  std::uint64_t pool_grown_this_iteration_ = 0;
-  std::uint64_t pool_grow_at_ns_ = 0;
-  std::uint64_t pool_grow_bytes_ = 0;
-  bool pool_grow_failed_ = false;
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
@@ -516,12 +439,6 @@ class DeviceEngine {
 
   RangeCache cache_;
   std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
-  // Per position of sizes_*: the window went back within the forward (a temporary of the module).
-  std::vector<std::uint8_t> freed_in_forward_this_iteration_;
-  std::vector<std::uint8_t> freed_in_forward_last_iteration_;
-  // Per position of sizes_*: the module call it belonged to (Group::position).
-  std::vector<std::size_t> calls_this_iteration_;
-  std::vector<std::size_t> calls_last_iteration_;
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims

@@ -732,16 +732,10 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   device::SimDevice sim(config);
   RecordingDevice device(sim);
   Options replay_options_copy = options;
-  // Ranges mapped ahead or prefilled depend on when the VMM worker runs against the job's
-  // allocations, which the simulated device does not reproduce: the replay leaves them out, so its
-  // job-thread maps are what the job would make without them (an upper bound) and its peak does
-  // not move with them.
-  replay_options_copy.vmm_map_ahead = false;
+  // Ranges prefilled depend on when the VMM worker runs against the job's allocations, which the
+  // simulated device does not reproduce: the replay leaves them out, so its job-thread maps are
+  // what the job would make without them (an upper bound) and its peak does not move with them.
   replay_options_copy.vmm_prefill_cache = false;
-  // Whether a reload finds a cached range's frees already run on the simulated device depends on
-  // its stream threads, not on the trace: the replay takes such ranges and waits for their frees
-  // (vmm.reload_waits_for_frees), so it is the same every run and its reload maps an upper bound.
-  replay_options_copy.vmm_reload_waits_for_frees = true;
   // The replay's job thread replays the trace's own timing; a backlog wait there would only depend
   // on the simulated streams' speed: offload_backlog_bytes is not modelled (its time cost is not
   // predicted, and its saving shows as the copies the trace's timing allows).
