@@ -11,7 +11,6 @@
 #include "common/units.hpp"
 #include "engine/forward_pass.hpp"
 #include "policy/sizes.hpp"
-#include "trace/writer.hpp"
 
 namespace actpage::engine {
 namespace {
@@ -19,33 +18,6 @@ namespace {
 // Fill pattern of poison mode: 0xFF bytes are NaN in bf16, fp16 and fp32, so a read of poisoned
 // activations turns the loss into NaN instead of slightly changing it.
 constexpr std::uint8_t kPoisonByte = 0xFF;
-
-void trace_page(trace::RecordType type, DevPtr va, std::size_t bytes, ranges::PathId path,
-                std::uint32_t group) {
-  if (auto* writer = trace::active()) {
-    trace::PagePayload payload{};
-    payload.ptr = va;
-    payload.bytes = bytes;
-    payload.path_id = path;
-    payload.group = group;
-    writer->record(type, payload);
-  }
-}
-
-// `duration_ns`: how long the driver calls behind the record took (create+map, unmap+release...): the
-// trace shows where VMM time goes, and on which thread (docs/performance.md).
-void trace_vmm(trace::RecordType type, DevPtr va, std::size_t bytes, int device, bool ok,
-               std::uint64_t duration_ns) {
-  if (auto* writer = trace::active()) {
-    trace::VmmPayload payload{};
-    payload.va = va;
-    payload.bytes = bytes;
-    payload.device = static_cast<std::int8_t>(device);
-    payload.result = ok ? 0u : 1u;
-    payload.duration_ns = duration_ns;
-    writer->record(type, payload);
-  }
-}
 
 }  // namespace
 
@@ -140,7 +112,11 @@ void DeviceEngine::wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::c
 }
 
 DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeClassifier& classifier)
-    : device_(device), options_(options), classifier_(classifier), granularity_(device.granularity()) {}
+    : device_(device),
+      options_(options),
+      classifier_(classifier),
+      granularity_(device.granularity()),
+      events_(device.ordinal()) {}
 
 DeviceEngine::~DeviceEngine() { shutdown(); }
 
@@ -186,7 +162,7 @@ Status DeviceEngine::start() {
     name_this_thread("actpage-h2d-end");
     reload_completion_worker();
   });
-  if (trace::active() != nullptr && options_.trace_sample_ms > 0) {
+  if (EngineEvents::tracing() && options_.trace_sample_ms > 0) {
     sampler_thread_ = std::thread([this] {
       name_this_thread("actpage-sample");
       sampler_worker();
@@ -365,7 +341,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
       if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);
       return nullptr;
     }
-    trace_vmm(trace::RecordType::map, *va, mapped_bytes, device_.ordinal(), true, took);
+    events_.mapped(*va, mapped_bytes, took);
     window->va = *va;
     window->bytes = mapped_bytes;
     window->physical = *physical;
@@ -550,11 +526,7 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
   const std::uint64_t waited = monotonic_ns() - start;
   ++stats_.backlog_waits;
   stats_.backlog_wait_ns += waited;
-  if (auto* writer = trace::active()) {
-    // Where the job's time went (`actpage dump`): a cap's waits and the drain's are told apart.
-    const std::uint32_t kind = limit == 0 ? trace::kWaitDrain : trace::kWaitBacklog;
-    writer->record(trace::RecordType::wait, trace::WaitPayload{waited, kind, 0});
-  }
+  events_.waited_for_copies(waited, /*drain=*/limit == 0);
 }
 
 void DeviceEngine::drain_at_backward_start() {
@@ -648,13 +620,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
     const std::uint64_t waited = monotonic_ns() - start;
     ++stats_.stalls;
     stats_.stall_ns += waited;
-    if (auto* writer = trace::active()) {
-      trace::StallPayload payload{};
-      payload.wait_ns = waited;
-      payload.path_id = waited_for;
-      payload.group = waited_group;
-      writer->record(trace::RecordType::stall, payload);
-    }
+    events_.stalled(waited, waited_for, waited_group);
   }
   for (const auto& entry : needed) {
     Allocation* allocation = alive(entry);
@@ -1122,7 +1088,7 @@ bool DeviceEngine::start_offload(Allocation& allocation) {
   allocation.state = PageState::offloading;
   offload_inflight_.push_back(&allocation);
   ++stats_.offloads_started;
-  trace_page(trace::RecordType::offload_begin, allocation.va, allocation.bytes,
+  events_.offload_began(allocation.va, allocation.bytes,
              allocation.group->selected, allocation.group->id);
   return true;
 }
@@ -1312,7 +1278,7 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   offload_inflight_.push_back(&allocation);
   d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
   ++stats_.offloads_started;
-  trace_page(trace::RecordType::offload_begin, allocation.va, allocation.bytes, allocation.group->selected,
+  events_.offload_began(allocation.va, allocation.bytes, allocation.group->selected,
              allocation.group->id);
   return true;
 }
@@ -1401,7 +1367,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   stats_.offloaded_bytes_now -= bytes;
   ++stats_.reloads_completed;
   stats_.bytes_reloaded += allocation.bytes;
-  trace_page(trace::RecordType::reload_end, allocation.va, allocation.bytes,
+  events_.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) dispose(allocation);
   issued_cv_.notify_all();
@@ -1588,7 +1554,7 @@ void DeviceEngine::offload_done(Allocation& allocation) {
   allocation.state = PageState::offloaded;
   ++stats_.offloads_completed;
   stats_.bytes_offloaded += allocation.bytes;
-  trace_page(trace::RecordType::offload_end, allocation.va, allocation.bytes,
+  events_.offload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) {
     ++stats_.dropped_offloaded;
@@ -1695,8 +1661,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     if (!plan.unmapped) {
       note_failure("giving back an offloaded window's pages", plan.unmap_status);
     } else {
-      trace_vmm(trace::RecordType::unmap, window.va, window.bytes, device_.ordinal(), true,
-                plan.unmap_ns + plan.after_ns);
+      events_.unmapped(window.va, window.bytes, plan.unmap_ns + plan.after_ns);
       window.mapped = false;
       stats_.offloaded_bytes_now += window.bytes;
       stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
@@ -1867,7 +1832,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     if (item.granted) {
       ++stats_.ranges_recycled;
       // The pages moved to an address of the cache: that map is the worker's.
-      trace_vmm(trace::RecordType::map, item.va, item.pages.bytes, device_.ordinal(), true, item.ns);
+      events_.mapped(item.va, item.pages.bytes, item.ns);
       put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
     } else if (item.va != 0 && !item.mapped) {
       arena_.release(item.va, item.pages.bytes);
@@ -1987,7 +1952,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
     if (item.mapped) {
       ++result.mapped;
       result.bytes += item.bytes;
-      trace_vmm(trace::RecordType::map, item.va, item.bytes, device_.ordinal(), true, first ? took : 0);
+      events_.mapped(item.va, item.bytes, first ? took : 0);
       first = false;
       put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
     } else {
@@ -2023,7 +1988,7 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
     note_failure("giving back a cached range", status);
     return;  // leak the range rather than reuse something in an unknown state
   }
-  trace_vmm(trace::RecordType::unmap, range.va, range.mapped_bytes, device_.ordinal(), true, took);
+  events_.unmapped(range.va, range.mapped_bytes, took);
   arena_.release(range.va, range.mapped_bytes);
 }
 
@@ -2060,10 +2025,7 @@ void DeviceEngine::start_iteration() {
   // may be between its forward and backward. Dropping them would leave their pages offloaded when
   // backward reads them.
   std::erase_if(forward_order_, [&](std::uint32_t id) { return groups_.find(id) == groups_.end(); });
-  if (auto* writer = trace::active()) {
-    trace::IterationPayload payload{iteration_};
-    writer->record(trace::RecordType::iteration, payload);
-  }
+  events_.iteration_began(iteration_);
 }
 
 // --- Reload workers ----------------------------------------------------------------------------
@@ -2279,7 +2241,7 @@ void DeviceEngine::reload_worker() {
         lock.lock();
         continue;
       }
-      trace_vmm(trace::RecordType::map, va, bytes, device_.ordinal(), true, took);
+      events_.mapped(va, bytes, took);
       window.physical = *physical;
       window.mapped = true;
       stats_.offloaded_bytes_now -= bytes;
@@ -2308,7 +2270,7 @@ void DeviceEngine::reload_worker() {
     allocation->reload_queued = false;
     allocation->reload_urgent = false;
     reload_inflight_.push_back(allocation);
-    trace_page(trace::RecordType::reload_begin, allocation->va, allocation->bytes,
+    events_.reload_began(allocation->va, allocation->bytes,
                allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
     issued_cv_.notify_all();
     reload_done_cv_.notify_one();
@@ -2350,29 +2312,18 @@ void DeviceEngine::sampler_worker() {
     lock.unlock();
     // Paused with the hooks' records (trace::set_recording): a driver call every few ms on a
     // thread of its own is part of what an in-process comparison must see come and go.
-    if (trace::recording()) {
+    if (EngineEvents::sampling()) {
       if (auto info = device_.mem_info(); info.ok()) {
-        if (auto* writer = trace::active()) {
-          trace::MemSamplePayload payload{};
-          payload.free_bytes = info->free_bytes;
-          payload.total_bytes = info->total_bytes;
-          payload.device = device_.ordinal();
-          writer->record(trace::RecordType::mem_sample, payload);
-          // What holds that memory, read right after: `actpage dump` splits the peak with it.
-          trace::EngineMemoryPayload held{};
-          held.device = device_.ordinal();
-          if (auto pool = device_.job_pool_usage(); pool.ok()) {
-            held.job_pool_reserved = pool->reserved_bytes;
-            held.job_pool_used = pool->used_bytes;
-            held.flags |= trace::kEngineMemoryPoolKnown;
-          }
-          {
-            std::lock_guard<std::mutex> counts(mutex_);
-            held.resident_bytes = stats_.live_owned_bytes - std::min(stats_.live_owned_bytes, stats_.offloaded_bytes_now);
-            held.cached_bytes = cache_.bytes();
-          }
-          writer->record(trace::RecordType::engine_memory, held);
+        std::optional<PoolUsage> job_pool;
+        if (auto pool = device_.job_pool_usage(); pool.ok()) job_pool = *pool;
+        std::uint64_t resident = 0;
+        std::uint64_t cached = 0;
+        {
+          std::lock_guard<std::mutex> counts(mutex_);
+          resident = stats_.live_owned_bytes - std::min(stats_.live_owned_bytes, stats_.offloaded_bytes_now);
+          cached = cache_.bytes();
         }
+        events_.memory_sampled(*info, job_pool, resident, cached);
       }
     }
     lock.lock();
@@ -2388,7 +2339,7 @@ void DeviceEngine::finish_reload(Allocation& allocation) {
   allocation.state = PageState::resident;
   ++stats_.reloads_completed;
   stats_.bytes_reloaded += allocation.bytes;
-  trace_page(trace::RecordType::reload_end, allocation.va, allocation.bytes,
+  events_.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) dispose(allocation);
 }

@@ -33,6 +33,7 @@
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
+#include "engine/engine_events.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/page_state.hpp"
@@ -356,6 +357,7 @@ class DeviceEngine {
   const Options& options_;
   const NodeClassifier& classifier_;
   const std::size_t granularity_;
+  const EngineEvents events_;  // what is recorded to the trace
 
   VaArena arena_;
   std::unique_ptr<hostpool::HostPool> host_pool_;
