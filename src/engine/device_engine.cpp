@@ -34,22 +34,6 @@ const char* page_state_name(PageState state) {
   return "unknown";
 }
 
-// --- Serialized mode (set_serialized) ----------------------------------------------------------
-
-class DeviceEngine::TurnScope {
- public:
-  TurnScope(DeviceEngine& engine, Turn who) : engine_(engine), who_(who) {
-    if (engine_.serialized_) engine_.turn_ = who_;
-  }
-  ~TurnScope() { engine_.end_turn(who_); }
-  TurnScope(const TurnScope&) = delete;
-  TurnScope& operator=(const TurnScope&) = delete;
-
- private:
-  DeviceEngine& engine_;
-  Turn who_;
-};
-
 bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
 
 bool DeviceEngine::vmm_has_work() const {
@@ -63,75 +47,33 @@ bool DeviceEngine::reload_has_work() const {
 
 bool DeviceEngine::reload_completion_has_work() const { return !reload_inflight_.empty(); }
 
-DeviceEngine::Turn DeviceEngine::next_turn() const {
-  if (vmm_has_work()) return Turn::vmm;
-  if (offload_has_work()) return Turn::offload;
-  if (reload_has_work()) return Turn::reload;
-  if (reload_completion_has_work()) return Turn::reload_completion;
-  return Turn::none;
-}
-
-bool DeviceEngine::may_run(Turn who) const {
-  return !serialized_ || turn_ == who || (turn_ == Turn::none && next_turn() == who);
-}
-
-void DeviceEngine::take_job_turn(std::unique_lock<std::mutex>& lock) {
-  if (!serialized_) return;
-  issued_cv_.wait(lock, [&] { return stopping_ || (turn_ == Turn::none && next_turn() == Turn::none); });
-  turn_ = Turn::job;
-}
-
-void DeviceEngine::wake_everyone() {
-  offload_cv_.notify_all();
-  reload_cv_.notify_all();
-  reload_done_cv_.notify_all();
-  issued_cv_.notify_all();
-}
-
-void DeviceEngine::end_turn(Turn who) {
-  if (!serialized_ || turn_ != who) return;
-  turn_ = Turn::none;
-  wake_everyone();  // whoever comes next may be waiting on any of them
-}
-
-template <class Done>
-void DeviceEngine::wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done) {
-  if (!serialized_) {
-    cv.wait(lock, done);
-    return;
-  }
-  const Turn me = turn_;
-  end_turn(me);
-  cv.wait(lock, [&] {
-    if (stopping_) return true;
-    if (!done() || turn_ != Turn::none) return false;
-    const Turn next = next_turn();
-    return next == Turn::none || next == me;
-  });
-  if (!stopping_) turn_ = me;
+Turns::Turn DeviceEngine::next_turn() const {
+  if (vmm_has_work()) return Turns::Turn::vmm;
+  if (offload_has_work()) return Turns::Turn::offload;
+  if (reload_has_work()) return Turns::Turn::reload;
+  if (reload_completion_has_work()) return Turns::Turn::reload_completion;
+  return Turns::Turn::none;
 }
 
 DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeClassifier& classifier)
-    : device_(device),
-      options_(options),
-      classifier_(classifier),
-      granularity_(device.granularity()),
-      events_(device.ordinal()) {}
+    : options_(options), classifier_(classifier), core_(device), turns_(core_) {
+  turns_.set_next([this] { return next_turn(); });
+}
 
 DeviceEngine::~DeviceEngine() { shutdown(); }
 
 Status DeviceEngine::start() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (started_) return {};
-  if (Status status = arena_.init(device_, options_.vmm_arena_bytes); !status.ok()) return status;
-  auto copy = device_.create_stream(0);
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  if (core_.started) return {};
+  if (Status status = arena_.init(core_.device, options_.vmm_arena_bytes); !status.ok()) return status;
+  auto copy = core_.device.create_stream(0);
   if (!copy.ok()) {
     Status status = copy.status();
     return status.context("creating actpage's D2H copy stream");
   }
   copy_stream_ = *copy;
   // Reloads are on the critical path of backward; give their stream the higher priority.
-  auto reload = device_.create_stream(-1);
+  auto reload = core_.device.create_stream(-1);
   if (!reload.ok()) {
     Status status = reload.status();
     return status.context("creating actpage's H2D copy stream");
@@ -141,11 +83,11 @@ Status DeviceEngine::start() {
   pool_config.budget_bytes = options_.host_pool_bytes;
   pool_config.slab_bytes = options_.host_pool_slab_bytes;
   pool_config.prealloc_bytes = options_.host_pool_prealloc_bytes;
-  host_pool_ = std::make_unique<hostpool::HostPool>(device_, pool_config);
+  core_.host_pool = std::make_unique<hostpool::HostPool>(core_.device, pool_config);
   // Serialized: whether the first offloads find the preallocated slabs pinned must not depend on
   // how fast the pool's thread pins them (a miss asks for growth by what is still on its way).
-  if (serialized_) (void)host_pool_->wait_for_growth(std::chrono::seconds(30));
-  started_ = true;
+  if (turns_.serialized()) (void)core_.host_pool->wait_for_growth(std::chrono::seconds(30));
+  core_.started = true;
   offload_thread_ = std::thread([this] {
     name_this_thread("actpage-d2h");
     offload_worker();
@@ -174,40 +116,40 @@ Status DeviceEngine::start() {
 void DeviceEngine::shutdown() {
   bool lost = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!started_ || shut_down_) return;
-    shut_down_ = true;
-    lost = context_lost_;  // nothing to wait for: the workers already stopped, or are stopping
+    std::lock_guard<std::mutex> lock(core_.mutex);
+    if (!core_.started || core_.shut_down) return;
+    core_.shut_down = true;
+    lost = core_.context_lost;  // nothing to wait for: the workers already stopped, or are stopping
   }
   if (!lost) quiesce();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(core_.mutex);
+    core_.stopping = true;
   }
-  wake_everyone();
+  core_.wake_everyone();
   if (offload_thread_.joinable()) offload_thread_.join();
   if (vmm_thread_.joinable()) vmm_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
   if (reload_completion_thread_.joinable()) reload_completion_thread_.join();
-  sampler_cv_.notify_all();
+  core_.sampler_cv.notify_all();
   if (sampler_thread_.joinable()) sampler_thread_.join();
 
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(core_.mutex);
   // What the job never freed: bring nothing back (the process is done with it), just let go.
   for (auto& [va, allocation] : allocations_) {
-    if (allocation->host) host_pool_->free(*allocation->host);
-    if (allocation->has_copy_event) recycle_event(allocation->copy_event);
+    if (allocation->host) core_.host_pool->free(*allocation->host);
+    if (allocation->has_copy_event) core_.recycle_event(allocation->copy_event);
   }
   for (auto& [va, window] : windows_) {
     if (window->mapped) {
-      (void)device_.unmap(window->va, window->bytes);
-      (void)device_.release_physical(window->physical);
+      (void)core_.device.unmap(window->va, window->bytes);
+      (void)core_.device.release_physical(window->physical);
     }
-    for (const FreePoint& point : window->free_points) recycle_event(point.event);
+    for (const FreePoint& point : window->free_points) core_.recycle_event(point.event);
     arena_.release(window->va, window->bytes);
   }
   for (auto& [id, group] : groups_) {
-    for (auto& [stream, event] : group->release_events) recycle_event(event);
+    for (auto& [stream, event] : group->release_events) core_.recycle_event(event);
   }
   allocations_.clear();
   windows_.clear();
@@ -216,37 +158,36 @@ void DeviceEngine::shutdown() {
   open_groups_.clear();
   keep_window_.clear();
   for (const CachedRange& range : cache_.take_all()) {
-    for (const FreePoint& point : range.free_points) (void)device_.synchronize_event(point.event);
-    (void)device_.unmap(range.va, range.mapped_bytes);
-    (void)device_.release_physical(range.physical);
+    for (const FreePoint& point : range.free_points) (void)core_.device.synchronize_event(point.event);
+    (void)core_.device.unmap(range.va, range.mapped_bytes);
+    (void)core_.device.release_physical(range.physical);
     arena_.release(range.va, range.mapped_bytes);
-    for (const FreePoint& point : range.free_points) recycle_event(point.event);
+    for (const FreePoint& point : range.free_points) core_.recycle_event(point.event);
   }
-  for (const PendingPages& pages : recycle_pending_) (void)device_.release_physical(pages.physical);
+  for (const PendingPages& pages : recycle_pending_) (void)core_.device.release_physical(pages.physical);
   recycle_pending_.clear();
   note_recycle_pending();
-  stats_.cached_bytes = 0;
-  for (EventHandle event : free_events_) (void)device_.destroy_event(event);
-  free_events_.clear();
-  host_pool_.reset();
-  (void)device_.destroy_stream(copy_stream_);
-  (void)device_.destroy_stream(reload_stream_);
+  core_.stats.cached_bytes = 0;
+  core_.destroy_events();
+  core_.host_pool.reset();
+  (void)core_.device.destroy_stream(copy_stream_);
+  (void)core_.device.destroy_stream(reload_stream_);
   if (Status status = arena_.shutdown(); !status.ok()) ACTPAGE_LOG_WARN("{}", status.message());
 }
 
 // --- Job threads ----------------------------------------------------------------------------
 
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_ || stopping_) return 0;
-  take_job_turn(lock);
-  const TurnScope turn(*this, Turn::job);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return 0;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
   if (in_backward_) {
     // A selected range running during backward on another thread than forward's is a
     // recomputation (activation checkpointing): its tensors are needed at once, leave them alone.
     if (thread != forward_thread_) {
-      ++stats_.allocations_passed;
+      ++core_.stats.allocations_passed;
       return 0;
     }
     in_backward_ = false;  // forward again on the forward thread: a new iteration
@@ -259,12 +200,12 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   Group* group = open_group_for(verdict, thread);
   const std::uint32_t group_id = group->id;
   // A window of its own: its pages go and come back with it.
-  Window* window = new_window(round_up(bytes, granularity_), stream, lock);
+  Window* window = new_window(round_up(bytes, core_.granularity), stream, lock);
   auto found = groups_.find(group_id);  // the lock was released: look the group up again
   group = found != groups_.end() ? found->second.get() : nullptr;
   if (window == nullptr || group == nullptr) {
     if (window != nullptr) retire_window(*window);
-    ++stats_.allocations_passed;
+    ++core_.stats.allocations_passed;
     return 0;
   }
   const DevPtr va = window->va;
@@ -276,13 +217,13 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   owned->group = group;
   window->allocations.push_back(owned.get());
   group->allocations.push_back(owned.get());
-  ++stats_.allocations_served;
-  stats_.bytes_served += bytes;
+  ++core_.stats.allocations_served;
+  core_.stats.bytes_served += bytes;
   allocations_.emplace(va, std::move(owned));
   return va;
 }
 
-DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
+Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
                                                std::unique_lock<std::mutex>& lock) {
   auto window = std::make_unique<Window>();
   // The oldest cached range of the best size.
@@ -295,8 +236,8 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     bool ordered = true;
     for (const FreePoint& point : cached->free_points) {
       if (point.stream == stream) continue;
-      if (Status status = device_.stream_wait_event(stream, point.event); !status.ok()) {
-        note_failure("ordering a reused range after its free", status);
+      if (Status status = core_.device.stream_wait_event(stream, point.event); !status.ok()) {
+        core_.note_failure("ordering a reused range after its free", status);
         ordered = false;
         break;
       }
@@ -322,26 +263,26 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
     // a running device-to-host copy (up to ~1 ms): the copy queue drains first.
     const std::uint64_t started = monotonic_ns();
     lock.unlock();
-    auto physical = device_.create_physical(mapped_bytes, MemoryLocation::device);
+    auto physical = core_.device.create_physical(mapped_bytes, MemoryLocation::device);
     Status mapped_status;
     bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
-    if (physical.ok()) mapped_status = device_.map_without_access(*va, mapped_bytes, *physical);
+    if (physical.ok()) mapped_status = core_.device.map_without_access(*va, mapped_bytes, *physical);
     if (physical.ok() && mapped_status.ok()) {
       mapped_status = grant_with_copies_held(*va, mapped_bytes, lock);
-      if (!mapped_status.ok()) left_mapped = !device_.unmap(*va, mapped_bytes).ok();
+      if (!mapped_status.ok()) left_mapped = !core_.device.unmap(*va, mapped_bytes).ok();
     }
-    if (physical.ok() && !mapped_status.ok()) (void)device_.release_physical(*physical);
+    if (physical.ok() && !mapped_status.ok()) (void)core_.device.release_physical(*physical);
     const std::uint64_t took = monotonic_ns() - started;
     lock.lock();
-    stats_.job_thread_vmm_calls += 2;
+    core_.stats.job_thread_vmm_calls += 2;
     if (!physical.ok() || !mapped_status.ok()) {
       if (!left_mapped) arena_.release(*va, mapped_bytes);
       const Status& status = physical.ok() ? mapped_status : physical.status();
       // Out of memory: the job's own allocator gets the request and reports its own error.
-      if (status.code() != ErrorCode::out_of_memory) note_failure("mapping an offloadable allocation", status);
+      if (status.code() != ErrorCode::out_of_memory) core_.note_failure("mapping an offloadable allocation", status);
       return nullptr;
     }
-    events_.mapped(*va, mapped_bytes, took);
+    core_.events.mapped(*va, mapped_bytes, took);
     window->va = *va;
     window->bytes = mapped_bytes;
     window->physical = *physical;
@@ -349,7 +290,7 @@ DeviceEngine::Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamH
   window->mapped = true;
   sizes_this_iteration_.push_back(window->bytes);
   ++cursor_;
-  stats_.live_owned_bytes += window->bytes;
+  core_.stats.live_owned_bytes += window->bytes;
   Window* raw = window.get();
   windows_.emplace(raw->va, std::move(window));
   return raw;
@@ -361,7 +302,7 @@ void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, Even
   // then (they are recycled with the window's list).
   for (FreePoint& point : window.free_points) {
     if (point.stream == stream && !window.unmapping) {
-      recycle_event(point.event);  // the newer point on the same stream comes later
+      core_.recycle_event(point.event);  // the newer point on the same stream comes later
       point.event = event;
       return;
     }
@@ -371,14 +312,14 @@ void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, Even
 
 void DeviceEngine::retire_window(Window& window) {
   if (window.unmap_queued) std::erase(unmap_ready_, &window);
-  stats_.live_owned_bytes -= window.bytes;
+  core_.stats.live_owned_bytes -= window.bytes;
   if (window.mapped) {
     put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
   } else {
     // Pages already given back (offloaded in fault mode): only the address space returns, once the
     // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
-    for (const FreePoint& point : window.free_points) recycle_event(point.event);
-    stats_.offloaded_bytes_now -= window.bytes;
+    for (const FreePoint& point : window.free_points) core_.recycle_event(point.event);
+    core_.stats.offloaded_bytes_now -= window.bytes;
     arena_.release(window.va, window.bytes);
   }
   windows_.erase(window.va);  // destroys `window`
@@ -391,13 +332,13 @@ void DeviceEngine::maybe_queue_unmap(Window& window) {
   }
   window.unmap_queued = true;
   unmap_ready_.push_back(&window);
-  offload_cv_.notify_all();
+  core_.work_cv.notify_all();
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  take_job_turn(lock);
-  const TurnScope turn(*this, Turn::job);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   auto it = allocations_.find(ptr);
   if (it == allocations_.end()) {
     ACTPAGE_WARN_ONCE("engine.unknown_free", "free of {:#x}, inside actpage's range but not allocated: ignored",
@@ -406,12 +347,12 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   }
   Allocation& allocation = *it->second;
   // Remember the free's stream point: the range may be reused only after it (rule 5).
-  auto event = acquire_event();
-  if (Status status = device_.record_event(event, stream); status.ok()) {
+  auto event = core_.acquire_event();
+  if (Status status = core_.device.record_event(event, stream); status.ok()) {
     remember_free_point(*allocation.window, stream, event);
   } else {
-    recycle_event(event);
-    note_failure("recording the stream point of a free", status);
+    core_.recycle_event(event);
+    core_.note_failure("recording the stream point of a free", status);
     // Without an event, wait for the stream now: correctness over speed. Each step is checked
     // and retried (a failed record used to leave nothing to wait on): a range reused before the
     // job's stream passed its free is overwritten or unmapped under a kernel still reading it.
@@ -419,10 +360,10 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
     bool waited = false;
     for (int attempt = 0; attempt < 100 && !waited; ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      auto sync = device_.create_event();
+      auto sync = core_.device.create_event();
       if (!sync.ok()) continue;
-      waited = device_.record_event(*sync, stream).ok() && device_.synchronize_event(*sync).ok();
-      (void)device_.destroy_event(*sync);
+      waited = core_.device.record_event(*sync, stream).ok() && core_.device.synchronize_event(*sync).ok();
+      (void)core_.device.destroy_event(*sync);
     }
     lock.lock();
     if (!waited) {
@@ -437,18 +378,18 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
       break;
     case PageState::pending:
       std::erase(offload_queue_, &allocation);
-      ++stats_.offloads_cancelled;
+      ++core_.stats.offloads_cancelled;
       dispose(allocation);
       break;
     case PageState::offloaded:
       if (allocation.reload_queued) std::erase(reload_queue_, &allocation);
-      ++stats_.dropped_offloaded;
+      ++core_.stats.dropped_offloaded;
       dispose(allocation);
       break;
     case PageState::unmapping:
       if (!allocation.window->unmapping) {
         // Copied, its window's pages not yet given back: nothing of ours touches it now.
-        ++stats_.offloads_cancelled;
+        ++core_.stats.offloads_cancelled;
         dispose(allocation);
         break;
       }
@@ -463,9 +404,9 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
 }
 
 void DeviceEngine::on_pop(ranges::PathId node) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  take_job_turn(lock);
-  const TurnScope turn(*this, Turn::job);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
   if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
@@ -509,31 +450,31 @@ void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, 
   // been given (sealed groups only), so they finish without the job's thread; its own open groups
   // are not counted. Polled: the states change on several workers.
   auto caught_up = [&] {
-    return stopping_ || in_backward_ || offload_backlog_bytes() <= limit;
+    return core_.stopping || in_backward_ || offload_backlog_bytes() <= limit;
   };
   if (caught_up()) return;
   const std::uint64_t start = monotonic_ns();
-  offload_cv_.notify_all();  // give back what is copied now, without waiting for a batch
+  core_.work_cv.notify_all();  // give back what is copied now, without waiting for a batch
   ++flush_requests_;
-  ++stats_.backlog_waiters;
-  if (serialized_) {
-    wait_yielding_turn(lock, issued_cv_, caught_up);  // every turn's end notifies issued_cv_
+  ++core_.stats.backlog_waiters;
+  if (turns_.serialized()) {
+    turns_.wait_yielding(lock, core_.issued_cv, caught_up);  // every turn's end notifies core_.issued_cv
   } else {
-    while (!caught_up()) issued_cv_.wait_for(lock, std::chrono::microseconds(200));
+    while (!caught_up()) core_.issued_cv.wait_for(lock, std::chrono::microseconds(200));
   }
-  --stats_.backlog_waiters;
+  --core_.stats.backlog_waiters;
   --flush_requests_;
   const std::uint64_t waited = monotonic_ns() - start;
-  ++stats_.backlog_waits;
-  stats_.backlog_wait_ns += waited;
-  events_.waited_for_copies(waited, /*drain=*/limit == 0);
+  ++core_.stats.backlog_waits;
+  core_.stats.backlog_wait_ns += waited;
+  core_.events.waited_for_copies(waited, /*drain=*/limit == 0);
 }
 
 void DeviceEngine::drain_at_backward_start() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_) return;
-  take_job_turn(lock);
-  const TurnScope turn(*this, Turn::job);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   if (std::this_thread::get_id() == forward_thread_) return;  // the head's allocations pass by
   drain_if_armed(lock);
 }
@@ -546,10 +487,10 @@ void DeviceEngine::drain_if_armed(std::unique_lock<std::mutex>& lock) {
 }
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_) return;
-  take_job_turn(lock);
-  const TurnScope turn(*this, Turn::job);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   drain_if_armed(lock);
   if (!in_backward_) backward_begins();
 
@@ -587,7 +528,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   // Wait until every needed reload is issued (normally it was, by an earlier prefetch), then make
   // the job's stream wait for the copies. Only this wait can block the job's thread.
   auto ready = [&] {
-    if (stopping_) return true;
+    if (core_.stopping) return true;
     for (const auto& entry : needed) {
       Allocation* allocation = alive(entry);
       if (allocation == nullptr) continue;
@@ -616,22 +557,22 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   };
   if (!ready()) {
     const std::uint64_t start = monotonic_ns();
-    wait_yielding_turn(lock, issued_cv_, ready);
+    turns_.wait_yielding(lock, core_.issued_cv, ready);
     const std::uint64_t waited = monotonic_ns() - start;
-    ++stats_.stalls;
-    stats_.stall_ns += waited;
-    events_.stalled(waited, waited_for, waited_group);
+    ++core_.stats.stalls;
+    core_.stats.stall_ns += waited;
+    core_.events.stalled(waited, waited_for, waited_group);
   }
   for (const auto& entry : needed) {
     Allocation* allocation = alive(entry);
     if (allocation == nullptr) continue;
     if (allocation->state == PageState::reloading && allocation->has_copy_event) {
-      if (Status status = device_.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
+      if (Status status = core_.device.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
         // The job must not run ahead of the copy: wait for it on this thread instead.
-        note_failure("ordering the job's stream after a reload", status);
+        core_.note_failure("ordering the job's stream after a reload", status);
         EventHandle event = allocation->copy_event;
         lock.unlock();
-        (void)device_.synchronize_event(event);
+        (void)core_.device.synchronize_event(event);
         lock.lock();
       }
     }
@@ -639,29 +580,29 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
 }
 
 void DeviceEngine::quiesce() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(core_.mutex);
   // Pages ready to be given back go now, without waiting for a batch to fill.
   ++flush_requests_;
-  offload_cv_.notify_all();
-  reload_cv_.notify_all();  // a prefetch held back for the job's pool goes now (reload_waits_for_pool)
-  issued_cv_.wait(lock, [&] {
-    return stopping_ || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
+  core_.work_cv.notify_all();
+  core_.reload_cv.notify_all();  // a prefetch held back for the job's pool goes now (reload_waits_for_pool)
+  core_.issued_cv.wait(lock, [&] {
+    return core_.stopping || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
                          reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
                          offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
                          recycle_pending_.empty() && !prefill_due() &&
                          // Serialized: a cache trim still due would run during the next call.
-                         (!serialized_ || (turn_ == Turn::none && next_turn() == Turn::none)));
+                         turns_.idle());
   });
   --flush_requests_;
 }
 
 EngineStats DeviceEngine::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  EngineStats stats = stats_;
-  stats.job_thread_ns = job_thread_ns_.load(std::memory_order_relaxed);
-  if (host_pool_) {
-    const hostpool::HostPoolStats pool = host_pool_->stats();
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  EngineStats stats = core_.stats;
+  stats.job_thread_ns = core_.job_thread_ns.load(std::memory_order_relaxed);
+  if (core_.host_pool) {
+    const hostpool::HostPoolStats pool = core_.host_pool->stats();
     stats.host_pinned_bytes = pool.slab_bytes;
     stats.host_scattered_blocks = pool.scattered_allocations;
   }
@@ -669,12 +610,12 @@ EngineStats DeviceEngine::stats() const {
 }
 
 std::optional<std::string> DeviceEngine::advice() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!host_pool_ || stats_.host_pool_misses == 0) return std::nullopt;
-  const hostpool::HostPoolStats pool = host_pool_->stats();
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  if (!core_.host_pool || core_.stats.host_pool_misses == 0) return std::nullopt;
+  const hostpool::HostPoolStats pool = core_.host_pool->stats();
   if (pool.budget_exhausted || pool.slab_bytes <= options_.host_pool_prealloc_bytes) return std::nullopt;
   const std::string suggested = policy::format_size(pool.slab_bytes);  // as a policy file takes it
-  return "device " + std::to_string(device_.ordinal()) + ": " + std::to_string(stats_.host_pool_misses) +
+  return "device " + std::to_string(core_.device.ordinal()) + ": " + std::to_string(core_.stats.host_pool_misses) +
          " offload(s) found no pinned host memory ready and their activations stayed on the device: the host pool "
          "pinned " + format_bytes(pool.slab_bytes - options_.host_pool_prealloc_bytes) +
          " beyond host_pool.prealloc_bytes (" + format_bytes(options_.host_pool_prealloc_bytes) +
@@ -684,13 +625,13 @@ std::optional<std::string> DeviceEngine::advice() const {
 }
 
 std::size_t DeviceEngine::open_groups() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(core_.mutex);
   return open_groups_.size();
 }
 
 // --- Groups and the offload decision (mutex held) --------------------------------------------
 
-DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, std::thread::id thread) {
+Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, std::thread::id thread) {
   for (Group* group : open_groups_) {
     if (group->selected == verdict.selected && group->thread == thread) return group;
   }
@@ -741,14 +682,14 @@ DeviceEngine::Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, st
   forward_order_.push_back(raw->id);
   open_groups_.push_back(raw);
   groups_.emplace(raw->id, std::move(group));
-  ++stats_.groups_created;
+  ++core_.stats.groups_created;
   return raw;
 }
 
 void DeviceEngine::seal(Group& group) {
   group.sealed = true;
   cache_dirty_ = true;  // forward moved on: the demand for cached ranges changed
-  offload_cv_.notify_all();
+  core_.work_cv.notify_all();
   if (group.allocations.empty()) {
     maybe_destroy_group(&group);
     return;
@@ -760,10 +701,10 @@ void DeviceEngine::seal(Group& group) {
     auto known = std::find_if(group.release_events.begin(), group.release_events.end(),
                               [&](const auto& entry) { return entry.first == allocation->stream; });
     if (known != group.release_events.end()) continue;
-    EventHandle event = acquire_event();
-    if (Status status = device_.record_event(event, allocation->stream); !status.ok()) {
-      recycle_event(event);
-      note_failure("recording the release point of a module's activations", status);
+    EventHandle event = core_.acquire_event();
+    if (Status status = core_.device.record_event(event, allocation->stream); !status.ok()) {
+      core_.recycle_event(event);
+      core_.note_failure("recording the release point of a module's activations", status);
       return;  // the group stays resident
     }
     group.release_events.emplace_back(allocation->stream, event);
@@ -784,7 +725,7 @@ void DeviceEngine::seal(Group& group) {
   if (options_.keep_last > 0 && group.thread == forward_thread_ && group.position < plan_last_iteration_.size() &&
       plan_last_iteration_[group.position] == group.selected &&
       layers_after_last_iteration_[group.position] >= options_.keep_last) {
-    ++stats_.groups_left_at_seal;
+    ++core_.stats.groups_left_at_seal;
     queue_offload(group);
     return;
   }
@@ -808,7 +749,7 @@ void DeviceEngine::queue_offload(Group& group) {
     offload_queue_.push_back(allocation);
     queued = true;
   }
-  if (queued) offload_cv_.notify_all();
+  if (queued) core_.work_cv.notify_all();
 }
 
 void DeviceEngine::keep_resident(Allocation& allocation) {
@@ -822,8 +763,8 @@ void DeviceEngine::backward_begins() {
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
   for (CachedRange& range : cache_.take_all()) deferred_releases_.push_back(std::move(range));
-  stats_.cached_bytes = cache_.bytes();
-  if (!deferred_releases_.empty()) offload_cv_.notify_all();
+  core_.stats.cached_bytes = cache_.bytes();
+  if (!deferred_releases_.empty()) core_.work_cv.notify_all();
   cache_dirty_ = true;
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
@@ -831,7 +772,7 @@ void DeviceEngine::backward_begins() {
       for (Allocation* allocation : group->allocations) {
         if (allocation->state == PageState::released) keep_resident(*allocation);
       }
-      ++stats_.groups_kept_resident;
+      ++core_.stats.groups_kept_resident;
     }
   }
   keep_window_.clear();
@@ -840,7 +781,7 @@ void DeviceEngine::backward_begins() {
   open_groups_.clear();
   for (Group* group : open) group->sealed = true;
   // The memory saved counts now: give back what is copied.
-  if (!unmap_ready_.empty()) offload_cv_.notify_all();
+  if (!unmap_ready_.empty()) core_.work_cv.notify_all();
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -854,7 +795,7 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
     case PageState::pending:
       std::erase(offload_queue_, &allocation);
       keep_resident(allocation);
-      ++stats_.offloads_cancelled;
+      ++core_.stats.offloads_cancelled;
       return;
     case PageState::offloading:
       if (options_.stray_access == StrayAccess::poison) {
@@ -873,10 +814,10 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
           std::erase(unmap_ready_, &window);
         }
         --window.copied;
-        if (allocation.host) host_pool_->free(*allocation.host);
+        if (allocation.host) core_.host_pool->free(*allocation.host);
         allocation.host.reset();
         keep_resident(allocation);
-        ++stats_.offloads_cancelled;
+        ++core_.stats.offloads_cancelled;
         return;
       }
       allocation.reload_queued = true;
@@ -888,7 +829,7 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
           std::erase(reload_queue_, &allocation);
           reload_queue_.push_front(&allocation);
           allocation.reload_urgent = true;
-          reload_cv_.notify_one();  // the worker may be holding this prefetch back (reload_waits_for_pool)
+          core_.reload_cv.notify_one();  // the worker may be holding this prefetch back (reload_waits_for_pool)
         }
         return;
       }
@@ -899,7 +840,7 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
       } else {
         reload_queue_.push_back(&allocation);
       }
-      reload_cv_.notify_one();
+      core_.reload_cv.notify_one();
       return;
   }
 }
@@ -922,7 +863,7 @@ void DeviceEngine::prefetch_before(std::uint64_t position, std::uint64_t forward
 
 void DeviceEngine::dispose(Allocation& allocation) {
   if (allocation.host) {
-    host_pool_->free(*allocation.host);
+    core_.host_pool->free(*allocation.host);
     allocation.host.reset();
   }
   Window& window = *allocation.window;
@@ -931,12 +872,12 @@ void DeviceEngine::dispose(Allocation& allocation) {
   if (allocation.has_host_physical) {
     // host_mapped (one allocation per window): the host copy is mapped at the address; the offload
     // worker unmaps it once the free's stream point has passed.
-    stats_.offloaded_bytes_now -= window.bytes;
-    stats_.live_owned_bytes -= window.bytes;
+    core_.stats.offloaded_bytes_now -= window.bytes;
+    core_.stats.live_owned_bytes -= window.bytes;
     deferred_releases_.push_back(
         CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
     allocation.has_host_physical = false;
-    offload_cv_.notify_all();
+    core_.work_cv.notify_all();
     windows_.erase(window.va);
   } else if (window.allocations.empty()) {
     retire_window(window);
@@ -945,7 +886,7 @@ void DeviceEngine::dispose(Allocation& allocation) {
   }
   detach_from_group(allocation);
   allocations_.erase(allocation.va);  // destroys `allocation`
-  if (allocations_.empty() && prefill_due()) offload_cv_.notify_all();  // the VMM worker fills the cache
+  if (allocations_.empty() && prefill_due()) core_.work_cv.notify_all();  // the VMM worker fills the cache
 }
 
 void DeviceEngine::detach_from_group(Allocation& allocation) {
@@ -958,7 +899,7 @@ void DeviceEngine::detach_from_group(Allocation& allocation) {
 
 void DeviceEngine::maybe_destroy_group(Group* group) {
   if (!group->sealed || !group->allocations.empty()) return;
-  for (auto& [stream, event] : group->release_events) recycle_event(event);
+  for (auto& [stream, event] : group->release_events) core_.recycle_event(event);
   for (auto layer = keep_window_.begin(); layer != keep_window_.end();) {
     std::erase(*layer, group);
     layer = layer->empty() ? keep_window_.erase(layer) : std::next(layer);
@@ -967,17 +908,17 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
   groups_.erase(group->id);
 }
 
-std::optional<DeviceEngine::CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
+std::optional<CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
   auto range = cache_.take(mapped_bytes);
-  stats_.cached_bytes = cache_.bytes();
+  core_.stats.cached_bytes = cache_.bytes();
   return range;
 }
 
 void DeviceEngine::put_cached(const CachedRange& range) {
   cache_.put(range);
-  stats_.cached_bytes = cache_.bytes();
+  core_.stats.cached_bytes = cache_.bytes();
   cache_dirty_ = true;
-  offload_cv_.notify_all();  // the worker gives back what the demand does not need
+  core_.work_cv.notify_all();  // the worker gives back what the demand does not need
 }
 
 std::vector<std::size_t> DeviceEngine::demanded_sizes() const {
@@ -998,49 +939,6 @@ RangeCache::Demand DeviceEngine::demand() const {
   return wanted;
 }
 
-EventHandle DeviceEngine::acquire_event() {
-  if (!free_events_.empty()) {
-    EventHandle event = free_events_.back();
-    free_events_.pop_back();
-    return event;
-  }
-  auto created = device_.create_event();
-  if (!created.ok()) {
-    note_failure("creating an event", created.status());
-    return {};
-  }
-  return *created;
-}
-
-void DeviceEngine::recycle_event(EventHandle event) {
-  if (event.value != 0) free_events_.push_back(event);
-}
-
-void DeviceEngine::note_failure(const char* what, const Status& status) {
-  ++stats_.failures;
-  if (status.code() == ErrorCode::context_lost) {
-    lose_context(what, status);
-    return;
-  }
-  ACTPAGE_WARN_ONCE(std::string("engine.failure.") + what, "{} failed: {}; the job goes on without it", what,
-                    status.message());
-}
-
-void DeviceEngine::lose_context(const char* what, const Status& status) {
-  if (context_lost_) return;
-  // Nothing can be copied, mapped or waited for on this device again: retrying a reload (as for a
-  // transient failure) would spin forever while the job's thread waited for it. Stop as shutdown
-  // does, so that every wait ends: the job's next CUDA call reports the error itself, and the job
-  // fails where it would fail without actpage instead of hanging.
-  context_lost_ = true;
-  stopping_ = true;
-  ACTPAGE_LOG_ERROR("{} failed: {}. The CUDA context is lost (a sticky error: something on the device touched memory "
-                    "it must not, or a kernel failed); {} of activations offloaded by actpage cannot come back. "
-                    "actpage stops paging; the job's next CUDA call reports the error",
-                    what, status.message(), format_bytes(stats_.offloaded_bytes_now));
-  wake_everyone();
-}
-
 // --- Offload worker --------------------------------------------------------------------------
 
 void DeviceEngine::issue_offloads_now(Group& group) {
@@ -1051,32 +949,32 @@ void DeviceEngine::issue_offloads_now(Group& group) {
     if (!start_offload(*allocation)) continue;
     if (!issue_chunk(*allocation, /*whole=*/true)) continue;
     // Its event is the newest: the worker, which recycles it, needs the lock this thread holds.
-    if (Status status = device_.stream_wait_event(allocation->stream, d2h_chunks_.back().done); !status.ok()) {
-      note_failure("ordering the job's stream after a poison fill", status);
+    if (Status status = core_.device.stream_wait_event(allocation->stream, d2h_chunks_.back().done); !status.ok()) {
+      core_.note_failure("ordering the job's stream after a poison fill", status);
     }
   }
-  offload_cv_.notify_all();
+  core_.work_cv.notify_all();
 }
 
 bool DeviceEngine::start_offload(Allocation& allocation) {
-  auto block = host_pool_->try_allocate(allocation.bytes);
-  if (!block && (options_.stray_access == StrayAccess::poison || wait_for_host_memory_) && !host_pool_->exhausted()) {
+  auto block = core_.host_pool->try_allocate(allocation.bytes);
+  if (!block && (options_.stray_access == StrayAccess::poison || core_.wait_for_host_memory) && !core_.host_pool->exhausted()) {
     // Validation mode: skipping a module for want of pinned memory would report a policy as safe
     // without having tested it; a replay's prediction must not depend on timing. Wait for the pool
     // to grow (slow, but neither runs inside a training job's hot loop).
-    host_pool_->wait_for_growth(std::chrono::seconds(30));
-    block = host_pool_->try_allocate(allocation.bytes);
+    core_.host_pool->wait_for_growth(std::chrono::seconds(30));
+    block = core_.host_pool->try_allocate(allocation.bytes);
   }
   if (!block) {
-    ++stats_.host_pool_misses;
+    ++core_.stats.host_pool_misses;
     keep_resident(allocation);
     return false;
   }
   const EventHandle release = release_event_of(allocation);
-  if (Status status = device_.stream_wait_event(copy_stream_, release); !status.ok()) {
+  if (Status status = core_.device.stream_wait_event(copy_stream_, release); !status.ok()) {
     // Nothing was enqueued; the data is where it was. Stay resident.
-    host_pool_->free(*block);
-    note_failure("ordering an offload copy after its release point", status);
+    core_.host_pool->free(*block);
+    core_.note_failure("ordering an offload copy after its release point", status);
     keep_resident(allocation);
     return false;
   }
@@ -1087,8 +985,8 @@ bool DeviceEngine::start_offload(Allocation& allocation) {
   allocation.copy_started_ns = monotonic_ns();
   allocation.state = PageState::offloading;
   offload_inflight_.push_back(&allocation);
-  ++stats_.offloads_started;
-  events_.offload_began(allocation.va, allocation.bytes,
+  ++core_.stats.offloads_started;
+  core_.events.offload_began(allocation.va, allocation.bytes,
              allocation.group->selected, allocation.group->id);
   return true;
 }
@@ -1112,27 +1010,27 @@ bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
   Status status = allocation.host->for_each_run(
       offset, bytes,
       [&](std::byte* host, std::size_t at, std::size_t run) {
-        return device_.copy_to_host(host, allocation.va + at, run, copy_stream_);
+        return core_.device.copy_to_host(host, allocation.va + at, run, copy_stream_);
       },
       &enqueued_bytes);
   const bool copy_enqueued = enqueued_bytes > 0;
   if (status.ok() && last && options_.stray_access == StrayAccess::poison) {
-    status = device_.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
+    status = core_.device.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
   }
-  if (!status.ok()) note_failure("issuing an offload copy", status);
+  if (!status.ok()) core_.note_failure("issuing an offload copy", status);
   // Once a copy is enqueued its end must be known: until then it reads the pages (which must not
   // be reused or unmapped, rule 5) and writes the block. The event also marks the end of the
   // allocation's earlier chunks when this one failed. Retry it.
-  EventHandle done = acquire_event();
-  Status recorded = device_.record_event(done, copy_stream_);
+  EventHandle done = core_.acquire_event();
+  Status recorded = core_.device.record_event(done, copy_stream_);
   for (int attempt = 0; !recorded.ok() && attempt < 8; ++attempt) {
-    recycle_event(done);
-    done = acquire_event();
-    recorded = device_.record_event(done, copy_stream_);
+    core_.recycle_event(done);
+    done = core_.acquire_event();
+    recorded = core_.device.record_event(done, copy_stream_);
   }
   if (!recorded.ok()) {
-    recycle_event(done);
-    note_failure("recording the end of an offload copy", recorded);
+    core_.recycle_event(done);
+    core_.note_failure("recording the end of an offload copy", recorded);
     // No event tells when this copy (or the chunks before it) ends. The data never left the
     // pages: the allocation stays resident. Its block is never handed out again (the pool frees it
     // when it goes) rather than let a copy overwrite another activation's host copy.
@@ -1144,7 +1042,7 @@ bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
     for (D2hChunk& queued : d2h_chunks_) {
       if (queued.allocation == &allocation) queued.allocation = nullptr;
     }
-    if (!allocation.copy_end_unknown) host_pool_->free(*allocation.host);
+    if (!allocation.copy_end_unknown) core_.host_pool->free(*allocation.host);
     allocation.host.reset();
     keep_resident(allocation);
     if (allocation.freed) dispose(allocation);
@@ -1167,8 +1065,8 @@ void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& stat
   std::erase(offload_inflight_, &allocation);
   if (!status.ok() || allocation.copy_failed) {
     // The copy failed: the device pages were never touched. Keep them, drop the host copy.
-    if (!status.ok()) note_failure("an offload copy", status);
-    if (allocation.host) host_pool_->free(*allocation.host);
+    if (!status.ok()) core_.note_failure("an offload copy", status);
+    if (allocation.host) core_.host_pool->free(*allocation.host);
     allocation.host.reset();
     drop_staged_host_copy(allocation, lock);
     keep_resident(allocation);
@@ -1200,8 +1098,8 @@ void DeviceEngine::hold_copies(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   ++grant_waiters_;
   if (!d2h_chunks_.empty()) {
-    offload_cv_.notify_all();
-    wait_yielding_turn(lock, issued_cv_, [&] { return stopping_ || d2h_chunks_.empty(); });
+    core_.work_cv.notify_all();
+    turns_.wait_yielding(lock, core_.issued_cv, [&] { return core_.stopping || d2h_chunks_.empty(); });
   }
   lock.unlock();
 }
@@ -1210,13 +1108,13 @@ void DeviceEngine::release_copies(std::unique_lock<std::mutex>& lock) {
   if (!options_.vmm_grant_when_idle) return;
   lock.lock();
   --grant_waiters_;
-  offload_cv_.notify_all();
+  core_.work_cv.notify_all();
   lock.unlock();
 }
 
 Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock) {
   hold_copies(lock);
-  Status granted = device_.grant_access(va, bytes);
+  Status granted = core_.device.grant_access(va, bytes);
   release_copies(lock);
   return granted;
 }
@@ -1233,40 +1131,40 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   lock.unlock();
   // Host-located physical memory, mapped at a staging address: the copy's destination, and later
   // what the allocation's own address shows.
-  auto host = device_.create_physical(bytes, MemoryLocation::host);
-  Status status = host.ok() ? device_.map(*staging, bytes, *host) : host.status();
-  if (host.ok() && !status.ok()) (void)device_.release_physical(*host);
+  auto host = core_.device.create_physical(bytes, MemoryLocation::host);
+  Status status = host.ok() ? core_.device.map(*staging, bytes, *host) : host.status();
+  if (host.ok() && !status.ok()) (void)core_.device.release_physical(*host);
   lock.lock();
   --offload_preparing_;
-  stats_.worker_vmm_calls += 2;
+  core_.stats.worker_vmm_calls += 2;
   EventHandle release{};
   for (const auto& [stream, event] : allocation.group->release_events) {
     if (stream == allocation.stream) release = event;
   }
-  EventHandle done = acquire_event();
-  if (status.ok()) status = device_.stream_wait_event(copy_stream_, release);
-  if (status.ok()) status = device_.copy_within_device(*staging, allocation.va, allocation.bytes, copy_stream_);
-  if (status.ok()) status = device_.record_event(done, copy_stream_);
+  EventHandle done = core_.acquire_event();
+  if (status.ok()) status = core_.device.stream_wait_event(copy_stream_, release);
+  if (status.ok()) status = core_.device.copy_within_device(*staging, allocation.va, allocation.bytes, copy_stream_);
+  if (status.ok()) status = core_.device.record_event(done, copy_stream_);
   if (!status.ok() || allocation.freed || allocation.wanted_back) {
-    if (!status.ok()) note_failure("issuing a host-mapped offload copy", status);
+    if (!status.ok()) core_.note_failure("issuing a host-mapped offload copy", status);
     if (host.ok()) {
       ++offload_preparing_;  // quiesce() waits for this too (the job's free is disposed of below)
       lock.unlock();
-      if (status.ok()) (void)device_.synchronize_event(done);  // the copy may have been issued
-      (void)device_.unmap(*staging, bytes);
-      (void)device_.release_physical(*host);
+      if (status.ok()) (void)core_.device.synchronize_event(done);  // the copy may have been issued
+      (void)core_.device.unmap(*staging, bytes);
+      (void)core_.device.release_physical(*host);
       lock.lock();
       --offload_preparing_;
     }
     // Only after the wait: a recycled event is re-recorded by the next thread that takes it, and a
     // wait on it then ends at that thread's point, not at this copy's end (the staging address was
     // unmapped under the copy: a torture case caught it, once in ~40 runs under load).
-    recycle_event(done);
+    core_.recycle_event(done);
     arena_.release(*staging, bytes);
     allocation.wanted_back = false;
     keep_resident(allocation);
     if (allocation.freed) dispose(allocation);
-    issued_cv_.notify_all();
+    core_.issued_cv.notify_all();
     return false;
   }
   allocation.host_physical = *host;
@@ -1277,8 +1175,8 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
   allocation.copy_started_ns = monotonic_ns();
   offload_inflight_.push_back(&allocation);
   d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
-  ++stats_.offloads_started;
-  events_.offload_began(allocation.va, allocation.bytes, allocation.group->selected,
+  ++core_.stats.offloads_started;
+  core_.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected,
              allocation.group->id);
   return true;
 }
@@ -1288,12 +1186,12 @@ Status DeviceEngine::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t
   lock.unlock();
   // cuMemUnmap is not ordered with kernels: hold the job's stream so that none of its kernels runs
   // while the address changes what it shows (a stray read then sees one or the other, both right).
-  auto gate = device_.hold_stream(stream);
-  Status status = gate.ok() ? device_.wait_stream_held(*gate) : gate.status();
-  if (status.ok()) status = device_.unmap(va, bytes);
-  if (status.ok()) status = device_.map(va, bytes, physical);
+  auto gate = core_.device.hold_stream(stream);
+  Status status = gate.ok() ? core_.device.wait_stream_held(*gate) : gate.status();
+  if (status.ok()) status = core_.device.unmap(va, bytes);
+  if (status.ok()) status = core_.device.map(va, bytes, physical);
   if (gate.ok()) {
-    Status released = device_.release_stream(*gate);
+    Status released = core_.device.release_stream(*gate);
     if (status.ok()) status = released;
   }
   lock.lock();
@@ -1305,11 +1203,11 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   auto staging = arena_.acquire(bytes);
   if (!staging) {
     // Without a staging address the host copy stays where it is: slow to read, but correct.
-    note_failure("finding a staging address to reload a host-mapped allocation",
+    core_.note_failure("finding a staging address to reload a host-mapped allocation",
                  Status{ErrorCode::out_of_memory, "address space arena full"});
     allocation.reload_queued = false;
     keep_resident(allocation);
-    issued_cv_.notify_all();
+    core_.issued_cv.notify_all();
     return;
   }
   allocation.state = PageState::reloading;
@@ -1319,43 +1217,43 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;
   if (recycled) {
-    for (const FreePoint& point : recycled->free_points) (void)device_.synchronize_event(point.event);
-    status = device_.unmap(recycled->va, recycled->mapped_bytes);
+    for (const FreePoint& point : recycled->free_points) (void)core_.device.synchronize_event(point.event);
+    status = core_.device.unmap(recycled->va, recycled->mapped_bytes);
     if (status.ok()) physical = recycled->physical;
   } else {
     physical = create_reload_pages(bytes);
     status = physical.status();
   }
-  if (status.ok()) status = device_.map(*staging, bytes, *physical);
-  auto done = device_.create_event();
+  if (status.ok()) status = core_.device.map(*staging, bytes, *physical);
+  auto done = core_.device.create_event();
   if (status.ok()) status = done.ok() ? Status{} : done.status();
-  if (status.ok()) status = device_.copy_within_device(*staging, allocation.va, allocation.bytes, reload_stream_);
-  if (status.ok()) status = device_.record_event(*done, reload_stream_);
-  if (status.ok()) status = device_.synchronize_event(*done);
-  if (done.ok()) (void)device_.destroy_event(*done);
+  if (status.ok()) status = core_.device.copy_within_device(*staging, allocation.va, allocation.bytes, reload_stream_);
+  if (status.ok()) status = core_.device.record_event(*done, reload_stream_);
+  if (status.ok()) status = core_.device.synchronize_event(*done);
+  if (done.ok()) (void)core_.device.destroy_event(*done);
   lock.lock();
   if (recycled) {
-    for (const FreePoint& point : recycled->free_points) recycle_event(point.event);
+    for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
     arena_.release(recycled->va, recycled->mapped_bytes);
   }
   if (status.ok()) status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, lock);
   lock.unlock();
-  (void)device_.unmap(*staging, bytes);
+  (void)core_.device.unmap(*staging, bytes);
   if (status.ok()) {
-    (void)device_.release_physical(allocation.host_physical);
+    (void)core_.device.release_physical(allocation.host_physical);
   } else if (physical.ok()) {
-    (void)device_.release_physical(*physical);
+    (void)core_.device.release_physical(*physical);
   }
   lock.lock();
   arena_.release(*staging, bytes);
   --reload_preparing_;
-  stats_.worker_vmm_calls += 6;
+  core_.stats.worker_vmm_calls += 6;
   if (!status.ok()) {
     // The host copy is still mapped at the address: the data stays readable. Try again later.
-    note_failure("reloading a host-mapped allocation", status);
+    core_.note_failure("reloading a host-mapped allocation", status);
     allocation.state = PageState::offloaded;
     allocation.reload_queued = false;
-    issued_cv_.notify_all();
+    core_.issued_cv.notify_all();
     return;
   }
   allocation.window->physical = *physical;
@@ -1364,25 +1262,25 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   allocation.state = PageState::resident;
   allocation.reload_queued = false;
   allocation.reload_urgent = false;
-  stats_.offloaded_bytes_now -= bytes;
-  ++stats_.reloads_completed;
-  stats_.bytes_reloaded += allocation.bytes;
-  events_.reload_ended(allocation.va, allocation.bytes,
+  core_.stats.offloaded_bytes_now -= bytes;
+  ++core_.stats.reloads_completed;
+  core_.stats.bytes_reloaded += allocation.bytes;
+  core_.events.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) dispose(allocation);
-  issued_cv_.notify_all();
+  core_.issued_cv.notify_all();
 }
 
 void DeviceEngine::offload_worker() {
   // Feeds the copy stream and sees copies end; nothing here waits on anything but a copy, so the
   // copy engine never idles behind a VMM call or a job's free (vmm_worker() does those).
-  if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the offload worker", status);
-  std::unique_lock<std::mutex> lock(mutex_);
+  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the offload worker", status);
+  std::unique_lock<std::mutex> lock(core_.mutex);
   const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
   while (true) {
-    offload_cv_.wait(lock, [&] { return stopping_ || (offload_has_work() && may_run(Turn::offload)); });
-    if (stopping_ && offload_inflight_.empty() && d2h_chunks_.empty()) break;
-    const TurnScope turn(*this, Turn::offload);
+    core_.work_cv.wait(lock, [&] { return core_.stopping || (offload_has_work() && turns_.may_run(Turns::Turn::offload)); });
+    if (core_.stopping && offload_inflight_.empty() && d2h_chunks_.empty()) break;
+    const Turns::Scope turn(turns_, Turns::Turn::offload);
     // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order). Each copy
     // waits on the device for its module's end (its release point), not here.
     while (can_issue_d2h()) {
@@ -1410,41 +1308,41 @@ void DeviceEngine::offload_worker() {
     if (!d2h_chunks_.empty()) {
       const D2hChunk chunk = d2h_chunks_.front();
       lock.unlock();
-      Status status = device_.synchronize_event(chunk.done);
+      Status status = core_.device.synchronize_event(chunk.done);
       lock.lock();
       d2h_chunks_.pop_front();
-      recycle_event(chunk.done);
+      core_.recycle_event(chunk.done);
       if (chunk.last) {
         offload_copy_ended(*chunk.allocation, status, lock);
       } else if (!status.ok() && chunk.allocation != nullptr) {
         chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
-        note_failure("an offload copy", status);
+        core_.note_failure("an offload copy", status);
       }
       // The VMM worker may be waiting for the queue to drain (a recycle).
-      offload_cv_.notify_all();
-      issued_cv_.notify_all();
+      core_.work_cv.notify_all();
+      core_.issued_cv.notify_all();
     }
-    if (offload_queue_.empty() && offload_inflight_.empty()) issued_cv_.notify_all();
+    if (offload_queue_.empty() && offload_inflight_.empty()) core_.issued_cv.notify_all();
   }
 }
 
 void DeviceEngine::vmm_worker() {
   // Gives copied pages back, recycles them for the cache, trims the cache, releases ranges: calls
   // that may wait (for a job's free, for the device) and must not hold up the copy stream.
-  if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the VMM worker", status);
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto ready = [&] { return stopping_ || (vmm_has_work() && may_run(Turn::vmm)); };
+  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the VMM worker", status);
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  const auto ready = [&] { return core_.stopping || (vmm_has_work() && turns_.may_run(Turns::Turn::vmm)); };
   while (true) {
-    if (const std::optional<std::uint64_t> wake = timed_vmm_work_ns(); wake && !serialized_) {
+    if (const std::optional<std::uint64_t> wake = timed_vmm_work_ns(); wake && !turns_.serialized()) {
       // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
       const std::uint64_t now = monotonic_ns();
       const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
-      if (!offload_cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
+      if (!core_.work_cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
     } else {
-      offload_cv_.wait(lock, ready);
+      core_.work_cv.wait(lock, ready);
     }
-    if (stopping_) break;
-    const TurnScope turn(*this, Turn::vmm);
+    if (core_.stopping) break;
+    const Turns::Scope turn(turns_, Turns::Turn::vmm);
     if (pool_watch_due()) watch_job_pool(lock);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
@@ -1464,8 +1362,8 @@ void DeviceEngine::vmm_worker() {
     // After the trim: what the cache holds then is what the prefill need not create (the ranges it
     // adds mark the cache dirty again: the next pass trims, at once).
     if (prefill_due()) prefill_cache(lock);
-    offload_cv_.notify_all();  // a pause for a recycle may have ended
-    issued_cv_.notify_all();
+    core_.work_cv.notify_all();  // a pause for a recycle may have ended
+    core_.issued_cv.notify_all();
   }
   // Stopping: what is ready stays mapped; shutdown() gives every window back.
 }
@@ -1479,8 +1377,8 @@ void DeviceEngine::drop_staged_host_copy(Allocation& allocation, std::unique_loc
   allocation.staging = 0;
   ++unmapping_;
   lock.unlock();
-  (void)device_.unmap(staging, bytes);
-  (void)device_.release_physical(host);
+  (void)core_.device.unmap(staging, bytes);
+  (void)core_.device.release_physical(host);
   lock.lock();
   --unmapping_;
   arena_.release(staging, bytes);
@@ -1495,11 +1393,11 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
   }
   if (allocation.wanted_back) {
     // Backward came for it while the copy ran: the pages still hold the data, keep them.
-    if (allocation.host) host_pool_->free(*allocation.host);
+    if (allocation.host) core_.host_pool->free(*allocation.host);
     allocation.host.reset();
     allocation.wanted_back = false;
     keep_resident(allocation);
-    ++stats_.offloads_cancelled;
+    ++core_.stats.offloads_cancelled;
     return;
   }
   Window& window = *allocation.window;
@@ -1514,19 +1412,19 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     Status status = swap_under_gate(allocation.stream, va, bytes, allocation.host_physical, lock);
     const DevPtr staging = allocation.staging;
     lock.unlock();
-    (void)device_.unmap(staging, bytes);
-    if (status.ok()) (void)device_.release_physical(window.physical);
+    (void)core_.device.unmap(staging, bytes);
+    if (status.ok()) (void)core_.device.release_physical(window.physical);
     lock.lock();
     arena_.release(staging, bytes);
     allocation.staging = 0;
     window.unmapping = false;
     --unmapping_;
-    stats_.worker_vmm_calls += 4;
+    core_.stats.worker_vmm_calls += 4;
     if (!status.ok()) {
-      note_failure("mapping an offloaded allocation's host copy", status);
+      core_.note_failure("mapping an offloaded allocation's host copy", status);
       ++unmapping_;  // quiesce() waits for this too
       lock.unlock();
-      (void)device_.release_physical(allocation.host_physical);
+      (void)core_.device.release_physical(allocation.host_physical);
       lock.lock();
       --unmapping_;
       allocation.has_host_physical = false;
@@ -1535,8 +1433,8 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
       return;
     }
     window.mapped = false;
-    stats_.offloaded_bytes_now += bytes;
-    stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
+    core_.stats.offloaded_bytes_now += bytes;
+    core_.stats.peak_offloaded_bytes = std::max(core_.stats.peak_offloaded_bytes, core_.stats.offloaded_bytes_now);
     offload_done(allocation);
     return;
   }
@@ -1552,12 +1450,12 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
 
 void DeviceEngine::offload_done(Allocation& allocation) {
   allocation.state = PageState::offloaded;
-  ++stats_.offloads_completed;
-  stats_.bytes_offloaded += allocation.bytes;
-  events_.offload_ended(allocation.va, allocation.bytes,
+  ++core_.stats.offloads_completed;
+  core_.stats.bytes_offloaded += allocation.bytes;
+  core_.events.offload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) {
-    ++stats_.dropped_offloaded;
+    ++core_.stats.dropped_offloaded;
     dispose(allocation);
     return;
   }
@@ -1567,7 +1465,7 @@ void DeviceEngine::offload_done(Allocation& allocation) {
     } else {
       reload_queue_.push_back(&allocation);
     }
-    reload_cv_.notify_one();
+    core_.reload_cv.notify_one();
   }
 }
 
@@ -1608,7 +1506,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   }
   ++unmapping_;
   lock.unlock();
-  for (const FreePoint& point : points) (void)device_.synchronize_event(point.event);
+  for (const FreePoint& point : points) (void)core_.device.synchronize_event(point.event);
   std::uint64_t calls = 0;
   std::uint64_t unmap_calls = 0;
   // Adjacent windows in one call (one wait for the device instead of several); if the driver
@@ -1624,7 +1522,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     ++calls;
     ++unmap_calls;
     std::uint64_t started = monotonic_ns();
-    Status span = device_.unmap(span_va, span_bytes);
+    Status span = core_.device.unmap(span_va, span_bytes);
     plans[first].unmap_ns = monotonic_ns() - started;
     if (span.ok()) {
       for (std::size_t i = first; i <= last; ++i) plans[i].unmapped = true;
@@ -1633,7 +1531,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
         ++calls;
         ++unmap_calls;
         started = monotonic_ns();
-        plans[i].unmap_status = device_.unmap(plans[i].window->va, plans[i].window->bytes);
+        plans[i].unmap_status = core_.device.unmap(plans[i].window->va, plans[i].window->bytes);
         plans[i].unmap_ns += monotonic_ns() - started;
         plans[i].unmapped = plans[i].unmap_status.ok();
       }
@@ -1647,24 +1545,24 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     if (!plan.unmapped || plan.recycle) continue;
     const std::uint64_t started = monotonic_ns();
     ++calls;
-    if (Status status = device_.release_physical(plan.window->physical); !status.ok()) failures.push_back(status);
+    if (Status status = core_.device.release_physical(plan.window->physical); !status.ok()) failures.push_back(status);
     plan.after_ns = monotonic_ns() - started;
   }
   lock.lock();
   --unmapping_;
-  stats_.worker_vmm_calls += calls;
-  stats_.offload_unmaps += unmap_calls;
-  for (const Status& status : failures) note_failure("releasing an offloaded window's pages", status);
+  core_.stats.worker_vmm_calls += calls;
+  core_.stats.offload_unmaps += unmap_calls;
+  for (const Status& status : failures) core_.note_failure("releasing an offloaded window's pages", status);
   for (Plan& plan : plans) {
     Window& window = *plan.window;
     window.unmapping = false;
     if (!plan.unmapped) {
-      note_failure("giving back an offloaded window's pages", plan.unmap_status);
+      core_.note_failure("giving back an offloaded window's pages", plan.unmap_status);
     } else {
-      events_.unmapped(window.va, window.bytes, plan.unmap_ns + plan.after_ns);
+      core_.events.unmapped(window.va, window.bytes, plan.unmap_ns + plan.after_ns);
       window.mapped = false;
-      stats_.offloaded_bytes_now += window.bytes;
-      stats_.peak_offloaded_bytes = std::max(stats_.peak_offloaded_bytes, stats_.offloaded_bytes_now);
+      core_.stats.offloaded_bytes_now += window.bytes;
+      core_.stats.peak_offloaded_bytes = std::max(core_.stats.peak_offloaded_bytes, core_.stats.offloaded_bytes_now);
       if (plan.recycle) recycle_pending_.push_back(PendingPages{window.physical, window.bytes});
     }
     window.copied = 0;
@@ -1676,7 +1574,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   }
   note_recycle_pending();
   if (recycle_due()) recycle_pending_pages(lock);
-  issued_cv_.notify_all();
+  core_.issued_cv.notify_all();
 }
 
 bool DeviceEngine::recycle_due() const {
@@ -1685,7 +1583,7 @@ bool DeviceEngine::recycle_due() const {
   // cache runs short, and the queue drains within two chunks. Not hurried by a flush (a backlog or
   // drain wait, quiesce): the grant would wait behind the copies (2.5-8 ms on the H100 with the
   // copy stream busy), and the unmaps the flush is for with it.
-  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || stopping_;
+  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || core_.stopping;
 }
 
 bool DeviceEngine::keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const {
@@ -1697,8 +1595,8 @@ bool DeviceEngine::keep_for_cache(std::size_t bytes, const RangeCache::Demand& w
 void DeviceEngine::note_recycle_pending() {
   std::uint64_t bytes = 0;
   for (const PendingPages& pages : recycle_pending_) bytes += pages.bytes;
-  stats_.recycle_pending_bytes = bytes;
-  stats_.peak_recycle_pending_bytes = std::max(stats_.peak_recycle_pending_bytes, bytes);
+  core_.stats.recycle_pending_bytes = bytes;
+  core_.stats.peak_recycle_pending_bytes = std::max(core_.stats.peak_recycle_pending_bytes, bytes);
 }
 
 void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) {
@@ -1724,13 +1622,13 @@ void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) 
   lock.unlock();
   std::vector<Status> failures;
   for (const PendingPages& pages : release) {
-    if (Status status = device_.release_physical(pages.physical); !status.ok()) failures.push_back(status);
+    if (Status status = core_.device.release_physical(pages.physical); !status.ok()) failures.push_back(status);
   }
   lock.lock();
   --unmapping_;
-  stats_.worker_vmm_calls += release.size();
-  for (const Status& status : failures) note_failure("giving back copied pages the cache no longer wants", status);
-  issued_cv_.notify_all();
+  core_.stats.worker_vmm_calls += release.size();
+  for (const Status& status : failures) core_.note_failure("giving back copied pages the cache no longer wants", status);
+  core_.issued_cv.notify_all();
 }
 
 void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
@@ -1750,7 +1648,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     items.push_back(Item{p});
     total += p.bytes;
   }
-  if (!in_backward_ && !stopping_) {
+  if (!in_backward_ && !core_.stopping) {
     // One span for all of them, so that one grant covers it; else an address each.
     if (auto span = arena_.acquire(total)) {
       DevPtr at = *span;
@@ -1771,7 +1669,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     if (item.va == 0) continue;
     const std::uint64_t started = monotonic_ns();
     ++calls;
-    item.mapped = device_.map_without_access(item.va, item.pages.bytes, item.pages.physical).ok();
+    item.mapped = core_.device.map_without_access(item.va, item.pages.bytes, item.pages.physical).ok();
     item.ns = monotonic_ns() - started;
   }
   // Grant access over each run of adjacent mapped items at once; if the driver refuses a run, each
@@ -1795,7 +1693,7 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     ++calls;
     ++grants;
     const bool run_granted =
-        device_.grant_access(items[first].va, items[last].va + items[last].pages.bytes - items[first].va).ok();
+        core_.device.grant_access(items[first].va, items[last].va + items[last].pages.bytes - items[first].va).ok();
     items[first].ns += monotonic_ns() - started;
     for (std::size_t i = first; i <= last; ++i) {
       Item& item = items[i];
@@ -1803,14 +1701,14 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
         const std::uint64_t one = monotonic_ns();
         ++calls;
         ++grants;
-        item.granted = device_.grant_access(item.va, item.pages.bytes).ok();
+        item.granted = core_.device.grant_access(item.va, item.pages.bytes).ok();
         item.ns += monotonic_ns() - one;
       } else {
         item.granted = run_granted;
       }
       if (!item.granted) {
         ++calls;
-        Status status = device_.unmap(item.va, item.pages.bytes);
+        Status status = core_.device.unmap(item.va, item.pages.bytes);
         item.mapped = !status.ok();  // still mapped: its address stays taken (leaked, never reused)
         if (!status.ok()) failures.push_back(status);
       }
@@ -1821,30 +1719,30 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   for (Item& item : items) {
     if (item.granted) continue;
     ++calls;
-    if (Status status = device_.release_physical(item.pages.physical); !status.ok()) failures.push_back(status);
+    if (Status status = core_.device.release_physical(item.pages.physical); !status.ok()) failures.push_back(status);
   }
   lock.lock();
   --unmapping_;
-  stats_.worker_vmm_calls += calls;
-  stats_.recycle_grants += grants;
-  for (const Status& status : failures) note_failure("giving back pages that could not be recycled", status);
+  core_.stats.worker_vmm_calls += calls;
+  core_.stats.recycle_grants += grants;
+  for (const Status& status : failures) core_.note_failure("giving back pages that could not be recycled", status);
   for (Item& item : items) {
     if (item.granted) {
-      ++stats_.ranges_recycled;
+      ++core_.stats.ranges_recycled;
       // The pages moved to an address of the cache: that map is the worker's.
-      events_.mapped(item.va, item.pages.bytes, item.ns);
+      core_.events.mapped(item.va, item.pages.bytes, item.ns);
       put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
     } else if (item.va != 0 && !item.mapped) {
       arena_.release(item.va, item.pages.bytes);
     }
   }
-  issued_cv_.notify_all();
+  core_.issued_cv.notify_all();
 }
 
 bool DeviceEngine::prefill_due() const {
   // Backward has freed every activation actpage served: nothing of this iteration comes back to the
   // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
-  return options_.vmm_prefill_cache && in_backward_ && !prefilled_ && !stopping_ && allocations_.empty() &&
+  return options_.vmm_prefill_cache && in_backward_ && !prefilled_ && !core_.stopping && allocations_.empty() &&
          options_.vmm_cache_bytes > 0 && !sizes_this_iteration_.empty();
 }
 
@@ -1876,8 +1774,8 @@ void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
   const std::vector<std::size_t> sizes = prefill_sizes();
   if (sizes.empty()) return;
   const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
-  stats_.ranges_prefilled += mapped.mapped;
-  stats_.bytes_prefilled += mapped.bytes;
+  core_.stats.ranges_prefilled += mapped.mapped;
+  core_.stats.bytes_prefilled += mapped.bytes;
 }
 
 DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std::size_t>& sizes,
@@ -1912,8 +1810,8 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   for (std::size_t size : sizes) {
     if (size > budget) break;  // the rest of the span goes back to the arena below
     budget -= size;
-    Item item{at, size, device_.create_physical(size, MemoryLocation::device)};
-    if (item.physical.ok()) item.mapped = device_.map_without_access(at, size, *item.physical).ok();
+    Item item{at, size, core_.device.create_physical(size, MemoryLocation::device)};
+    if (item.physical.ok()) item.mapped = core_.device.map_without_access(at, size, *item.physical).ok();
     items.push_back(std::move(item));
     at += size;
   }
@@ -1933,10 +1831,10 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
     Item& item = items[i];
     const bool keep = i < mapped && granted.ok();
     if (item.mapped && !keep) {
-      if (Status status = device_.unmap(item.va, item.bytes); !status.ok()) failures.push_back(status);
+      if (Status status = core_.device.unmap(item.va, item.bytes); !status.ok()) failures.push_back(status);
       item.mapped = false;
     }
-    if (item.physical.ok() && !keep) (void)device_.release_physical(*item.physical);
+    if (item.physical.ok() && !keep) (void)core_.device.release_physical(*item.physical);
     if (!item.physical.ok() && item.physical.status().code() != ErrorCode::out_of_memory) {
       failures.push_back(item.physical.status());
     }
@@ -1944,15 +1842,15 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   const std::uint64_t took = monotonic_ns() - started;
   lock.lock();
   --unmapping_;
-  stats_.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
+  core_.stats.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
   if (trim) record_pool_trim(*trim);
-  for (const Status& status : failures) note_failure("mapping ranges ahead for the cache", status);
+  for (const Status& status : failures) core_.note_failure("mapping ranges ahead for the cache", status);
   bool first = true;
   for (Item& item : items) {
     if (item.mapped) {
       ++result.mapped;
       result.bytes += item.bytes;
-      events_.mapped(item.va, item.bytes, first ? took : 0);
+      core_.events.mapped(item.va, item.bytes, first ? took : 0);
       first = false;
       put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
     } else {
@@ -1960,14 +1858,14 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
     }
   }
   if (at != span_end) arena_.release(at, span_end - at);  // sizes past the budget
-  issued_cv_.notify_all();
+  core_.issued_cv.notify_all();
   return result;
 }
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
   std::vector<CachedRange> surplus =
       everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes);
-  stats_.cached_bytes = cache_.bytes();
+  core_.stats.cached_bytes = cache_.bytes();
   for (const CachedRange& range : surplus) release_range(lock, range);
 }
 
@@ -1975,20 +1873,20 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
   ++trimming_;
   lock.unlock();
   // The job freed the range in stream order: its last reads may still be running (rule 5).
-  for (const FreePoint& point : range.free_points) (void)device_.synchronize_event(point.event);
+  for (const FreePoint& point : range.free_points) (void)core_.device.synchronize_event(point.event);
   const std::uint64_t started = monotonic_ns();
-  Status status = device_.unmap(range.va, range.mapped_bytes);
-  if (status.ok()) status = device_.release_physical(range.physical);
+  Status status = core_.device.unmap(range.va, range.mapped_bytes);
+  if (status.ok()) status = core_.device.release_physical(range.physical);
   const std::uint64_t took = monotonic_ns() - started;
   lock.lock();
   --trimming_;
-  stats_.worker_vmm_calls += 2;
-  for (const FreePoint& point : range.free_points) recycle_event(point.event);
+  core_.stats.worker_vmm_calls += 2;
+  for (const FreePoint& point : range.free_points) core_.recycle_event(point.event);
   if (!status.ok()) {
-    note_failure("giving back a cached range", status);
+    core_.note_failure("giving back a cached range", status);
     return;  // leak the range rather than reuse something in an unknown state
   }
-  events_.unmapped(range.va, range.mapped_bytes, took);
+  core_.events.unmapped(range.va, range.mapped_bytes, took);
   arena_.release(range.va, range.mapped_bytes);
 }
 
@@ -1997,7 +1895,7 @@ void DeviceEngine::start_iteration() {
   backward_drain_armed_.store(false, std::memory_order_relaxed);  // a forward without a backward
   // The last forward's offloads that found no pinned memory are asked for again in this one; the
   // host pool's growth already answers them (HostPool::start_burst).
-  if (host_pool_) host_pool_->start_burst();
+  if (core_.host_pool) core_.host_pool->start_burst();
   if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
   if (!plan_this_iteration_.empty()) {
@@ -2019,13 +1917,13 @@ void DeviceEngine::start_iteration() {
   pool_trim_debt_ = 0;
   pool_watch_open_ = false;
   ++iteration_;
-  ++stats_.iterations;
+  ++core_.stats.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
   // schedule (1F1B) runs the next forward before the last one's backward, and another job thread
   // may be between its forward and backward. Dropping them would leave their pages offloaded when
   // backward reads them.
   std::erase_if(forward_order_, [&](std::uint32_t id) { return groups_.find(id) == groups_.end(); });
-  events_.iteration_began(iteration_);
+  core_.events.iteration_began(iteration_);
 }
 
 // --- Reload workers ----------------------------------------------------------------------------
@@ -2033,7 +1931,7 @@ void DeviceEngine::start_iteration() {
 std::optional<DeviceEngine::PoolTrim> DeviceEngine::trim_job_pool_by(std::size_t bytes) {
   if (pool_trim_failed_.load(std::memory_order_relaxed)) return std::nullopt;
   const std::uint64_t started = monotonic_ns();
-  Result<std::size_t> trimmed = device_.trim_job_pool(bytes);
+  Result<std::size_t> trimmed = core_.device.trim_job_pool(bytes);
   return PoolTrim{std::move(trimmed), monotonic_ns() - started};
 }
 
@@ -2053,7 +1951,7 @@ constexpr std::uint64_t kPoolDebtBackoffNs = 3'000'000;
 void DeviceEngine::open_pool_watch() {
   pool_watch_open_ = !pool_trim_failed_.load(std::memory_order_relaxed);
   pool_watch_next_ns_ = 0;  // the first look at once
-  if (pool_watch_open_) offload_cv_.notify_all();
+  if (pool_watch_open_) core_.work_cv.notify_all();
 }
 
 std::optional<std::uint64_t> DeviceEngine::timed_vmm_work_ns() const {
@@ -2063,17 +1961,17 @@ std::optional<std::uint64_t> DeviceEngine::timed_vmm_work_ns() const {
 
 bool DeviceEngine::pool_watch_due() const {
   if (!pool_watch_open_) return false;
-  return serialized_ || monotonic_ns() >= pool_watch_next_ns_;
+  return turns_.serialized() || monotonic_ns() >= pool_watch_next_ns_;
 }
 
 void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
-  if (serialized_) pool_watch_open_ = false;  // a replay must not depend on time: one look
+  if (turns_.serialized()) pool_watch_open_ = false;  // a replay must not depend on time: one look
   const std::uint64_t debt = pool_trim_debt_;  // read under the lock; paid below, under it again
   // A trim is worth a driver call only once this much of the debt can go.
   const std::uint64_t useful = std::min(debt, kPoolWatchMinTrimBytes);
   ++trimming_;  // quiesce() waits for the look to end
   lock.unlock();
-  Result<PoolUsage> usage = device_.job_pool_usage();
+  Result<PoolUsage> usage = core_.device.job_pool_usage();
   std::optional<PoolTrim> trim;
   if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
     const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;
@@ -2089,10 +1987,10 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     // device a few layers' worth of time before the next.
     pool_watch_next_ns_ += kPoolDebtBackoffNs;
   }
-  ++stats_.pool_watch_polls;
+  ++core_.stats.pool_watch_polls;
   if (!usage.ok()) {
     // trim_job_pool reads the same attributes first: it would fail too.
-    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}", device_.ordinal(),
+    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}", core_.device.ordinal(),
                       usage.status().message());
     pool_trim_failed_.store(true, std::memory_order_relaxed);
     pool_watch_open_ = false;
@@ -2104,32 +2002,32 @@ void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
     pool_watch_open_ = false;
     return;
   }
-  ++stats_.pool_watch_trims;
-  stats_.pool_watch_trimmed_bytes += *trim->trimmed;
+  ++core_.stats.pool_watch_trims;
+  core_.stats.pool_watch_trimmed_bytes += *trim->trimmed;
   pool_trim_debt_ -= std::min<std::uint64_t>(pool_trim_debt_, *trim->trimmed);
   if (pool_trim_debt_ == 0) {
-    reload_cv_.notify_all();  // prefetches held back for it may go
+    core_.reload_cv.notify_all();  // prefetches held back for it may go
     pool_watch_open_ = false;
   }
 }
 
 void DeviceEngine::record_pool_trim(const PoolTrim& trim) {
   if (trim.trimmed.ok()) {
-    ++stats_.pool_trims;
-    stats_.pool_trimmed_bytes += *trim.trimmed;
-    stats_.pool_trim_ns += trim.ns;
+    ++core_.stats.pool_trims;
+    core_.stats.pool_trimmed_bytes += *trim.trimmed;
+    core_.stats.pool_trim_ns += trim.ns;
   } else if (!pool_trim_failed_.exchange(true)) {
     // Not the job's data at stake, only the saving: carry on without trims.
     ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
-                     device_.ordinal(), trim.trimmed.status().message());
+                     core_.device.ordinal(), trim.trimmed.status().message());
   }
 }
 
 bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
   // anything back before backward asks, and nothing else would end the wait.
-  return options_.vmm_trim_job_pool_catch_up && options_.vmm_trim_job_pool && in_backward_ && !serialized_ &&
-         !stopping_ && flush_requests_ == 0 && !allocation.reload_urgent && pool_trim_debt_ > 0 &&
+  return options_.vmm_trim_job_pool_catch_up && options_.vmm_trim_job_pool && in_backward_ && !turns_.serialized() &&
+         !core_.stopping && flush_requests_ == 0 && !allocation.reload_urgent && pool_trim_debt_ > 0 &&
          !cache_.has(allocation.window->bytes);
 }
 
@@ -2142,11 +2040,11 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
   // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
   // may wait 10-16 ms for the job's queued work (docs/performance.md, "Trimming the job's pool").
   const std::uint64_t started = monotonic_ns();
-  Result<PhysicalHandle> created = device_.create_physical(bytes, MemoryLocation::device);
+  Result<PhysicalHandle> created = core_.device.create_physical(bytes, MemoryLocation::device);
   const std::uint64_t create_ns = monotonic_ns() - started;
-  std::lock_guard<std::mutex> guard(mutex_);
-  ++stats_.reload_creates;
-  stats_.reload_create_ns += create_ns;
+  std::lock_guard<std::mutex> guard(core_.mutex);
+  ++core_.stats.reload_creates;
+  core_.stats.reload_create_ns += create_ns;
   if (trim) record_pool_trim(*trim);
   if (options_.vmm_trim_job_pool_catch_up && in_backward_ && created.ok() && trim && trim->trimmed.ok() &&
       *trim->trimmed < bytes) {
@@ -2154,19 +2052,19 @@ Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
     // or in blocks that still hold live tensors: it gives them back a few layers later.
     const std::uint64_t shortfall = bytes - *trim->trimmed;
     pool_trim_debt_ += shortfall;
-    stats_.pool_trim_debt_bytes += shortfall;
+    core_.stats.pool_trim_debt_bytes += shortfall;
     if (!pool_watch_open_) open_pool_watch();
   }
   return created;
 }
 
 void DeviceEngine::reload_worker() {
-  if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the reload worker", status);
-  std::unique_lock<std::mutex> lock(mutex_);
+  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the reload worker", status);
+  std::unique_lock<std::mutex> lock(core_.mutex);
   while (true) {
-    reload_cv_.wait(lock, [&] { return stopping_ || (reload_has_work() && may_run(Turn::reload)); });
-    if (stopping_) break;
-    const TurnScope turn(*this, Turn::reload);
+    core_.reload_cv.wait(lock, [&] { return core_.stopping || (reload_has_work() && turns_.may_run(Turns::Turn::reload)); });
+    if (core_.stopping) break;
+    const Turns::Scope turn(turns_, Turns::Turn::reload);
     Allocation* allocation = reload_queue_.front();
     reload_queue_.pop_front();
     if (allocation->state != PageState::offloaded) {
@@ -2183,8 +2081,8 @@ void DeviceEngine::reload_worker() {
       // (vmm.trim_job_pool_catch_up): its pages would add to device memory in use where backward's
       // peak is. It waits until the pool has given that back, or until backward asks for it.
       reload_queue_.push_front(allocation);
-      ++stats_.reload_pool_waits;
-      reload_cv_.wait_for(lock, std::chrono::microseconds(500));
+      ++core_.stats.reload_pool_waits;
+      core_.reload_cv.wait_for(lock, std::chrono::microseconds(500));
       continue;
     }
     if (!window.mapped) {
@@ -2203,34 +2101,34 @@ void DeviceEngine::reload_worker() {
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
       Status status;
       if (recycled) {
-        for (const FreePoint& point : recycled->free_points) (void)device_.synchronize_event(point.event);
-        status = device_.unmap(recycled->va, recycled->mapped_bytes);
+        for (const FreePoint& point : recycled->free_points) (void)core_.device.synchronize_event(point.event);
+        status = core_.device.unmap(recycled->va, recycled->mapped_bytes);
         if (status.ok()) {
           physical = recycled->physical;
-          status = device_.map(va, bytes, recycled->physical);
-          if (!status.ok()) (void)device_.release_physical(recycled->physical);
+          status = core_.device.map(va, bytes, recycled->physical);
+          if (!status.ok()) (void)core_.device.release_physical(recycled->physical);
         }
       } else {
         physical = create_reload_pages(bytes);
-        status = physical.ok() ? device_.map(va, bytes, *physical) : physical.status();
-        if (physical.ok() && !status.ok()) (void)device_.release_physical(*physical);
+        status = physical.ok() ? core_.device.map(va, bytes, *physical) : physical.status();
+        if (physical.ok() && !status.ok()) (void)core_.device.release_physical(*physical);
       }
       const std::uint64_t took = monotonic_ns() - started;
       lock.lock();
       if (recycled) {
-        for (const FreePoint& point : recycled->free_points) recycle_event(point.event);
+        for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
         // The old address is free again unless its unmap failed (then it stays, leaked, unused).
         if (physical.ok()) arena_.release(recycled->va, recycled->mapped_bytes);
       }
       --reload_preparing_;
-      stats_.worker_vmm_calls += 2;
+      core_.stats.worker_vmm_calls += 2;
       if (!status.ok()) {
         // The data exists only on the host: we must get it back. Make room and try again, unless
-        // the context is lost (then nothing comes back, and the loop ends on stopping_).
+        // the context is lost (then nothing comes back, and the loop ends on core_.stopping).
         allocation->state = PageState::offloaded;
         reload_queue_.push_front(allocation);
         if (status.code() == ErrorCode::context_lost) {
-          note_failure("mapping pages for a reload", status);
+          core_.note_failure("mapping pages for a reload", status);
           continue;
         }
         ACTPAGE_LOG_WARN("reloading {} at {:#x}: {}; retrying after releasing cached ranges",
@@ -2241,22 +2139,22 @@ void DeviceEngine::reload_worker() {
         lock.lock();
         continue;
       }
-      events_.mapped(va, bytes, took);
+      core_.events.mapped(va, bytes, took);
       window.physical = *physical;
       window.mapped = true;
-      stats_.offloaded_bytes_now -= bytes;
+      core_.stats.offloaded_bytes_now -= bytes;
     }
-    EventHandle done = acquire_event();
+    EventHandle done = core_.acquire_event();
     // One copy per piece of the host block (a scattered block, HostPool), the event after the last.
     Status status = allocation->host->for_each_run(0, allocation->bytes, [&](std::byte* host, std::size_t at,
                                                                             std::size_t run) {
-      return device_.copy_to_device(allocation->va + at, host, run, reload_stream_);
+      return core_.device.copy_to_device(allocation->va + at, host, run, reload_stream_);
     });
-    if (status.ok()) status = device_.record_event(done, reload_stream_);
+    if (status.ok()) status = core_.device.record_event(done, reload_stream_);
     if (!status.ok()) {
-      recycle_event(done);
+      core_.recycle_event(done);
       allocation->state = PageState::offloaded;
-      note_failure("issuing a reload copy", status);
+      core_.note_failure("issuing a reload copy", status);
       reload_queue_.push_front(allocation);
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -2270,76 +2168,76 @@ void DeviceEngine::reload_worker() {
     allocation->reload_queued = false;
     allocation->reload_urgent = false;
     reload_inflight_.push_back(allocation);
-    events_.reload_began(allocation->va, allocation->bytes,
+    core_.events.reload_began(allocation->va, allocation->bytes,
                allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
-    issued_cv_.notify_all();
-    reload_done_cv_.notify_one();
+    core_.issued_cv.notify_all();
+    core_.reload_done_cv.notify_one();
   }
 }
 
 void DeviceEngine::reload_completion_worker() {
-  if (Status status = device_.bind_thread(); !status.ok()) note_failure("binding the reload worker", status);
-  std::unique_lock<std::mutex> lock(mutex_);
+  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the reload worker", status);
+  std::unique_lock<std::mutex> lock(core_.mutex);
   while (true) {
-    reload_done_cv_.wait(lock, [&] {
-      return stopping_ || (reload_completion_has_work() && may_run(Turn::reload_completion));
+    core_.reload_done_cv.wait(lock, [&] {
+      return core_.stopping || (reload_completion_has_work() && turns_.may_run(Turns::Turn::reload_completion));
     });
     if (reload_inflight_.empty()) {
-      if (stopping_) break;
+      if (core_.stopping) break;
       continue;
     }
-    const TurnScope turn(*this, Turn::reload_completion);
+    const Turns::Scope turn(turns_, Turns::Turn::reload_completion);
     Allocation* allocation = reload_inflight_.front();
     const EventHandle done = allocation->copy_event;
     lock.unlock();
-    Status status = device_.synchronize_event(done);
+    Status status = core_.device.synchronize_event(done);
     lock.lock();
     reload_inflight_.pop_front();
-    if (!status.ok()) note_failure("a reload copy", status);  // nothing better to do: the job's stream waited on it
+    if (!status.ok()) core_.note_failure("a reload copy", status);  // nothing better to do: the job's stream waited on it
     finish_reload(*allocation);
-    reload_cv_.notify_one();
-    issued_cv_.notify_all();
+    core_.reload_cv.notify_one();
+    core_.issued_cv.notify_all();
   }
 }
 
 void DeviceEngine::sampler_worker() {
   // Device memory in use as the driver sees it (what cudaMemGetInfo shows the job): the figure the
   // saving is judged by. Sampled from the engine's start, every trace.sample_ms.
-  if (Status status = device_.bind_thread(); !status.ok()) return;
+  if (Status status = core_.device.bind_thread(); !status.ok()) return;
   const auto interval = std::chrono::milliseconds(options_.trace_sample_ms);
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  while (!core_.stopping) {
     lock.unlock();
     // Paused with the hooks' records (trace::set_recording): a driver call every few ms on a
     // thread of its own is part of what an in-process comparison must see come and go.
     if (EngineEvents::sampling()) {
-      if (auto info = device_.mem_info(); info.ok()) {
+      if (auto info = core_.device.mem_info(); info.ok()) {
         std::optional<PoolUsage> job_pool;
-        if (auto pool = device_.job_pool_usage(); pool.ok()) job_pool = *pool;
+        if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
         std::uint64_t resident = 0;
         std::uint64_t cached = 0;
         {
-          std::lock_guard<std::mutex> counts(mutex_);
-          resident = stats_.live_owned_bytes - std::min(stats_.live_owned_bytes, stats_.offloaded_bytes_now);
+          std::lock_guard<std::mutex> counts(core_.mutex);
+          resident = core_.stats.live_owned_bytes - std::min(core_.stats.live_owned_bytes, core_.stats.offloaded_bytes_now);
           cached = cache_.bytes();
         }
-        events_.memory_sampled(*info, job_pool, resident, cached);
+        core_.events.memory_sampled(*info, job_pool, resident, cached);
       }
     }
     lock.lock();
-    sampler_cv_.wait_for(lock, interval, [&] { return stopping_; });
+    core_.sampler_cv.wait_for(lock, interval, [&] { return core_.stopping; });
   }
 }
 
 void DeviceEngine::finish_reload(Allocation& allocation) {
-  recycle_event(allocation.copy_event);
+  core_.recycle_event(allocation.copy_event);
   allocation.has_copy_event = false;
-  if (allocation.host) host_pool_->free(*allocation.host);
+  if (allocation.host) core_.host_pool->free(*allocation.host);
   allocation.host.reset();
   allocation.state = PageState::resident;
-  ++stats_.reloads_completed;
-  stats_.bytes_reloaded += allocation.bytes;
-  events_.reload_ended(allocation.va, allocation.bytes,
+  ++core_.stats.reloads_completed;
+  core_.stats.bytes_reloaded += allocation.bytes;
+  core_.events.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) dispose(allocation);
 }

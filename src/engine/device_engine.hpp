@@ -33,11 +33,12 @@
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
-#include "engine/engine_events.hpp"
+#include "engine/allocation.hpp"
+#include "engine/engine_core.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/node_verdict.hpp"
-#include "engine/page_state.hpp"
 #include "engine/range_cache.hpp"
+#include "engine/turns.hpp"
 #include "engine/va_arena.hpp"
 #include "hostpool/host_pool.hpp"
 #include "ranges/registry.hpp"
@@ -71,18 +72,10 @@ class DeviceEngine {
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
-  void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
-  // Replay, before start(): run the workers and the job's calls one at a time ("turns"), in an
-  // order fixed by the engine's state, never by the OS scheduler. Otherwise which worker gets the
-  // lock first decides which windows one unmap gives back, whether a cached range is trimmed
-  // before a reload takes it, what a recycle sees of forward's progress...: the same trace gave
-  // different device calls, and different predictions, from run to run. A job's call takes a turn
-  // only when no worker has work (as after quiesce()) and keeps it to its end, yielding it only
-  // while it waits for the workers; the workers then take turns, each from the moment it leaves
-  // its wait until it goes back to it: the VMM worker first (pages go back as soon as they are
-  // copied, one window at a time), then the offload, reload and reload completion workers. Slow
-  // (no two workers overlap), for the simulated device only; off, nothing changes.
-  void set_serialized(bool serialized) { serialized_ = serialized; }
+  void set_wait_for_host_memory(bool wait) { core_.wait_for_host_memory = wait; }
+  // Replay, before start(): run the workers and the job's calls one at a time, in an order fixed
+  // by the engine's state (Turns). Slow (no two workers overlap), for the simulated device only.
+  void set_serialized(bool serialized) { turns_.set_serialized(serialized); }
   EngineStats stats() const;
   // What the run showed the user could change, or nullopt (Engine::advice()). Today one thing: the
   // host pool pinned memory after start-up, beyond host_pool.prealloc_bytes, and activations stayed
@@ -94,7 +87,7 @@ class DeviceEngine {
   // preallocation).
   std::optional<std::string> advice() const;
   // Without the engine's lock: it runs after every engine call of the job's threads.
-  void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
+  void add_job_thread_ns(std::uint64_t ns) { core_.job_thread_ns.fetch_add(ns, std::memory_order_relaxed); }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
   // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and
@@ -114,61 +107,7 @@ class DeviceEngine {
   void drain_at_backward_start();
 
  private:
-  struct Group;
-  struct Allocation;
-  // A mapped device range that an allocation is served from: the unit of mapping and unmapping.
-  // Each window holds one allocation (its list is empty once the job freed it); adjacent windows
-  // ready together go back in one unmap.
-  struct Window {
-    DevPtr va = 0;
-    std::size_t bytes = 0;          // mapped size, a multiple of the granularity
-    PhysicalHandle physical;        // valid while mapped
-    bool mapped = false;            // device pages are behind the range now
-    std::vector<Allocation*> allocations;  // live ones
-    std::uint32_t copied = 0;       // of those, copied to the host and waiting for the unmap
-    bool unmap_queued = false;      // in unmap_ready_
-    bool unmapping = false;         // the VMM worker is unmapping it now (lock released)
-    std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
-  };
-  struct Allocation {
-    DevPtr va = 0;
-    std::size_t bytes = 0;         // what the job asked for: what is copied
-    StreamHandle stream;           // the allocating stream (where forward reads and backward waits)
-    Window* window = nullptr;      // where its pages are
-    std::optional<hostpool::HostBlock> host;
-    PageState state = PageState::resident;
-    Group* group = nullptr;
-    bool freed = false;            // the job freed it while a copy was in flight
-    bool wanted_back = false;      // backward asked for it while its D2H copy was in flight
-    bool reload_queued = false;
-    bool reload_urgent = false;
-    PhysicalHandle host_physical;  // host_mapped: the host-located copy
-    bool has_host_physical = false;
-    DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
-    EventHandle copy_event;        // H2D completion, valid while a reload copy is in flight
-    bool has_copy_event = false;
-    std::size_t copy_issued = 0;   // offload: bytes whose D2H copy is on the stream
-    bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
-    bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
-    std::uint64_t copy_started_ns = 0;
-  };
-  struct Group {
-    std::uint32_t id = 0;
-    ranges::PathId selected = ranges::kNoPath;
-    ranges::PathId release_node = ranges::kNoPath;  // popping it seals the group
-    ranges::PathId layer_node = ranges::kNoPath;    // groups sharing it form one keep_last layer
-    std::thread::id thread;
-    std::uint64_t iteration = 0;
-    std::size_t position = 0;                       // index in this iteration's forward order
-    std::uint64_t forward_pass = 0;                 // the creating thread's forward call (0: unknown)
-    std::vector<Allocation*> allocations;           // live ones
-    std::vector<ranges::NameId> names;              // selected range's name and its parent's
-    std::vector<std::pair<StreamHandle, EventHandle>> release_events;
-    bool sealed = false;
-  };
-  using CachedRange = RangeCache::Range;
-
-  // Everything below runs with mutex_ held unless it says otherwise.
+  // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
   void seal(Group& group);
   void queue_offload(Group& group);
@@ -252,14 +191,6 @@ class DeviceEngine {
   RangeCache::Demand demand() const;
   // The same sizes in the order the forward asks for them.
   std::vector<std::size_t> demanded_sizes() const;
-  EventHandle acquire_event();
-  void recycle_event(EventHandle event);
-  void note_failure(const char* what, const Status& status);  // mutex_ held
-  // A sticky CUDA error (ErrorCode::context_lost): stop as shutdown does, so that no wait outlives it.
-  void lose_context(const char* what, const Status& status);
-  // Notifies every worker's and the job threads' condition variables: after a change any of them
-  // may be waiting for (a turn's end, stopping).
-  void wake_everyone();
 
   void start_iteration();
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
@@ -303,21 +234,8 @@ class DeviceEngine {
   bool vmm_has_work() const;
   bool reload_has_work() const;
   bool reload_completion_has_work() const;
-  // set_serialized: who runs now, and who runs next.
-  enum class Turn : std::uint8_t { none, job, vmm, offload, reload, reload_completion };
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
-  Turn next_turn() const;
-  // Whether `who` (a worker) may run now: always when not serialized.
-  bool may_run(Turn who) const;
-  // Holds the turn of a worker or of a job's call for a scope (nothing when not serialized).
-  class TurnScope;
-  // A job's call: waits until no worker has work and takes the turn (nothing when not serialized).
-  void take_job_turn(std::unique_lock<std::mutex>& lock);
-  void end_turn(Turn who);
-  // cv.wait(lock, done), giving up the caller's turn meanwhile; it is taken back once `done` holds
-  // and no other worker has work (set_serialized: the others would otherwise never get to run).
-  template <class Done>
-  void wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done);
+  Turns::Turn next_turn() const;
   // vmm.trim_job_pool: what a trim of the job's pool gave back, and how long it took.
   struct PoolTrim {
     Result<std::size_t> trimmed;
@@ -353,30 +271,14 @@ class DeviceEngine {
   void finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void finish_reload(Allocation& allocation);
 
-  Device& device_;
   const Options& options_;
   const NodeClassifier& classifier_;
-  const std::size_t granularity_;
-  const EngineEvents events_;  // what is recorded to the trace
+  EngineCore core_;
+  Turns turns_;
 
   VaArena arena_;
-  std::unique_ptr<hostpool::HostPool> host_pool_;
   StreamHandle copy_stream_;
   StreamHandle reload_stream_;
-  bool started_ = false;
-  std::atomic<bool> wait_for_host_memory_{false};
-  bool serialized_ = false;
-  Turn turn_ = Turn::none;  // set_serialized: who runs now
-  std::atomic<std::uint64_t> job_thread_ns_{0};
-
-  mutable std::mutex mutex_;
-  std::condition_variable offload_cv_;  // offload worker: work queued
-  std::condition_variable reload_cv_;   // reload worker: work queued
-  std::condition_variable reload_done_cv_;  // reload completion worker: a copy is in flight
-  std::condition_variable issued_cv_;   // job threads: a reload was issued / state changed
-  bool stopping_ = false;
-  bool shut_down_ = false;     // shutdown() ran (or runs): the workers are joined once
-  bool context_lost_ = false;  // a sticky CUDA error was seen: stopping_ is set, nothing is retried
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
   std::map<DevPtr, std::unique_ptr<Window>> windows_;
@@ -444,15 +346,12 @@ class DeviceEngine {
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
   bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
-  std::vector<EventHandle> free_events_;
 
-  EngineStats stats_;
   std::thread offload_thread_;
   std::thread vmm_thread_;
   std::thread reload_thread_;
   std::thread reload_completion_thread_;
   std::thread sampler_thread_;           // MEM_SAMPLE records, when tracing
-  std::condition_variable sampler_cv_;
 };
 
 }  // namespace actpage::engine
