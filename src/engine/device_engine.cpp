@@ -38,7 +38,7 @@ bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chu
 
 bool DeviceEngine::vmm_has_work() const {
   return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || prefill_due() ||
-         pool_watch_due();
+         job_pool_.look_due();
 }
 
 bool DeviceEngine::reload_has_work() const {
@@ -56,7 +56,12 @@ Turns::Turn DeviceEngine::next_turn() const {
 }
 
 DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeClassifier& classifier)
-    : options_(options), classifier_(classifier), core_(device), turns_(core_) {
+    : options_(options),
+      classifier_(classifier),
+      core_(device),
+      turns_(core_),
+      parts_{core_, turns_, job_pool_, *this},
+      job_pool_(parts_, JobPoolOptions{options.vmm_trim_job_pool, options.vmm_trim_job_pool_catch_up}) {
   turns_.set_next([this] { return next_turn(); });
 }
 
@@ -589,6 +594,7 @@ void DeviceEngine::quiesce() {
     return core_.stopping || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
                          reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
+                         job_pool_.idle() &&
                          offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
                          recycle_pending_.empty() && !prefill_due() &&
                          // Serialized: a cache trim still due would run during the next call.
@@ -758,7 +764,7 @@ void DeviceEngine::keep_resident(Allocation& allocation) {
 
 void DeviceEngine::backward_begins() {
   in_backward_ = true;
-  pool_trim_debt_ = 0;
+  job_pool_.backward_begins();
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
@@ -1221,7 +1227,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
     status = core_.device.unmap(recycled->va, recycled->mapped_bytes);
     if (status.ok()) physical = recycled->physical;
   } else {
-    physical = create_reload_pages(bytes);
+    physical = job_pool_.create_reload_pages(bytes);
     status = physical.status();
   }
   if (status.ok()) status = core_.device.map(*staging, bytes, *physical);
@@ -1333,7 +1339,7 @@ void DeviceEngine::vmm_worker() {
   std::unique_lock<std::mutex> lock(core_.mutex);
   const auto ready = [&] { return core_.stopping || (vmm_has_work() && turns_.may_run(Turns::Turn::vmm)); };
   while (true) {
-    if (const std::optional<std::uint64_t> wake = timed_vmm_work_ns(); wake && !turns_.serialized()) {
+    if (const std::optional<std::uint64_t> wake = job_pool_.next_look_ns(); wake && !turns_.serialized()) {
       // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
       const std::uint64_t now = monotonic_ns();
       const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
@@ -1343,7 +1349,7 @@ void DeviceEngine::vmm_worker() {
     }
     if (core_.stopping) break;
     const Turns::Scope turn(turns_, Turns::Turn::vmm);
-    if (pool_watch_due()) watch_job_pool(lock);
+    if (job_pool_.look_due()) job_pool_.look(lock);
     while (!deferred_releases_.empty()) {
       CachedRange range = deferred_releases_.back();
       deferred_releases_.pop_back();
@@ -1758,19 +1764,7 @@ std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
 
 void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
   prefilled_ = true;  // one try per backward, whatever comes of it
-  if (pool_trim_debt_ > 0) {
-    // What the reloads' pages still owe the job's pool: backward has freed its activations by now,
-    // so the pool can give it back before the optimizer step and the next forward's ranges.
-    const std::uint64_t debt = pool_trim_debt_;
-    pool_trim_debt_ = 0;
-    pool_watch_open_ = false;
-    ++trimming_;
-    lock.unlock();
-    const std::optional<PoolTrim> trim = trim_job_pool_by(debt);
-    lock.lock();
-    --trimming_;
-    if (trim) record_pool_trim(*trim);
-  }
+  job_pool_.pay_debt(lock);
   const std::vector<std::size_t> sizes = prefill_sizes();
   if (sizes.empty()) return;
   const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
@@ -1801,10 +1795,10 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   // much of that reserve back first (see create_reload_pages), and create no more than it gave:
   // device memory in use then stays where it was (a pool that holds nothing unused, or the native
   // allocator's, which is not the driver's pool, gives nothing and gets nothing).
-  std::optional<PoolTrim> trim;
+  std::optional<JobPool::Trim> trim;
   std::uint64_t budget = std::min<std::uint64_t>(total, most);
   if (trim_job_pool) {
-    trim = trim_job_pool_by(total);
+    trim = job_pool_.trim_by(total);
     budget = std::min<std::uint64_t>(budget, trim && trim->trimmed.ok() ? *trim->trimmed : 0);
   }
   for (std::size_t size : sizes) {
@@ -1843,7 +1837,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   lock.lock();
   --unmapping_;
   core_.stats.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
-  if (trim) record_pool_trim(*trim);
+  if (trim) job_pool_.record(*trim);
   for (const Status& status : failures) core_.note_failure("mapping ranges ahead for the cache", status);
   bool first = true;
   for (Item& item : items) {
@@ -1913,9 +1907,7 @@ void DeviceEngine::start_iteration() {
   plan_this_iteration_.clear();
   cursor_ = 0;
   prefilled_ = false;
-  // The pool grows back in this forward: nothing more to give back for backward's reloads.
-  pool_trim_debt_ = 0;
-  pool_watch_open_ = false;
+  job_pool_.forward_begins();
   ++iteration_;
   ++core_.stats.iterations;
   // Groups of earlier forwards whose backward has not come yet stay in the order: a pipeline
@@ -1928,134 +1920,11 @@ void DeviceEngine::start_iteration() {
 
 // --- Reload workers ----------------------------------------------------------------------------
 
-std::optional<DeviceEngine::PoolTrim> DeviceEngine::trim_job_pool_by(std::size_t bytes) {
-  if (pool_trim_failed_.load(std::memory_order_relaxed)) return std::nullopt;
-  const std::uint64_t started = monotonic_ns();
-  Result<std::size_t> trimmed = core_.device.trim_job_pool(bytes);
-  return PoolTrim{std::move(trimmed), monotonic_ns() - started};
-}
-
-// --- Watching the job's pool (vmm.trim_job_pool_catch_up) ----------------------------------------
-
-namespace {
-// How often an open watch looks at the job's pool: each look is two cuMemPoolGetAttribute calls.
-constexpr std::uint64_t kPoolWatchIntervalNs = 1'000'000;
-// A look trims only once this much of the debt (or all of it, if less) can go: each trim is a
-// driver call that waits for the device, and what the pool reports unused may not be trimmable yet
-// (the pool reports freed bytes as unused before the device has run the frees).
-constexpr std::uint64_t kPoolWatchMinTrimBytes = std::uint64_t{64} << 20;
-// The watch waits this much longer after a trim that gave back next to nothing.
-constexpr std::uint64_t kPoolDebtBackoffNs = 3'000'000;
-}  // namespace
-
-void DeviceEngine::open_pool_watch() {
-  pool_watch_open_ = !pool_trim_failed_.load(std::memory_order_relaxed);
-  pool_watch_next_ns_ = 0;  // the first look at once
-  if (pool_watch_open_) core_.work_cv.notify_all();
-}
-
-std::optional<std::uint64_t> DeviceEngine::timed_vmm_work_ns() const {
-  if (!pool_watch_open_) return std::nullopt;
-  return pool_watch_next_ns_;
-}
-
-bool DeviceEngine::pool_watch_due() const {
-  if (!pool_watch_open_) return false;
-  return turns_.serialized() || monotonic_ns() >= pool_watch_next_ns_;
-}
-
-void DeviceEngine::watch_job_pool(std::unique_lock<std::mutex>& lock) {
-  if (turns_.serialized()) pool_watch_open_ = false;  // a replay must not depend on time: one look
-  const std::uint64_t debt = pool_trim_debt_;  // read under the lock; paid below, under it again
-  // A trim is worth a driver call only once this much of the debt can go.
-  const std::uint64_t useful = std::min(debt, kPoolWatchMinTrimBytes);
-  ++trimming_;  // quiesce() waits for the look to end
-  lock.unlock();
-  Result<PoolUsage> usage = core_.device.job_pool_usage();
-  std::optional<PoolTrim> trim;
-  if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
-    const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;
-    // Only the debt, and only once a useful part of it can go.
-    if (debt > 0 && unused >= useful) trim = trim_job_pool_by(std::min(debt, unused));
-  }
-  lock.lock();
-  --trimming_;
-  pool_watch_next_ns_ = monotonic_ns() + kPoolWatchIntervalNs;
-  if (trim && trim->trimmed.ok() && *trim->trimmed < useful) {
-    // The pool reported bytes unused that it could not give back: frees the device has not run
-    // yet. Each trim waits for the device and holds the job's driver calls meanwhile: give the
-    // device a few layers' worth of time before the next.
-    pool_watch_next_ns_ += kPoolDebtBackoffNs;
-  }
-  ++core_.stats.pool_watch_polls;
-  if (!usage.ok()) {
-    // trim_job_pool reads the same attributes first: it would fail too.
-    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}", core_.device.ordinal(),
-                      usage.status().message());
-    pool_trim_failed_.store(true, std::memory_order_relaxed);
-    pool_watch_open_ = false;
-    return;
-  }
-  if (!trim) return;
-  record_pool_trim(*trim);
-  if (!trim->trimmed.ok()) {
-    pool_watch_open_ = false;
-    return;
-  }
-  ++core_.stats.pool_watch_trims;
-  core_.stats.pool_watch_trimmed_bytes += *trim->trimmed;
-  pool_trim_debt_ -= std::min<std::uint64_t>(pool_trim_debt_, *trim->trimmed);
-  if (pool_trim_debt_ == 0) {
-    core_.reload_cv.notify_all();  // prefetches held back for it may go
-    pool_watch_open_ = false;
-  }
-}
-
-void DeviceEngine::record_pool_trim(const PoolTrim& trim) {
-  if (trim.trimmed.ok()) {
-    ++core_.stats.pool_trims;
-    core_.stats.pool_trimmed_bytes += *trim.trimmed;
-    core_.stats.pool_trim_ns += trim.ns;
-  } else if (!pool_trim_failed_.exchange(true)) {
-    // Not the job's data at stake, only the saving: carry on without trims.
-    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
-                     core_.device.ordinal(), trim.trimmed.status().message());
-  }
-}
-
 bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
   // anything back before backward asks, and nothing else would end the wait.
-  return options_.vmm_trim_job_pool_catch_up && options_.vmm_trim_job_pool && in_backward_ && !turns_.serialized() &&
-         !core_.stopping && flush_requests_ == 0 && !allocation.reload_urgent && pool_trim_debt_ > 0 &&
+  return in_backward_ && flush_requests_ == 0 && !allocation.reload_urgent && job_pool_.holds_back_new_pages() &&
          !cache_.has(allocation.window->bytes);
-}
-
-Result<PhysicalHandle> DeviceEngine::create_reload_pages(std::size_t bytes) {
-  // The job's cudaMallocAsync pool keeps the reserve it grew to at its peak (torch never lets it
-  // shrink), and backward has freed much of it by now: pages created here would stack on top of
-  // that reserve. Giving the pool's unused bytes back first keeps device memory in use flat; the
-  // pool grows back in the next forward pass, when these pages have been given back or recycled.
-  const std::optional<PoolTrim> trim = options_.vmm_trim_job_pool ? trim_job_pool_by(bytes) : std::nullopt;
-  // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
-  // may wait 10-16 ms for the job's queued work (docs/performance.md, "Trimming the job's pool").
-  const std::uint64_t started = monotonic_ns();
-  Result<PhysicalHandle> created = core_.device.create_physical(bytes, MemoryLocation::device);
-  const std::uint64_t create_ns = monotonic_ns() - started;
-  std::lock_guard<std::mutex> guard(core_.mutex);
-  ++core_.stats.reload_creates;
-  core_.stats.reload_create_ns += create_ns;
-  if (trim) record_pool_trim(*trim);
-  if (options_.vmm_trim_job_pool_catch_up && in_backward_ && created.ok() && trim && trim->trimmed.ok() &&
-      *trim->trimmed < bytes) {
-    // The pool's unused bytes here are mostly backward's first frees, not yet run by the device,
-    // or in blocks that still hold live tensors: it gives them back a few layers later.
-    const std::uint64_t shortfall = bytes - *trim->trimmed;
-    pool_trim_debt_ += shortfall;
-    core_.stats.pool_trim_debt_bytes += shortfall;
-    if (!pool_watch_open_) open_pool_watch();
-  }
-  return created;
 }
 
 void DeviceEngine::reload_worker() {
@@ -2109,7 +1978,7 @@ void DeviceEngine::reload_worker() {
           if (!status.ok()) (void)core_.device.release_physical(recycled->physical);
         }
       } else {
-        physical = create_reload_pages(bytes);
+        physical = job_pool_.create_reload_pages(bytes);
         status = physical.ok() ? core_.device.map(va, bytes, *physical) : physical.status();
         if (physical.ok() && !status.ok()) (void)core_.device.release_physical(*physical);
       }

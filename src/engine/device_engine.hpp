@@ -35,7 +35,9 @@
 #include "actpage/options.hpp"
 #include "engine/allocation.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/job_pool.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/range_cache.hpp"
 #include "engine/turns.hpp"
@@ -107,6 +109,8 @@ class DeviceEngine {
   void drain_at_backward_start();
 
  private:
+  friend class JobPool;  // while the engine is split into parts (issue 34)
+
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
   void seal(Group& group);
@@ -236,32 +240,9 @@ class DeviceEngine {
   bool reload_completion_has_work() const;
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
   Turns::Turn next_turn() const;
-  // vmm.trim_job_pool: what a trim of the job's pool gave back, and how long it took.
-  struct PoolTrim {
-    Result<std::size_t> trimmed;
-    std::uint64_t ns = 0;
-  };
-  // Trims the job's pool by `bytes`; nullopt once a trim has failed (none for the rest of the run).
-  // Called without the engine's lock.
-  std::optional<PoolTrim> trim_job_pool_by(std::size_t bytes);
-  // Counts a trim; the first failure warns and stops later trims. Lock held.
-  void record_pool_trim(const PoolTrim& trim);
-  // vmm.trim_job_pool_catch_up: while the job's pool owes reloads' pages (pool_trim_debt_), a watch
-  // is open: the VMM worker looks at the pool every kPoolWatchIntervalNs and trims it by the debt,
-  // no more, once a useful part of it can go; the watch closes when the debt is paid. Serialized
-  // (a replay, which must not depend on time), a watch looks once.
-  void open_pool_watch();
-  bool pool_watch_due() const;
-  // When the VMM worker must wake for its next look at the pool; nullopt: only when told.
-  std::optional<std::uint64_t> timed_vmm_work_ns() const;
-  // One look (and trim); unlocks around the driver calls.
-  void watch_job_pool(std::unique_lock<std::mutex>& lock);
   // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
   // waits while the job's pool still owes earlier reloads' pages. Lock held.
   bool reload_waits_for_pool(const Allocation& allocation) const;
-  // Creates device pages for a reload, first trimming the job's pool by as much (vmm.trim_job_pool).
-  // Called without the engine's lock.
-  Result<PhysicalHandle> create_reload_pages(std::size_t bytes);
   void reload_completion_worker();
   void sampler_worker();
   // Gives back the cached ranges the demand does not need (all of them when `everything`).
@@ -275,6 +256,8 @@ class DeviceEngine {
   const NodeClassifier& classifier_;
   EngineCore core_;
   Turns turns_;
+  EngineParts parts_;
+  JobPool job_pool_;
 
   VaArena arena_;
   StreamHandle copy_stream_;
@@ -323,13 +306,7 @@ class DeviceEngine {
     std::size_t bytes = 0;
   };
   std::vector<PendingPages> recycle_pending_;
-  std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
   bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
-  bool pool_watch_open_ = false;   // vmm.trim_job_pool_catch_up: the VMM worker looks at the pool
-  std::uint64_t pool_watch_next_ns_ = 0;  // monotonic_ns() of the next look
-  // Bytes of reload pages created in this backward that the job's pool has not given back yet
-  // (vmm.trim_job_pool_catch_up).
-  std::uint64_t pool_trim_debt_ = 0;
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

@@ -1,0 +1,23 @@
+// EngineParts: how the parts of one device's engine reach each other.
+//
+// Contract: DeviceEngine owns every part and this table of references to them; a part keeps the
+// table and calls another part only through it (the parts depend on each other's state under the
+// one lock, EngineCore::mutex, and none of them outlives the engine). Nothing here may be used
+// before DeviceEngine's constructor has run.
+#pragma once
+
+namespace actpage::engine {
+
+class DeviceEngine;
+class EngineCore;
+class JobPool;
+class Turns;
+
+struct EngineParts {
+  EngineCore& core;
+  Turns& turns;
+  JobPool& job_pool;
+  DeviceEngine& front;  // the parts still in DeviceEngine (being split out, issue 34)
+};
+
+}  // namespace actpage::engine
