@@ -37,7 +37,7 @@ const char* page_state_name(PageState state) {
 bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
 
 bool DeviceEngine::vmm_has_work() const {
-  return cache_dirty_ || !deferred_releases_.empty() || unmap_due() || recycle_due() || prefill_due() ||
+  return space_.dirty() || !deferred_releases_.empty() || unmap_due() || recycle_due() || prefill_due() ||
          job_pool_.look_due();
 }
 
@@ -60,7 +60,8 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, job_pool_, *this},
+      parts_{core_, turns_, space_, job_pool_, *this},
+      space_(parts_, AddressSpaceOptions{options.vmm_arena_bytes, options.vmm_cache_bytes}),
       job_pool_(parts_, JobPoolOptions{options.vmm_trim_job_pool, options.vmm_trim_job_pool_catch_up}) {
   turns_.set_next([this] { return next_turn(); });
 }
@@ -70,7 +71,7 @@ DeviceEngine::~DeviceEngine() { shutdown(); }
 Status DeviceEngine::start() {
   std::lock_guard<std::mutex> lock(core_.mutex);
   if (core_.started) return {};
-  if (Status status = arena_.init(core_.device, options_.vmm_arena_bytes); !status.ok()) return status;
+  if (Status status = space_.reserve(); !status.ok()) return status;
   auto copy = core_.device.create_stream(0);
   if (!copy.ok()) {
     Status status = copy.status();
@@ -145,39 +146,24 @@ void DeviceEngine::shutdown() {
     if (allocation->host) core_.host_pool->free(*allocation->host);
     if (allocation->has_copy_event) core_.recycle_event(allocation->copy_event);
   }
-  for (auto& [va, window] : windows_) {
-    if (window->mapped) {
-      (void)core_.device.unmap(window->va, window->bytes);
-      (void)core_.device.release_physical(window->physical);
-    }
-    for (const FreePoint& point : window->free_points) core_.recycle_event(point.event);
-    arena_.release(window->va, window->bytes);
-  }
+  space_.release_windows();
   for (auto& [id, group] : groups_) {
     for (auto& [stream, event] : group->release_events) core_.recycle_event(event);
   }
   allocations_.clear();
-  windows_.clear();
   unmap_ready_.clear();
   groups_.clear();
   open_groups_.clear();
   keep_window_.clear();
-  for (const CachedRange& range : cache_.take_all()) {
-    for (const FreePoint& point : range.free_points) (void)core_.device.synchronize_event(point.event);
-    (void)core_.device.unmap(range.va, range.mapped_bytes);
-    (void)core_.device.release_physical(range.physical);
-    arena_.release(range.va, range.mapped_bytes);
-    for (const FreePoint& point : range.free_points) core_.recycle_event(point.event);
-  }
+  space_.release_cache();
   for (const PendingPages& pages : recycle_pending_) (void)core_.device.release_physical(pages.physical);
   recycle_pending_.clear();
   note_recycle_pending();
-  core_.stats.cached_bytes = 0;
   core_.destroy_events();
   core_.host_pool.reset();
   (void)core_.device.destroy_stream(copy_stream_);
   (void)core_.device.destroy_stream(reload_stream_);
-  if (Status status = arena_.shutdown(); !status.ok()) ACTPAGE_LOG_WARN("{}", status.message());
+  space_.release_arena();
 }
 
 // --- Job threads ----------------------------------------------------------------------------
@@ -205,11 +191,11 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   Group* group = open_group_for(verdict, thread);
   const std::uint32_t group_id = group->id;
   // A window of its own: its pages go and come back with it.
-  Window* window = new_window(round_up(bytes, core_.granularity), stream, lock);
+  Window* window = space_.new_window(round_up(bytes, core_.granularity), stream, lock);
   auto found = groups_.find(group_id);  // the lock was released: look the group up again
   group = found != groups_.end() ? found->second.get() : nullptr;
   if (window == nullptr || group == nullptr) {
-    if (window != nullptr) retire_window(*window);
+    if (window != nullptr) space_.retire_window(*window);
     ++core_.stats.allocations_passed;
     return 0;
   }
@@ -226,108 +212,6 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   core_.stats.bytes_served += bytes;
   allocations_.emplace(va, std::move(owned));
   return va;
-}
-
-Window* DeviceEngine::new_window(std::size_t mapped_bytes, StreamHandle stream,
-                                               std::unique_lock<std::mutex>& lock) {
-  auto window = std::make_unique<Window>();
-  // The oldest cached range of the best size.
-  if (auto cached = take_cached(mapped_bytes)) {
-    window->va = cached->va;
-    window->bytes = cached->mapped_bytes;
-    window->physical = cached->physical;
-    // The range was freed in stream order: work on another stream must not touch it before those
-    // points. On the same stream, order is already implied.
-    bool ordered = true;
-    for (const FreePoint& point : cached->free_points) {
-      if (point.stream == stream) continue;
-      if (Status status = core_.device.stream_wait_event(stream, point.event); !status.ok()) {
-        core_.note_failure("ordering a reused range after its free", status);
-        ordered = false;
-        break;
-      }
-    }
-    if (!ordered) {
-      put_cached(*cached);
-      return nullptr;
-    }
-    // The points stay with the window: should it be given back before anything else ran on their
-    // streams, its unmap must still wait for them.
-    window->free_points = std::move(cached->free_points);
-  } else {
-    auto va = arena_.acquire(mapped_bytes);
-    if (!va) {
-      ACTPAGE_WARN_ONCE("engine.arena_full",
-                        "the {} of address space reserved for offloadable allocations is used up; "
-                        "further activations stay with the job's allocator (raise vmm.arena_bytes)",
-                        format_bytes(options_.vmm_arena_bytes));
-      return nullptr;
-    }
-    // Cache miss: create and map on the job's thread. The steady state of a training loop finds
-    // its sizes in the cache; this is the first iteration, or a new size. Granting access waits for
-    // a running device-to-host copy (up to ~1 ms): the copy queue drains first.
-    const std::uint64_t started = monotonic_ns();
-    lock.unlock();
-    auto physical = core_.device.create_physical(mapped_bytes, MemoryLocation::device);
-    Status mapped_status;
-    bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
-    if (physical.ok()) mapped_status = core_.device.map_without_access(*va, mapped_bytes, *physical);
-    if (physical.ok() && mapped_status.ok()) {
-      mapped_status = grant_with_copies_held(*va, mapped_bytes, lock);
-      if (!mapped_status.ok()) left_mapped = !core_.device.unmap(*va, mapped_bytes).ok();
-    }
-    if (physical.ok() && !mapped_status.ok()) (void)core_.device.release_physical(*physical);
-    const std::uint64_t took = monotonic_ns() - started;
-    lock.lock();
-    core_.stats.job_thread_vmm_calls += 2;
-    if (!physical.ok() || !mapped_status.ok()) {
-      if (!left_mapped) arena_.release(*va, mapped_bytes);
-      const Status& status = physical.ok() ? mapped_status : physical.status();
-      // Out of memory: the job's own allocator gets the request and reports its own error.
-      if (status.code() != ErrorCode::out_of_memory) core_.note_failure("mapping an offloadable allocation", status);
-      return nullptr;
-    }
-    core_.events.mapped(*va, mapped_bytes, took);
-    window->va = *va;
-    window->bytes = mapped_bytes;
-    window->physical = *physical;
-  }
-  window->mapped = true;
-  sizes_this_iteration_.push_back(window->bytes);
-  ++cursor_;
-  core_.stats.live_owned_bytes += window->bytes;
-  Window* raw = window.get();
-  windows_.emplace(raw->va, std::move(window));
-  return raw;
-}
-
-void DeviceEngine::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
-  // While the window is being given back, the VMM worker waits on copies of these events without
-  // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both
-  // then (they are recycled with the window's list).
-  for (FreePoint& point : window.free_points) {
-    if (point.stream == stream && !window.unmapping) {
-      core_.recycle_event(point.event);  // the newer point on the same stream comes later
-      point.event = event;
-      return;
-    }
-  }
-  window.free_points.push_back(FreePoint{stream, event});
-}
-
-void DeviceEngine::retire_window(Window& window) {
-  if (window.unmap_queued) std::erase(unmap_ready_, &window);
-  core_.stats.live_owned_bytes -= window.bytes;
-  if (window.mapped) {
-    put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
-  } else {
-    // Pages already given back (offloaded in fault mode): only the address space returns, once the
-    // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
-    for (const FreePoint& point : window.free_points) core_.recycle_event(point.event);
-    core_.stats.offloaded_bytes_now -= window.bytes;
-    arena_.release(window.va, window.bytes);
-  }
-  windows_.erase(window.va);  // destroys `window`
 }
 
 void DeviceEngine::maybe_queue_unmap(Window& window) {
@@ -354,7 +238,7 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
   // Remember the free's stream point: the range may be reused only after it (rule 5).
   auto event = core_.acquire_event();
   if (Status status = core_.device.record_event(event, stream); status.ok()) {
-    remember_free_point(*allocation.window, stream, event);
+    space_.remember_free_point(*allocation.window, stream, event);
   } else {
     core_.recycle_event(event);
     core_.note_failure("recording the stream point of a free", status);
@@ -694,7 +578,7 @@ Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, std::thread::id 
 
 void DeviceEngine::seal(Group& group) {
   group.sealed = true;
-  cache_dirty_ = true;  // forward moved on: the demand for cached ranges changed
+  space_.mark_dirty();  // forward moved on: the demand for cached ranges changed
   core_.work_cv.notify_all();
   if (group.allocations.empty()) {
     maybe_destroy_group(&group);
@@ -768,10 +652,9 @@ void DeviceEngine::backward_begins() {
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
-  for (CachedRange& range : cache_.take_all()) deferred_releases_.push_back(std::move(range));
-  core_.stats.cached_bytes = cache_.bytes();
+  for (CachedRange& range : space_.take_all_cached()) deferred_releases_.push_back(std::move(range));
   if (!deferred_releases_.empty()) core_.work_cv.notify_all();
-  cache_dirty_ = true;
+  space_.mark_dirty();
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
     for (Group* group : layer) {
@@ -884,9 +767,9 @@ void DeviceEngine::dispose(Allocation& allocation) {
         CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
     allocation.has_host_physical = false;
     core_.work_cv.notify_all();
-    windows_.erase(window.va);
+    space_.forget_window(window);
   } else if (window.allocations.empty()) {
-    retire_window(window);
+    space_.retire_window(window);
   } else {
     maybe_queue_unmap(window);  // the others may all be copied
   }
@@ -912,37 +795,6 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
   }
   std::erase(open_groups_, group);
   groups_.erase(group->id);
-}
-
-std::optional<CachedRange> DeviceEngine::take_cached(std::size_t mapped_bytes) {
-  auto range = cache_.take(mapped_bytes);
-  core_.stats.cached_bytes = cache_.bytes();
-  return range;
-}
-
-void DeviceEngine::put_cached(const CachedRange& range) {
-  cache_.put(range);
-  core_.stats.cached_bytes = cache_.bytes();
-  cache_dirty_ = true;
-  core_.work_cv.notify_all();  // the worker gives back what the demand does not need
-}
-
-std::vector<std::size_t> DeviceEngine::demanded_sizes() const {
-  std::vector<std::size_t> sizes;
-  const std::vector<std::size_t>& sequence = in_backward_ ? sizes_this_iteration_ : sizes_last_iteration_;
-  std::uint64_t bytes = 0;
-  for (std::size_t at = in_backward_ ? 0 : cursor_; at < sequence.size(); ++at) {
-    if (bytes + sequence[at] > options_.vmm_cache_bytes) break;
-    bytes += sequence[at];
-    sizes.push_back(sequence[at]);
-  }
-  return sizes;
-}
-
-RangeCache::Demand DeviceEngine::demand() const {
-  RangeCache::Demand wanted;
-  for (std::size_t size : demanded_sizes()) ++wanted[size];
-  return wanted;
 }
 
 // --- Offload worker --------------------------------------------------------------------------
@@ -1084,8 +936,7 @@ void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& stat
 
 bool DeviceEngine::d2h_paused() const {
   if (!options_.vmm_grant_when_idle) return false;
-  return grant_waiters_ > 0 || (!recycle_pending_.empty() && !in_backward_ && cursor_ < sizes_last_iteration_.size() &&
-                                !cache_.has(sizes_last_iteration_[cursor_]));
+  return grant_waiters_ > 0 || (!recycle_pending_.empty() && !in_backward_ && space_.next_allocation_misses());
 }
 
 bool DeviceEngine::can_issue_d2h() const {
@@ -1127,7 +978,7 @@ Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::u
 
 bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
   const std::size_t bytes = allocation.window->bytes;
-  auto staging = arena_.acquire(bytes);
+  auto staging = space_.arena().acquire(bytes);
   if (!staging) {
     keep_resident(allocation);
     return false;
@@ -1166,7 +1017,7 @@ bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique
     // wait on it then ends at that thread's point, not at this copy's end (the staging address was
     // unmapped under the copy: a torture case caught it, once in ~40 runs under load).
     core_.recycle_event(done);
-    arena_.release(*staging, bytes);
+    space_.arena().release(*staging, bytes);
     allocation.wanted_back = false;
     keep_resident(allocation);
     if (allocation.freed) dispose(allocation);
@@ -1206,7 +1057,7 @@ Status DeviceEngine::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t
 
 void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
   const std::size_t bytes = allocation.window->bytes;
-  auto staging = arena_.acquire(bytes);
+  auto staging = space_.arena().acquire(bytes);
   if (!staging) {
     // Without a staging address the host copy stays where it is: slow to read, but correct.
     core_.note_failure("finding a staging address to reload a host-mapped allocation",
@@ -1218,7 +1069,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   }
   allocation.state = PageState::reloading;
   ++reload_preparing_;
-  std::optional<CachedRange> recycled = take_cached(bytes);
+  std::optional<CachedRange> recycled = space_.take_cached(bytes);
   lock.unlock();
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;
@@ -1240,7 +1091,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
   lock.lock();
   if (recycled) {
     for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
-    arena_.release(recycled->va, recycled->mapped_bytes);
+    space_.arena().release(recycled->va, recycled->mapped_bytes);
   }
   if (status.ok()) status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, lock);
   lock.unlock();
@@ -1251,7 +1102,7 @@ void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<s
     (void)core_.device.release_physical(*physical);
   }
   lock.lock();
-  arena_.release(*staging, bytes);
+  space_.arena().release(*staging, bytes);
   --reload_preparing_;
   core_.stats.worker_vmm_calls += 6;
   if (!status.ok()) {
@@ -1361,10 +1212,7 @@ void DeviceEngine::vmm_worker() {
     } else {
       release_unwanted_pending(lock);
     }
-    if (cache_dirty_) {
-      cache_dirty_ = false;
-      trim_cache(lock);
-    }
+    if (space_.take_dirty()) trim_cache(lock);
     // After the trim: what the cache holds then is what the prefill need not create (the ranges it
     // adds mark the cache dirty again: the next pass trims, at once).
     if (prefill_due()) prefill_cache(lock);
@@ -1387,7 +1235,7 @@ void DeviceEngine::drop_staged_host_copy(Allocation& allocation, std::unique_loc
   (void)core_.device.release_physical(host);
   lock.lock();
   --unmapping_;
-  arena_.release(staging, bytes);
+  space_.arena().release(staging, bytes);
 }
 
 void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
@@ -1421,7 +1269,7 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     (void)core_.device.unmap(staging, bytes);
     if (status.ok()) (void)core_.device.release_physical(window.physical);
     lock.lock();
-    arena_.release(staging, bytes);
+    space_.arena().release(staging, bytes);
     allocation.staging = 0;
     window.unmapping = false;
     --unmapping_;
@@ -1491,7 +1339,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   };
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
-  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
+  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : space_.demand();
   HeldForCache held;
   for (const PendingPages& pages : recycle_pending_) held.add(pages.bytes);
   for (Window* window : batch) {
@@ -1505,7 +1353,7 @@ void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // (prefilled) already held those ranges, and a copy-bound forward, whose recycle waits for an
     // idle copy stream, held them all until backward (4.2 GiB at the peak of the Llama job's
     // every-MLP policy on the H100, session 11).
-    plan.recycle = !in_backward_ && keep_for_cache(window->bytes, wanted, held);
+    plan.recycle = !in_backward_ && space_.keep_for_cache(window->bytes, wanted, held);
     plans.push_back(plan);
     // Frees of allocations in the window: their last reads may still be queued (rule 5).
     points.insert(points.end(), window->free_points.begin(), window->free_points.end());
@@ -1592,12 +1440,6 @@ bool DeviceEngine::recycle_due() const {
   return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || core_.stopping;
 }
 
-bool DeviceEngine::keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const {
-  if (!cache_.wants(bytes, wanted, options_.vmm_cache_bytes, held.count[bytes], held.bytes)) return false;
-  held.add(bytes);
-  return true;
-}
-
 void DeviceEngine::note_recycle_pending() {
   std::uint64_t bytes = 0;
   for (const PendingPages& pages : recycle_pending_) bytes += pages.bytes;
@@ -1610,12 +1452,12 @@ void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) 
   // fewer ranges: those the rest of it no longer wants (the cache holds them) go back now instead
   // of holding device memory until backward.
   if (recycle_pending_.empty()) return;
-  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : demand();
+  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : space_.demand();
   HeldForCache held;
   std::vector<PendingPages> keep;
   std::vector<PendingPages> release;
   for (const PendingPages& pages : recycle_pending_) {
-    if (!in_backward_ && keep_for_cache(pages.bytes, wanted, held)) {
+    if (!in_backward_ && space_.keep_for_cache(pages.bytes, wanted, held)) {
       keep.push_back(pages);
     } else {
       release.push_back(pages);
@@ -1656,14 +1498,14 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   }
   if (!in_backward_ && !core_.stopping) {
     // One span for all of them, so that one grant covers it; else an address each.
-    if (auto span = arena_.acquire(total)) {
+    if (auto span = space_.arena().acquire(total)) {
       DevPtr at = *span;
       for (Item& item : items) {
         item.va = at;
         at += item.pages.bytes;
       }
     } else {
-      for (Item& item : items) item.va = arena_.acquire(item.pages.bytes).value_or(0);
+      for (Item& item : items) item.va = space_.arena().acquire(item.pages.bytes).value_or(0);
     }
   }
   ++unmapping_;
@@ -1737,9 +1579,9 @@ void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
       ++core_.stats.ranges_recycled;
       // The pages moved to an address of the cache: that map is the worker's.
       core_.events.mapped(item.va, item.pages.bytes, item.ns);
-      put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
+      space_.put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
     } else if (item.va != 0 && !item.mapped) {
-      arena_.release(item.va, item.pages.bytes);
+      space_.arena().release(item.va, item.pages.bytes);
     }
   }
   core_.issued_cv.notify_all();
@@ -1749,15 +1591,15 @@ bool DeviceEngine::prefill_due() const {
   // Backward has freed every activation actpage served: nothing of this iteration comes back to the
   // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
   return options_.vmm_prefill_cache && in_backward_ && !prefilled_ && !core_.stopping && allocations_.empty() &&
-         options_.vmm_cache_bytes > 0 && !sizes_this_iteration_.empty();
+         options_.vmm_cache_bytes > 0 && space_.served_this_iteration();
 }
 
 std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
   // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
   // already holds of each size.
   std::vector<std::size_t> wanted;
-  for (const auto& [size, count] : demand()) {
-    for (std::size_t have = cache_.count(size); have < count; ++have) wanted.push_back(size);
+  for (const auto& [size, count] : space_.demand()) {
+    for (std::size_t have = space_.cached_count(size); have < count; ++have) wanted.push_back(size);
   }
   return wanted;
 }
@@ -1778,7 +1620,7 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
   MappedRanges result;
   std::size_t total = 0;
   for (std::size_t size : sizes) total += size;
-  auto span = total == 0 ? std::nullopt : arena_.acquire(total);
+  auto span = total == 0 ? std::nullopt : space_.arena().acquire(total);
   if (!span) return result;
   ++unmapping_;
   lock.unlock();
@@ -1846,20 +1688,18 @@ DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std:
       result.bytes += item.bytes;
       core_.events.mapped(item.va, item.bytes, first ? took : 0);
       first = false;
-      put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
+      space_.put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
     } else {
-      arena_.release(item.va, item.bytes);
+      space_.arena().release(item.va, item.bytes);
     }
   }
-  if (at != span_end) arena_.release(at, span_end - at);  // sizes past the budget
+  if (at != span_end) space_.arena().release(at, span_end - at);  // sizes past the budget
   core_.issued_cv.notify_all();
   return result;
 }
 
 void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
-  std::vector<CachedRange> surplus =
-      everything ? cache_.take_all() : cache_.surplus(demand(), options_.vmm_cache_bytes);
-  core_.stats.cached_bytes = cache_.bytes();
+  std::vector<CachedRange> surplus = everything ? space_.take_all_cached() : space_.take_surplus();
   for (const CachedRange& range : surplus) release_range(lock, range);
 }
 
@@ -1881,7 +1721,7 @@ void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const Cache
     return;  // leak the range rather than reuse something in an unknown state
   }
   core_.events.unmapped(range.va, range.mapped_bytes, took);
-  arena_.release(range.va, range.mapped_bytes);
+  space_.arena().release(range.va, range.mapped_bytes);
 }
 
 void DeviceEngine::start_iteration() {
@@ -1890,8 +1730,7 @@ void DeviceEngine::start_iteration() {
   // The last forward's offloads that found no pinned memory are asked for again in this one; the
   // host pool's growth already answers them (HostPool::start_burst).
   if (core_.host_pool) core_.host_pool->start_burst();
-  if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
-  sizes_this_iteration_.clear();
+  space_.forward_begins();
   if (!plan_this_iteration_.empty()) {
     plan_last_iteration_ = std::move(plan_this_iteration_);
     auto& registry = ranges::Registry::instance();
@@ -1905,7 +1744,6 @@ void DeviceEngine::start_iteration() {
     }
   }
   plan_this_iteration_.clear();
-  cursor_ = 0;
   prefilled_ = false;
   job_pool_.forward_begins();
   ++iteration_;
@@ -1924,7 +1762,7 @@ bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
   // anything back before backward asks, and nothing else would end the wait.
   return in_backward_ && flush_requests_ == 0 && !allocation.reload_urgent && job_pool_.holds_back_new_pages() &&
-         !cache_.has(allocation.window->bytes);
+         !space_.has_cached(allocation.window->bytes);
 }
 
 void DeviceEngine::reload_worker() {
@@ -1964,7 +1802,7 @@ void DeviceEngine::reload_worker() {
       // Pages the job freed in this backward are the first choice (this worker waits for the device
       // to run their frees): no new memory while backward gives memory back (the job's own
       // allocator cannot reuse what sits in our cache).
-      std::optional<CachedRange> recycled = take_cached(bytes);
+      std::optional<CachedRange> recycled = space_.take_cached(bytes);
       lock.unlock();
       const std::uint64_t started = monotonic_ns();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
@@ -1987,7 +1825,7 @@ void DeviceEngine::reload_worker() {
       if (recycled) {
         for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
         // The old address is free again unless its unmap failed (then it stays, leaked, unused).
-        if (physical.ok()) arena_.release(recycled->va, recycled->mapped_bytes);
+        if (physical.ok()) space_.arena().release(recycled->va, recycled->mapped_bytes);
       }
       --reload_preparing_;
       core_.stats.worker_vmm_calls += 2;
@@ -2088,7 +1926,7 @@ void DeviceEngine::sampler_worker() {
         {
           std::lock_guard<std::mutex> counts(core_.mutex);
           resident = core_.stats.live_owned_bytes - std::min(core_.stats.live_owned_bytes, core_.stats.offloaded_bytes_now);
-          cached = cache_.bytes();
+          cached = space_.cached_bytes();
         }
         core_.events.memory_sampled(*info, job_pool, resident, cached);
       }

@@ -33,6 +33,7 @@
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
+#include "engine/address_space.hpp"
 #include "engine/allocation.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/engine_parts.hpp"
@@ -59,7 +60,7 @@ class DeviceEngine {
   // Drains every copy, releases every resource (tests, orderly shutdown; not at process exit).
   void shutdown();
 
-  bool owns(DevPtr ptr) const noexcept { return arena_.contains(ptr); }
+  bool owns(DevPtr ptr) const noexcept { return space_.owns(ptr); }
 
   // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
   DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict);
@@ -109,7 +110,9 @@ class DeviceEngine {
   void drain_at_backward_start();
 
  private:
-  friend class JobPool;  // while the engine is split into parts (issue 34)
+  // While the engine is split into parts (issue 34).
+  friend class AddressSpace;
+  friend class JobPool;
 
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
@@ -127,11 +130,6 @@ class DeviceEngine {
   // or 0 at the end of the layers with offload_drain_at_layers_end).
   void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
-  // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
-  // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
-  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
-  // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
-  void retire_window(Window& window);
   // Every live allocation of the window is copied: queue its pages to be given back.
   void maybe_queue_unmap(Window& window);
   // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
@@ -140,19 +138,6 @@ class DeviceEngine {
   // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
   // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
   void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
-  // Pages kept for the cache outside it (recycle_pending_, and those a decision adds): they count
-  // against the demand as if in the cache.
-  struct HeldForCache {
-    std::unordered_map<std::size_t, std::size_t> count;  // by mapped size
-    std::uint64_t bytes = 0;
-    void add(std::size_t size) {
-      ++count[size];
-      bytes += size;
-    }
-  };
-  // Whether pages of `bytes` are worth keeping for the cache with `held` kept already; if so,
-  // counts them in `held`.
-  bool keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const;
   // Gives back the kept pages that the rest of the forward no longer asks for (see the .cpp).
   void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
   void note_recycle_pending();  // stats_.recycle_pending_bytes (and its peak) from recycle_pending_
@@ -184,17 +169,9 @@ class DeviceEngine {
   void offload_done(Allocation& allocation);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
-  void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
-  // The oldest cached range of the best size (whoever takes it orders after its free points).
-  std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
-  void put_cached(const CachedRange& range);
-  // The sizes the next allocations are expected to ask for: the rest of the last iteration's
   // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
-  RangeCache::Demand demand() const;
-  // The same sizes in the order the forward asks for them.
-  std::vector<std::size_t> demanded_sizes() const;
 
   void start_iteration();
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
@@ -257,14 +234,13 @@ class DeviceEngine {
   EngineCore core_;
   Turns turns_;
   EngineParts parts_;
+  AddressSpace space_;
   JobPool job_pool_;
 
-  VaArena arena_;
   StreamHandle copy_stream_;
   StreamHandle reload_stream_;
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
-  std::map<DevPtr, std::unique_ptr<Window>> windows_;
   std::vector<Window*> unmap_ready_;      // windows whose allocations are all copied
   std::uint32_t flush_requests_ = 0;      // quiesce() or a backlog wait: nothing may be held back for later
   // The selected range of each module call (Group::position) of this and the last forward pass.
@@ -318,11 +294,6 @@ class DeviceEngine {
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;
 
-  RangeCache cache_;
-  std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
-  std::vector<std::size_t> sizes_last_iteration_;
-  std::size_t cursor_ = 0;                          // candidates served so far this iteration
-  bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
 
   std::thread offload_thread_;
   std::thread vmm_thread_;

@@ -8,6 +8,7 @@
 
 namespace actpage::engine {
 
+class AddressSpace;
 class DeviceEngine;
 class EngineCore;
 class JobPool;
@@ -16,6 +17,7 @@ class Turns;
 struct EngineParts {
   EngineCore& core;
   Turns& turns;
+  AddressSpace& space;
   JobPool& job_pool;
   DeviceEngine& front;  // the parts still in DeviceEngine (being split out, issue 34)
 };
