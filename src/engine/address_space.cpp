@@ -5,6 +5,7 @@
 #include "common/units.hpp"
 #include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/page_return.hpp"
 
 namespace actpage::engine {
 
@@ -128,7 +129,7 @@ void AddressSpace::remember_free_point(Window& window, StreamHandle stream, Even
 
 void AddressSpace::retire_window(Window& window) {
   EngineCore& core = parts_.core;
-  if (window.unmap_queued) std::erase(parts_.front.unmap_ready_, &window);
+  parts_.pages.unqueue(window);
   core.stats.live_owned_bytes -= window.bytes;
   if (window.mapped) {
     put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});

@@ -36,11 +36,6 @@ const char* page_state_name(PageState state) {
 
 bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
 
-bool DeviceEngine::vmm_has_work() const {
-  return space_.dirty() || !deferred_releases_.empty() || unmap_due() || recycle_due() || prefill_due() ||
-         job_pool_.look_due();
-}
-
 bool DeviceEngine::reload_has_work() const {
   return !reload_queue_.empty() && reload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
 }
@@ -48,7 +43,7 @@ bool DeviceEngine::reload_has_work() const {
 bool DeviceEngine::reload_completion_has_work() const { return !reload_inflight_.empty(); }
 
 Turns::Turn DeviceEngine::next_turn() const {
-  if (vmm_has_work()) return Turns::Turn::vmm;
+  if (pages_.has_work()) return Turns::Turn::vmm;
   if (offload_has_work()) return Turns::Turn::offload;
   if (reload_has_work()) return Turns::Turn::reload;
   if (reload_completion_has_work()) return Turns::Turn::reload_completion;
@@ -60,8 +55,10 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, space_, job_pool_, *this},
+      parts_{core_, turns_, space_, pages_, job_pool_, *this},
       space_(parts_, AddressSpaceOptions{options.vmm_arena_bytes, options.vmm_cache_bytes}),
+      pages_(parts_, PageReturnOptions{options.vmm_grant_when_idle, options.vmm_prefill_cache, options.vmm_cache_bytes,
+                                       options.vmm_trim_job_pool}),
       job_pool_(parts_, JobPoolOptions{options.vmm_trim_job_pool, options.vmm_trim_job_pool_catch_up}) {
   turns_.set_next([this] { return next_turn(); });
 }
@@ -100,7 +97,7 @@ Status DeviceEngine::start() {
   });
   vmm_thread_ = std::thread([this] {
     name_this_thread("actpage-vmm");
-    vmm_worker();
+    pages_.run();
   });
   reload_thread_ = std::thread([this] {
     name_this_thread("actpage-h2d");
@@ -151,14 +148,11 @@ void DeviceEngine::shutdown() {
     for (auto& [stream, event] : group->release_events) core_.recycle_event(event);
   }
   allocations_.clear();
-  unmap_ready_.clear();
   groups_.clear();
   open_groups_.clear();
   keep_window_.clear();
   space_.release_cache();
-  for (const PendingPages& pages : recycle_pending_) (void)core_.device.release_physical(pages.physical);
-  recycle_pending_.clear();
-  note_recycle_pending();
+  pages_.release_all();
   core_.destroy_events();
   core_.host_pool.reset();
   (void)core_.device.destroy_stream(copy_stream_);
@@ -212,16 +206,6 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   core_.stats.bytes_served += bytes;
   allocations_.emplace(va, std::move(owned));
   return va;
-}
-
-void DeviceEngine::maybe_queue_unmap(Window& window) {
-  if (!window.mapped || window.unmap_queued || window.unmapping || window.allocations.empty() ||
-      window.copied != window.allocations.size()) {
-    return;
-  }
-  window.unmap_queued = true;
-  unmap_ready_.push_back(&window);
-  core_.work_cv.notify_all();
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
@@ -477,10 +461,9 @@ void DeviceEngine::quiesce() {
   core_.issued_cv.wait(lock, [&] {
     return core_.stopping || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
                          reload_queue_.empty() &&
-                         reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && trimming_ == 0 &&
+                         reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && pages_.idle() &&
                          job_pool_.idle() &&
-                         offload_preparing_ == 0 && deferred_releases_.empty() && unmap_ready_.empty() &&
-                         recycle_pending_.empty() && !prefill_due() &&
+                         offload_preparing_ == 0 &&
                          // Serialized: a cache trim still due would run during the next call.
                          turns_.idle());
   });
@@ -652,8 +635,7 @@ void DeviceEngine::backward_begins() {
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.
-  for (CachedRange& range : space_.take_all_cached()) deferred_releases_.push_back(std::move(range));
-  if (!deferred_releases_.empty()) core_.work_cv.notify_all();
+  for (CachedRange& range : space_.take_all_cached()) pages_.defer_release(std::move(range));
   space_.mark_dirty();
   // The last keep_last layers were never queued: backward needs them first.
   for (auto& layer : keep_window_) {
@@ -670,7 +652,7 @@ void DeviceEngine::backward_begins() {
   open_groups_.clear();
   for (Group* group : open) group->sealed = true;
   // The memory saved counts now: give back what is copied.
-  if (!unmap_ready_.empty()) core_.work_cv.notify_all();
+  if (pages_.unmaps_queued()) core_.work_cv.notify_all();
 }
 
 void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
@@ -698,10 +680,7 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
       if (!allocation.window->unmapping) {
         // Copied, but its window's pages are still there: the data never left. Keep it.
         Window& window = *allocation.window;
-        if (window.unmap_queued) {
-          window.unmap_queued = false;
-          std::erase(unmap_ready_, &window);
-        }
+        pages_.unqueue(window);
         --window.copied;
         if (allocation.host) core_.host_pool->free(*allocation.host);
         allocation.host.reset();
@@ -763,19 +742,18 @@ void DeviceEngine::dispose(Allocation& allocation) {
     // worker unmaps it once the free's stream point has passed.
     core_.stats.offloaded_bytes_now -= window.bytes;
     core_.stats.live_owned_bytes -= window.bytes;
-    deferred_releases_.push_back(
+    pages_.defer_release(
         CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
     allocation.has_host_physical = false;
-    core_.work_cv.notify_all();
     space_.forget_window(window);
   } else if (window.allocations.empty()) {
     space_.retire_window(window);
   } else {
-    maybe_queue_unmap(window);  // the others may all be copied
+    pages_.queue_unmap(window);  // the others may all be copied
   }
   detach_from_group(allocation);
   allocations_.erase(allocation.va);  // destroys `allocation`
-  if (allocations_.empty() && prefill_due()) core_.work_cv.notify_all();  // the VMM worker fills the cache
+  if (allocations_.empty()) core_.work_cv.notify_all();  // the VMM worker may fill the cache (prefill)
 }
 
 void DeviceEngine::detach_from_group(Allocation& allocation) {
@@ -936,7 +914,7 @@ void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& stat
 
 bool DeviceEngine::d2h_paused() const {
   if (!options_.vmm_grant_when_idle) return false;
-  return grant_waiters_ > 0 || (!recycle_pending_.empty() && !in_backward_ && space_.next_allocation_misses());
+  return grant_waiters_ > 0 || (pages_.recycling() && !in_backward_ && space_.next_allocation_misses());
 }
 
 bool DeviceEngine::can_issue_d2h() const {
@@ -1183,45 +1161,6 @@ void DeviceEngine::offload_worker() {
   }
 }
 
-void DeviceEngine::vmm_worker() {
-  // Gives copied pages back, recycles them for the cache, trims the cache, releases ranges: calls
-  // that may wait (for a job's free, for the device) and must not hold up the copy stream.
-  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the VMM worker", status);
-  std::unique_lock<std::mutex> lock(core_.mutex);
-  const auto ready = [&] { return core_.stopping || (vmm_has_work() && turns_.may_run(Turns::Turn::vmm)); };
-  while (true) {
-    if (const std::optional<std::uint64_t> wake = job_pool_.next_look_ns(); wake && !turns_.serialized()) {
-      // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
-      const std::uint64_t now = monotonic_ns();
-      const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
-      if (!core_.work_cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
-    } else {
-      core_.work_cv.wait(lock, ready);
-    }
-    if (core_.stopping) break;
-    const Turns::Scope turn(turns_, Turns::Turn::vmm);
-    if (job_pool_.look_due()) job_pool_.look(lock);
-    while (!deferred_releases_.empty()) {
-      CachedRange range = deferred_releases_.back();
-      deferred_releases_.pop_back();
-      release_range(lock, range);
-    }
-    if (unmap_due()) unmap_ready_windows(lock);
-    if (recycle_due()) {
-      recycle_pending_pages(lock);
-    } else {
-      release_unwanted_pending(lock);
-    }
-    if (space_.take_dirty()) trim_cache(lock);
-    // After the trim: what the cache holds then is what the prefill need not create (the ranges it
-    // adds mark the cache dirty again: the next pass trims, at once).
-    if (prefill_due()) prefill_cache(lock);
-    core_.work_cv.notify_all();  // a pause for a recycle may have ended
-    core_.issued_cv.notify_all();
-  }
-  // Stopping: what is ready stays mapped; shutdown() gives every window back.
-}
-
 void DeviceEngine::drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
   if (!allocation.has_host_physical || allocation.staging == 0) return;
   const DevPtr staging = allocation.staging;
@@ -1299,7 +1238,7 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
   // Fault mode: the copy is done (rule 2); the pages go back with the rest of the window's.
   allocation.state = PageState::unmapping;
   ++window.copied;
-  maybe_queue_unmap(window);
+  pages_.queue_unmap(window);
 }
 
 void DeviceEngine::offload_done(Allocation& allocation) {
@@ -1323,407 +1262,6 @@ void DeviceEngine::offload_done(Allocation& allocation) {
   }
 }
 
-bool DeviceEngine::unmap_due() const { return !unmap_ready_.empty(); }
-
-void DeviceEngine::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
-  std::vector<Window*> batch = std::move(unmap_ready_);
-  unmap_ready_.clear();
-  std::sort(batch.begin(), batch.end(), [](const Window* a, const Window* b) { return a->va < b->va; });
-  struct Plan {
-    Window* window;
-    bool recycle = false;  // pages kept for a fresh address in the cache instead of going to the driver
-    bool unmapped = false;
-    Status unmap_status;
-    std::uint64_t unmap_ns = 0;  // the unmap call that covered it (the span's on its first window)
-    std::uint64_t after_ns = 0;  // the release that followed
-  };
-  std::vector<Plan> plans;
-  std::vector<FreePoint> points;
-  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : space_.demand();
-  HeldForCache held;
-  for (const PendingPages& pages : recycle_pending_) held.add(pages.bytes);
-  for (Window* window : batch) {
-    window->unmap_queued = false;
-    window->unmapping = true;
-    Plan plan{window, false, false, Status{}, 0, 0};
-    // When forward will soon ask for this size again, keep the pages, to be mapped elsewhere for it.
-    // Not in backward: there, the ranges the job frees refill the cache with what the next forward
-    // asks for. Pages already kept (earlier windows, this batch's) count as held: without them,
-    // each copied window of a size the rest of the forward asks for was kept, though the cache
-    // (prefilled) already held those ranges, and a copy-bound forward, whose recycle waits for an
-    // idle copy stream, held them all until backward (4.2 GiB at the peak of the Llama job's
-    // every-MLP policy on the H100, session 11).
-    plan.recycle = !in_backward_ && space_.keep_for_cache(window->bytes, wanted, held);
-    plans.push_back(plan);
-    // Frees of allocations in the window: their last reads may still be queued (rule 5).
-    points.insert(points.end(), window->free_points.begin(), window->free_points.end());
-  }
-  ++unmapping_;
-  lock.unlock();
-  for (const FreePoint& point : points) (void)core_.device.synchronize_event(point.event);
-  std::uint64_t calls = 0;
-  std::uint64_t unmap_calls = 0;
-  // Adjacent windows in one call (one wait for the device instead of several); if the driver
-  // refuses a span, each window on its own.
-  for (std::size_t first = 0; first < plans.size();) {
-    std::size_t last = first;
-    while (last + 1 < plans.size() &&
-           plans[last].window->va + plans[last].window->bytes == plans[last + 1].window->va) {
-      ++last;
-    }
-    const DevPtr span_va = plans[first].window->va;
-    const std::size_t span_bytes = plans[last].window->va + plans[last].window->bytes - span_va;
-    ++calls;
-    ++unmap_calls;
-    std::uint64_t started = monotonic_ns();
-    Status span = core_.device.unmap(span_va, span_bytes);
-    plans[first].unmap_ns = monotonic_ns() - started;
-    if (span.ok()) {
-      for (std::size_t i = first; i <= last; ++i) plans[i].unmapped = true;
-    } else if (last > first) {
-      for (std::size_t i = first; i <= last; ++i) {
-        ++calls;
-        ++unmap_calls;
-        started = monotonic_ns();
-        plans[i].unmap_status = core_.device.unmap(plans[i].window->va, plans[i].window->bytes);
-        plans[i].unmap_ns += monotonic_ns() - started;
-        plans[i].unmapped = plans[i].unmap_status.ok();
-      }
-    } else {
-      plans[first].unmap_status = span;
-    }
-    first = last + 1;
-  }
-  std::vector<Status> failures;
-  for (Plan& plan : plans) {
-    if (!plan.unmapped || plan.recycle) continue;
-    const std::uint64_t started = monotonic_ns();
-    ++calls;
-    if (Status status = core_.device.release_physical(plan.window->physical); !status.ok()) failures.push_back(status);
-    plan.after_ns = monotonic_ns() - started;
-  }
-  lock.lock();
-  --unmapping_;
-  core_.stats.worker_vmm_calls += calls;
-  core_.stats.offload_unmaps += unmap_calls;
-  for (const Status& status : failures) core_.note_failure("releasing an offloaded window's pages", status);
-  for (Plan& plan : plans) {
-    Window& window = *plan.window;
-    window.unmapping = false;
-    if (!plan.unmapped) {
-      core_.note_failure("giving back an offloaded window's pages", plan.unmap_status);
-    } else {
-      core_.events.unmapped(window.va, window.bytes, plan.unmap_ns + plan.after_ns);
-      window.mapped = false;
-      core_.stats.offloaded_bytes_now += window.bytes;
-      core_.stats.peak_offloaded_bytes = std::max(core_.stats.peak_offloaded_bytes, core_.stats.offloaded_bytes_now);
-      if (plan.recycle) recycle_pending_.push_back(PendingPages{window.physical, window.bytes});
-    }
-    window.copied = 0;
-    // Copy the list: disposing of an allocation changes it (and may retire the window, after which
-    // `window` must not be touched).
-    const std::vector<Allocation*> allocations = window.allocations;
-    // If the unmap failed the pages are still mapped: a reload then just copies back.
-    for (Allocation* allocation : allocations) offload_done(*allocation);
-  }
-  note_recycle_pending();
-  if (recycle_due()) recycle_pending_pages(lock);
-  core_.issued_cv.notify_all();
-}
-
-bool DeviceEngine::recycle_due() const {
-  if (recycle_pending_.empty()) return false;
-  // No copy runs: granting access is quick. Otherwise d2h_paused() holds new chunks back when the
-  // cache runs short, and the queue drains within two chunks. Not hurried by a flush (a backlog or
-  // drain wait, quiesce): the grant would wait behind the copies (2.5-8 ms on the H100 with the
-  // copy stream busy), and the unmaps the flush is for with it.
-  return !options_.vmm_grant_when_idle || d2h_chunks_.empty() || in_backward_ || core_.stopping;
-}
-
-void DeviceEngine::note_recycle_pending() {
-  std::uint64_t bytes = 0;
-  for (const PendingPages& pages : recycle_pending_) bytes += pages.bytes;
-  core_.stats.recycle_pending_bytes = bytes;
-  core_.stats.peak_recycle_pending_bytes = std::max(core_.stats.peak_recycle_pending_bytes, bytes);
-}
-
-void DeviceEngine::release_unwanted_pending(std::unique_lock<std::mutex>& lock) {
-  // Kept pages wait for the recycle while copies run; meanwhile the forward goes on and asks for
-  // fewer ranges: those the rest of it no longer wants (the cache holds them) go back now instead
-  // of holding device memory until backward.
-  if (recycle_pending_.empty()) return;
-  const RangeCache::Demand wanted = in_backward_ ? RangeCache::Demand{} : space_.demand();
-  HeldForCache held;
-  std::vector<PendingPages> keep;
-  std::vector<PendingPages> release;
-  for (const PendingPages& pages : recycle_pending_) {
-    if (!in_backward_ && space_.keep_for_cache(pages.bytes, wanted, held)) {
-      keep.push_back(pages);
-    } else {
-      release.push_back(pages);
-    }
-  }
-  if (release.empty()) return;
-  recycle_pending_ = std::move(keep);
-  note_recycle_pending();
-  ++unmapping_;
-  lock.unlock();
-  std::vector<Status> failures;
-  for (const PendingPages& pages : release) {
-    if (Status status = core_.device.release_physical(pages.physical); !status.ok()) failures.push_back(status);
-  }
-  lock.lock();
-  --unmapping_;
-  core_.stats.worker_vmm_calls += release.size();
-  for (const Status& status : failures) core_.note_failure("giving back copied pages the cache no longer wants", status);
-  core_.issued_cv.notify_all();
-}
-
-void DeviceEngine::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
-  std::vector<PendingPages> pages = std::move(recycle_pending_);
-  recycle_pending_.clear();
-  note_recycle_pending();
-  struct Item {
-    PendingPages pages;
-    DevPtr va = 0;  // 0: no address (arena full, or backward began): the pages go back
-    bool mapped = false;
-    bool granted = false;
-    std::uint64_t ns = 0;  // its map, plus the grant of its run on a run's first item
-  };
-  std::vector<Item> items;
-  std::size_t total = 0;
-  for (const PendingPages& p : pages) {
-    items.push_back(Item{p});
-    total += p.bytes;
-  }
-  if (!in_backward_ && !core_.stopping) {
-    // One span for all of them, so that one grant covers it; else an address each.
-    if (auto span = space_.arena().acquire(total)) {
-      DevPtr at = *span;
-      for (Item& item : items) {
-        item.va = at;
-        at += item.pages.bytes;
-      }
-    } else {
-      for (Item& item : items) item.va = space_.arena().acquire(item.pages.bytes).value_or(0);
-    }
-  }
-  ++unmapping_;
-  lock.unlock();
-  std::uint64_t calls = 0;
-  std::uint64_t grants = 0;
-  std::vector<Status> failures;
-  for (Item& item : items) {
-    if (item.va == 0) continue;
-    const std::uint64_t started = monotonic_ns();
-    ++calls;
-    item.mapped = core_.device.map_without_access(item.va, item.pages.bytes, item.pages.physical).ok();
-    item.ns = monotonic_ns() - started;
-  }
-  // Grant access over each run of adjacent mapped items at once; if the driver refuses a run, each
-  // item on its own. The recycle began with the copy queue empty, but the offload worker goes on
-  // issuing chunks meanwhile, and a grant waits for every copy on the stream: hold them (on the
-  // H100 the Qwen3-MoE forward's recycle grants took 3-5 ms behind a layer's copies, and the job's
-  // own maps waited with them).
-  const bool hold = std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
-  if (hold) hold_copies(lock);
-  for (std::size_t first = 0; first < items.size();) {
-    if (!items[first].mapped) {
-      ++first;
-      continue;
-    }
-    std::size_t last = first;
-    while (last + 1 < items.size() && items[last + 1].mapped &&
-           items[last].va + items[last].pages.bytes == items[last + 1].va) {
-      ++last;
-    }
-    const std::uint64_t started = monotonic_ns();
-    ++calls;
-    ++grants;
-    const bool run_granted =
-        core_.device.grant_access(items[first].va, items[last].va + items[last].pages.bytes - items[first].va).ok();
-    items[first].ns += monotonic_ns() - started;
-    for (std::size_t i = first; i <= last; ++i) {
-      Item& item = items[i];
-      if (!run_granted && last > first) {
-        const std::uint64_t one = monotonic_ns();
-        ++calls;
-        ++grants;
-        item.granted = core_.device.grant_access(item.va, item.pages.bytes).ok();
-        item.ns += monotonic_ns() - one;
-      } else {
-        item.granted = run_granted;
-      }
-      if (!item.granted) {
-        ++calls;
-        Status status = core_.device.unmap(item.va, item.pages.bytes);
-        item.mapped = !status.ok();  // still mapped: its address stays taken (leaked, never reused)
-        if (!status.ok()) failures.push_back(status);
-      }
-    }
-    first = last + 1;
-  }
-  if (hold) release_copies(lock);
-  for (Item& item : items) {
-    if (item.granted) continue;
-    ++calls;
-    if (Status status = core_.device.release_physical(item.pages.physical); !status.ok()) failures.push_back(status);
-  }
-  lock.lock();
-  --unmapping_;
-  core_.stats.worker_vmm_calls += calls;
-  core_.stats.recycle_grants += grants;
-  for (const Status& status : failures) core_.note_failure("giving back pages that could not be recycled", status);
-  for (Item& item : items) {
-    if (item.granted) {
-      ++core_.stats.ranges_recycled;
-      // The pages moved to an address of the cache: that map is the worker's.
-      core_.events.mapped(item.va, item.pages.bytes, item.ns);
-      space_.put_cached(CachedRange{item.va, item.pages.bytes, item.pages.physical, {}});
-    } else if (item.va != 0 && !item.mapped) {
-      space_.arena().release(item.va, item.pages.bytes);
-    }
-  }
-  core_.issued_cv.notify_all();
-}
-
-bool DeviceEngine::prefill_due() const {
-  // Backward has freed every activation actpage served: nothing of this iteration comes back to the
-  // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
-  return options_.vmm_prefill_cache && in_backward_ && !prefilled_ && !core_.stopping && allocations_.empty() &&
-         options_.vmm_cache_bytes > 0 && space_.served_this_iteration();
-}
-
-std::vector<std::size_t> DeviceEngine::prefill_sizes() const {
-  // The next forward's first allocations within vmm.cache_bytes (the demand), less what the cache
-  // already holds of each size.
-  std::vector<std::size_t> wanted;
-  for (const auto& [size, count] : space_.demand()) {
-    for (std::size_t have = space_.cached_count(size); have < count; ++have) wanted.push_back(size);
-  }
-  return wanted;
-}
-
-void DeviceEngine::prefill_cache(std::unique_lock<std::mutex>& lock) {
-  prefilled_ = true;  // one try per backward, whatever comes of it
-  job_pool_.pay_debt(lock);
-  const std::vector<std::size_t> sizes = prefill_sizes();
-  if (sizes.empty()) return;
-  const MappedRanges mapped = map_fresh_ranges(sizes, options_.vmm_trim_job_pool, lock);
-  core_.stats.ranges_prefilled += mapped.mapped;
-  core_.stats.bytes_prefilled += mapped.bytes;
-}
-
-DeviceEngine::MappedRanges DeviceEngine::map_fresh_ranges(const std::vector<std::size_t>& sizes,
-                                                          bool trim_job_pool, std::unique_lock<std::mutex>& lock,
-                                                          std::uint64_t most) {
-  MappedRanges result;
-  std::size_t total = 0;
-  for (std::size_t size : sizes) total += size;
-  auto span = total == 0 ? std::nullopt : space_.arena().acquire(total);
-  if (!span) return result;
-  ++unmapping_;
-  lock.unlock();
-  struct Item {
-    DevPtr va;
-    std::size_t bytes;
-    Result<PhysicalHandle> physical;
-    bool mapped = false;
-  };
-  std::vector<Item> items;
-  DevPtr at = *span;
-  const std::uint64_t started = monotonic_ns();
-  // New pages on top of the job's pool's unused reserve would add to device memory in use: give as
-  // much of that reserve back first (see create_reload_pages), and create no more than it gave:
-  // device memory in use then stays where it was (a pool that holds nothing unused, or the native
-  // allocator's, which is not the driver's pool, gives nothing and gets nothing).
-  std::optional<JobPool::Trim> trim;
-  std::uint64_t budget = std::min<std::uint64_t>(total, most);
-  if (trim_job_pool) {
-    trim = job_pool_.trim_by(total);
-    budget = std::min<std::uint64_t>(budget, trim && trim->trimmed.ok() ? *trim->trimmed : 0);
-  }
-  for (std::size_t size : sizes) {
-    if (size > budget) break;  // the rest of the span goes back to the arena below
-    budget -= size;
-    Item item{at, size, core_.device.create_physical(size, MemoryLocation::device)};
-    if (item.physical.ok()) item.mapped = core_.device.map_without_access(at, size, *item.physical).ok();
-    items.push_back(std::move(item));
-    at += size;
-  }
-  const DevPtr span_end = *span + total;
-  // One grant over the mapped prefix (a failure stops at the first unmapped item), while no offload
-  // copy runs: granting access waits for a running one. Only the grant holds the copies back.
-  std::size_t mapped = 0;
-  while (mapped < items.size() && items[mapped].mapped) ++mapped;
-  Status granted;
-  if (mapped != 0) {
-    const DevPtr end = items[mapped - 1].va + items[mapped - 1].bytes;
-    granted = grant_with_copies_held(*span, end - *span, lock);
-  }
-  std::vector<Status> failures;
-  if (!granted.ok()) failures.push_back(granted);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    Item& item = items[i];
-    const bool keep = i < mapped && granted.ok();
-    if (item.mapped && !keep) {
-      if (Status status = core_.device.unmap(item.va, item.bytes); !status.ok()) failures.push_back(status);
-      item.mapped = false;
-    }
-    if (item.physical.ok() && !keep) (void)core_.device.release_physical(*item.physical);
-    if (!item.physical.ok() && item.physical.status().code() != ErrorCode::out_of_memory) {
-      failures.push_back(item.physical.status());
-    }
-  }
-  const std::uint64_t took = monotonic_ns() - started;
-  lock.lock();
-  --unmapping_;
-  core_.stats.worker_vmm_calls += 2 * items.size() + (mapped != 0 ? 1 : 0);
-  if (trim) job_pool_.record(*trim);
-  for (const Status& status : failures) core_.note_failure("mapping ranges ahead for the cache", status);
-  bool first = true;
-  for (Item& item : items) {
-    if (item.mapped) {
-      ++result.mapped;
-      result.bytes += item.bytes;
-      core_.events.mapped(item.va, item.bytes, first ? took : 0);
-      first = false;
-      space_.put_cached(CachedRange{item.va, item.bytes, *item.physical, {}});
-    } else {
-      space_.arena().release(item.va, item.bytes);
-    }
-  }
-  if (at != span_end) space_.arena().release(at, span_end - at);  // sizes past the budget
-  core_.issued_cv.notify_all();
-  return result;
-}
-
-void DeviceEngine::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
-  std::vector<CachedRange> surplus = everything ? space_.take_all_cached() : space_.take_surplus();
-  for (const CachedRange& range : surplus) release_range(lock, range);
-}
-
-void DeviceEngine::release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range) {
-  ++trimming_;
-  lock.unlock();
-  // The job freed the range in stream order: its last reads may still be running (rule 5).
-  for (const FreePoint& point : range.free_points) (void)core_.device.synchronize_event(point.event);
-  const std::uint64_t started = monotonic_ns();
-  Status status = core_.device.unmap(range.va, range.mapped_bytes);
-  if (status.ok()) status = core_.device.release_physical(range.physical);
-  const std::uint64_t took = monotonic_ns() - started;
-  lock.lock();
-  --trimming_;
-  core_.stats.worker_vmm_calls += 2;
-  for (const FreePoint& point : range.free_points) core_.recycle_event(point.event);
-  if (!status.ok()) {
-    core_.note_failure("giving back a cached range", status);
-    return;  // leak the range rather than reuse something in an unknown state
-  }
-  core_.events.unmapped(range.va, range.mapped_bytes, took);
-  space_.arena().release(range.va, range.mapped_bytes);
-}
-
 void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
   backward_drain_armed_.store(false, std::memory_order_relaxed);  // a forward without a backward
@@ -1744,7 +1282,7 @@ void DeviceEngine::start_iteration() {
     }
   }
   plan_this_iteration_.clear();
-  prefilled_ = false;
+  pages_.forward_begins();
   job_pool_.forward_begins();
   ++iteration_;
   ++core_.stats.iterations;
@@ -1840,7 +1378,7 @@ void DeviceEngine::reload_worker() {
         }
         ACTPAGE_LOG_WARN("reloading {} at {:#x}: {}; retrying after releasing cached ranges",
                          format_bytes(bytes), va, status.message());
-        trim_cache(lock, /*everything=*/true);
+        pages_.trim_cache(lock, /*everything=*/true);
         lock.unlock();
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         lock.lock();

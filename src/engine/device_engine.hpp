@@ -39,6 +39,7 @@
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/job_pool.hpp"
+#include "engine/page_return.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/range_cache.hpp"
 #include "engine/turns.hpp"
@@ -113,6 +114,7 @@ class DeviceEngine {
   // While the engine is split into parts (issue 34).
   friend class AddressSpace;
   friend class JobPool;
+  friend class PageReturn;
 
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
@@ -130,40 +132,6 @@ class DeviceEngine {
   // or 0 at the end of the layers with offload_drain_at_layers_end).
   void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
-  // Every live allocation of the window is copied: queue its pages to be given back.
-  void maybe_queue_unmap(Window& window);
-  // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
-  void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
-  bool unmap_due() const;
-  // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
-  // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
-  void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
-  // Gives back the kept pages that the rest of the forward no longer asks for (see the .cpp).
-  void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
-  void note_recycle_pending();  // stats_.recycle_pending_bytes (and its peak) from recycle_pending_
-  // Whether the pending pages should be recycled now: no offload copy runs (granting access then
-  // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
-  bool recycle_due() const;
-  // vmm.prefill_cache: backward has freed every activation actpage served (so none comes back to
-  // the cache) and the cache has not been filled this backward.
-  bool prefill_due() const;
-  // The demand (the next forward's first allocations within vmm.cache_bytes) less what the cache has.
-  std::vector<std::size_t> prefill_sizes() const;
-  // Creates and maps those ranges for the cache (VMM worker; unlocks): the next forward pass then
-  // takes its ranges from the cache and makes no grant while its offload copies run.
-  void prefill_cache(std::unique_lock<std::mutex>& lock);
-  struct MappedRanges {
-    std::size_t mapped = 0;  // ranges put in the cache (a prefix of the sizes asked for)
-    std::uint64_t bytes = 0;
-  };
-  // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
-  // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
-  // pool by their total and creates only as many bytes as it gave back. Creates no more than `most`
-  // bytes either way (the sizes in order, up to the first that no longer fits). Stops at the first
-  // failure and gives back what came after. Unlocks.
-  MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
-                                std::unique_lock<std::mutex>& lock,
-                                std::uint64_t most = std::numeric_limits<std::uint64_t>::max());
   // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
   // it if the job freed it meanwhile, or queue the reload backward already asked for.
   void offload_done(Allocation& allocation);
@@ -208,7 +176,6 @@ class DeviceEngine {
   void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void issue_offloads_now(Group& group);
   void offload_worker();
-  void vmm_worker();
   void reload_worker();
   // Whether each worker has work now (its wait's condition, stopping aside).
   bool offload_has_work() const;
@@ -222,10 +189,6 @@ class DeviceEngine {
   bool reload_waits_for_pool(const Allocation& allocation) const;
   void reload_completion_worker();
   void sampler_worker();
-  // Gives back the cached ranges the demand does not need (all of them when `everything`).
-  void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
-  // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
-  void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
   void finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void finish_reload(Allocation& allocation);
 
@@ -235,13 +198,13 @@ class DeviceEngine {
   Turns turns_;
   EngineParts parts_;
   AddressSpace space_;
+  PageReturn pages_;
   JobPool job_pool_;
 
   StreamHandle copy_stream_;
   StreamHandle reload_stream_;
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
-  std::vector<Window*> unmap_ready_;      // windows whose allocations are all copied
   std::uint32_t flush_requests_ = 0;      // quiesce() or a backlog wait: nothing may be held back for later
   // The selected range of each module call (Group::position) of this and the last forward pass.
   std::vector<ranges::PathId> plan_this_iteration_;
@@ -272,17 +235,7 @@ class DeviceEngine {
   std::deque<Allocation*> reload_inflight_;
   std::uint32_t unmapping_ = 0;          // workers between unlock and relock around VMM calls
   std::uint32_t reload_preparing_ = 0;
-  std::uint32_t trimming_ = 0;
   std::uint32_t offload_preparing_ = 0;
-  // Ranges the offload worker unmaps and releases: host_mapped frees, the cache when backward begins.
-  std::vector<CachedRange> deferred_releases_;
-  // Pages of offloaded windows, unmapped and kept for the cache, waiting to be mapped at new addresses.
-  struct PendingPages {
-    PhysicalHandle physical;
-    std::size_t bytes = 0;
-  };
-  std::vector<PendingPages> recycle_pending_;
-  bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

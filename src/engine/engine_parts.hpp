@@ -12,12 +12,14 @@ class AddressSpace;
 class DeviceEngine;
 class EngineCore;
 class JobPool;
+class PageReturn;
 class Turns;
 
 struct EngineParts {
   EngineCore& core;
   Turns& turns;
   AddressSpace& space;
+  PageReturn& pages;
   JobPool& job_pool;
   DeviceEngine& front;  // the parts still in DeviceEngine (being split out, issue 34)
 };
