@@ -82,4 +82,7 @@ struct Group {
 
 using CachedRange = RangeCache::Range;
 
+// It stays on the device (no copy of it is made, or the one made is dropped).
+inline void keep_resident(Allocation& allocation) { allocation.state = PageState::resident; }
+
 }  // namespace actpage::engine

@@ -13,14 +13,6 @@
 #include "policy/sizes.hpp"
 
 namespace actpage::engine {
-namespace {
-
-// Fill pattern of poison mode: 0xFF bytes are NaN in bf16, fp16 and fp32, so a read of poisoned
-// activations turns the loss into NaN instead of slightly changing it.
-constexpr std::uint8_t kPoisonByte = 0xFF;
-
-}  // namespace
-
 const char* page_state_name(PageState state) {
   switch (state) {
     case PageState::resident: return "resident";
@@ -55,8 +47,9 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, space_, pages_, job_pool_, *this},
+      parts_{core_, turns_, space_, pages_, job_pool_, safety_, *this},
       space_(parts_, AddressSpaceOptions{options.vmm_arena_bytes, options.vmm_cache_bytes}),
+      safety_(parts_, options.stray_access),
       pages_(parts_, PageReturnOptions{options.vmm_grant_when_idle, options.vmm_prefill_cache, options.vmm_cache_bytes,
                                        options.vmm_trim_job_pool}),
       job_pool_(parts_, JobPoolOptions{options.vmm_trim_job_pool, options.vmm_trim_job_pool_catch_up}) {
@@ -463,7 +456,7 @@ void DeviceEngine::quiesce() {
                          reload_queue_.empty() &&
                          reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && pages_.idle() &&
                          job_pool_.idle() &&
-                         offload_preparing_ == 0 &&
+                         offload_preparing_ == 0 && safety_.idle() &&
                          // Serialized: a cache trim still due would run during the next call.
                          turns_.idle());
   });
@@ -623,10 +616,6 @@ void DeviceEngine::queue_offload(Group& group) {
     queued = true;
   }
   if (queued) core_.work_cv.notify_all();
-}
-
-void DeviceEngine::keep_resident(Allocation& allocation) {
-  allocation.state = PageState::resident;
 }
 
 void DeviceEngine::backward_begins() {
@@ -850,9 +839,7 @@ bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
       },
       &enqueued_bytes);
   const bool copy_enqueued = enqueued_bytes > 0;
-  if (status.ok() && last && options_.stray_access == StrayAccess::poison) {
-    status = core_.device.fill(allocation.va, kPoisonByte, allocation.bytes, copy_stream_);
-  }
+  if (status.ok() && last && safety_.poison()) status = safety_.poison_fill(allocation, copy_stream_);
   if (!status.ok()) core_.note_failure("issuing an offload copy", status);
   // Once a copy is enqueued its end must be known: until then it reads the pages (which must not
   // be reused or unmapped, rule 5) and writes the block. The event also marks the end of the
@@ -904,7 +891,7 @@ void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& stat
     if (!status.ok()) core_.note_failure("an offload copy", status);
     if (allocation.host) core_.host_pool->free(*allocation.host);
     allocation.host.reset();
-    drop_staged_host_copy(allocation, lock);
+    safety_.drop_staged_copy(allocation, lock);
     keep_resident(allocation);
     if (allocation.freed) dispose(allocation);
     return;
@@ -954,158 +941,6 @@ Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::u
   return granted;
 }
 
-bool DeviceEngine::issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  const std::size_t bytes = allocation.window->bytes;
-  auto staging = space_.arena().acquire(bytes);
-  if (!staging) {
-    keep_resident(allocation);
-    return false;
-  }
-  allocation.state = PageState::offloading;  // from here a free only marks it
-  ++offload_preparing_;
-  lock.unlock();
-  // Host-located physical memory, mapped at a staging address: the copy's destination, and later
-  // what the allocation's own address shows.
-  auto host = core_.device.create_physical(bytes, MemoryLocation::host);
-  Status status = host.ok() ? core_.device.map(*staging, bytes, *host) : host.status();
-  if (host.ok() && !status.ok()) (void)core_.device.release_physical(*host);
-  lock.lock();
-  --offload_preparing_;
-  core_.stats.worker_vmm_calls += 2;
-  EventHandle release{};
-  for (const auto& [stream, event] : allocation.group->release_events) {
-    if (stream == allocation.stream) release = event;
-  }
-  EventHandle done = core_.acquire_event();
-  if (status.ok()) status = core_.device.stream_wait_event(copy_stream_, release);
-  if (status.ok()) status = core_.device.copy_within_device(*staging, allocation.va, allocation.bytes, copy_stream_);
-  if (status.ok()) status = core_.device.record_event(done, copy_stream_);
-  if (!status.ok() || allocation.freed || allocation.wanted_back) {
-    if (!status.ok()) core_.note_failure("issuing a host-mapped offload copy", status);
-    if (host.ok()) {
-      ++offload_preparing_;  // quiesce() waits for this too (the job's free is disposed of below)
-      lock.unlock();
-      if (status.ok()) (void)core_.device.synchronize_event(done);  // the copy may have been issued
-      (void)core_.device.unmap(*staging, bytes);
-      (void)core_.device.release_physical(*host);
-      lock.lock();
-      --offload_preparing_;
-    }
-    // Only after the wait: a recycled event is re-recorded by the next thread that takes it, and a
-    // wait on it then ends at that thread's point, not at this copy's end (the staging address was
-    // unmapped under the copy: a torture case caught it, once in ~40 runs under load).
-    core_.recycle_event(done);
-    space_.arena().release(*staging, bytes);
-    allocation.wanted_back = false;
-    keep_resident(allocation);
-    if (allocation.freed) dispose(allocation);
-    core_.issued_cv.notify_all();
-    return false;
-  }
-  allocation.host_physical = *host;
-  allocation.has_host_physical = true;
-  allocation.staging = *staging;
-  allocation.copy_issued = allocation.bytes;  // one copy, not chunked
-  allocation.copy_failed = false;
-  allocation.copy_started_ns = monotonic_ns();
-  offload_inflight_.push_back(&allocation);
-  d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
-  ++core_.stats.offloads_started;
-  core_.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected,
-             allocation.group->id);
-  return true;
-}
-
-Status DeviceEngine::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
-                                     std::unique_lock<std::mutex>& lock) {
-  lock.unlock();
-  // cuMemUnmap is not ordered with kernels: hold the job's stream so that none of its kernels runs
-  // while the address changes what it shows (a stray read then sees one or the other, both right).
-  auto gate = core_.device.hold_stream(stream);
-  Status status = gate.ok() ? core_.device.wait_stream_held(*gate) : gate.status();
-  if (status.ok()) status = core_.device.unmap(va, bytes);
-  if (status.ok()) status = core_.device.map(va, bytes, physical);
-  if (gate.ok()) {
-    Status released = core_.device.release_stream(*gate);
-    if (status.ok()) status = released;
-  }
-  lock.lock();
-  return status;
-}
-
-void DeviceEngine::reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  const std::size_t bytes = allocation.window->bytes;
-  auto staging = space_.arena().acquire(bytes);
-  if (!staging) {
-    // Without a staging address the host copy stays where it is: slow to read, but correct.
-    core_.note_failure("finding a staging address to reload a host-mapped allocation",
-                 Status{ErrorCode::out_of_memory, "address space arena full"});
-    allocation.reload_queued = false;
-    keep_resident(allocation);
-    core_.issued_cv.notify_all();
-    return;
-  }
-  allocation.state = PageState::reloading;
-  ++reload_preparing_;
-  std::optional<CachedRange> recycled = space_.take_cached(bytes);
-  lock.unlock();
-  Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
-  Status status;
-  if (recycled) {
-    for (const FreePoint& point : recycled->free_points) (void)core_.device.synchronize_event(point.event);
-    status = core_.device.unmap(recycled->va, recycled->mapped_bytes);
-    if (status.ok()) physical = recycled->physical;
-  } else {
-    physical = job_pool_.create_reload_pages(bytes);
-    status = physical.status();
-  }
-  if (status.ok()) status = core_.device.map(*staging, bytes, *physical);
-  auto done = core_.device.create_event();
-  if (status.ok()) status = done.ok() ? Status{} : done.status();
-  if (status.ok()) status = core_.device.copy_within_device(*staging, allocation.va, allocation.bytes, reload_stream_);
-  if (status.ok()) status = core_.device.record_event(*done, reload_stream_);
-  if (status.ok()) status = core_.device.synchronize_event(*done);
-  if (done.ok()) (void)core_.device.destroy_event(*done);
-  lock.lock();
-  if (recycled) {
-    for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
-    space_.arena().release(recycled->va, recycled->mapped_bytes);
-  }
-  if (status.ok()) status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, lock);
-  lock.unlock();
-  (void)core_.device.unmap(*staging, bytes);
-  if (status.ok()) {
-    (void)core_.device.release_physical(allocation.host_physical);
-  } else if (physical.ok()) {
-    (void)core_.device.release_physical(*physical);
-  }
-  lock.lock();
-  space_.arena().release(*staging, bytes);
-  --reload_preparing_;
-  core_.stats.worker_vmm_calls += 6;
-  if (!status.ok()) {
-    // The host copy is still mapped at the address: the data stays readable. Try again later.
-    core_.note_failure("reloading a host-mapped allocation", status);
-    allocation.state = PageState::offloaded;
-    allocation.reload_queued = false;
-    core_.issued_cv.notify_all();
-    return;
-  }
-  allocation.window->physical = *physical;
-  allocation.window->mapped = true;
-  allocation.has_host_physical = false;
-  allocation.state = PageState::resident;
-  allocation.reload_queued = false;
-  allocation.reload_urgent = false;
-  core_.stats.offloaded_bytes_now -= bytes;
-  ++core_.stats.reloads_completed;
-  core_.stats.bytes_reloaded += allocation.bytes;
-  core_.events.reload_ended(allocation.va, allocation.bytes,
-             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) dispose(allocation);
-  core_.issued_cv.notify_all();
-}
-
 void DeviceEngine::offload_worker() {
   // Feeds the copy stream and sees copies end; nothing here waits on anything but a copy, so the
   // copy engine never idles behind a VMM call or a job's free (vmm_worker() does those).
@@ -1135,7 +970,7 @@ void DeviceEngine::offload_worker() {
       offload_queue_.pop_front();
       if (allocation->state != PageState::pending) continue;
       if (options_.stray_access == StrayAccess::host_mapped) {
-        issue_offload_host_mapped(*allocation, lock);
+        safety_.issue_offload(*allocation, lock);
       } else {
         start_offload(*allocation);
       }
@@ -1161,24 +996,8 @@ void DeviceEngine::offload_worker() {
   }
 }
 
-void DeviceEngine::drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  if (!allocation.has_host_physical || allocation.staging == 0) return;
-  const DevPtr staging = allocation.staging;
-  const PhysicalHandle host = allocation.host_physical;
-  const std::size_t bytes = allocation.window->bytes;
-  allocation.has_host_physical = false;
-  allocation.staging = 0;
-  ++unmapping_;
-  lock.unlock();
-  (void)core_.device.unmap(staging, bytes);
-  (void)core_.device.release_physical(host);
-  lock.lock();
-  --unmapping_;
-  space_.arena().release(staging, bytes);
-}
-
 void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  if (allocation.freed || allocation.wanted_back) drop_staged_host_copy(allocation, lock);
+  if (allocation.freed || allocation.wanted_back) safety_.drop_staged_copy(allocation, lock);
   if (allocation.freed) {
     keep_resident(allocation);
     dispose(allocation);
@@ -1194,41 +1013,8 @@ void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::
     return;
   }
   Window& window = *allocation.window;
-  if (options_.stray_access == StrayAccess::host_mapped) {
-    // Swap the device pages for the host copy at the same address, with the job's stream held.
-    // One allocation per window here; while the lock is released a free only marks it.
-    allocation.state = PageState::unmapping;
-    window.unmapping = true;
-    ++unmapping_;
-    const DevPtr va = allocation.va;
-    const std::size_t bytes = window.bytes;
-    Status status = swap_under_gate(allocation.stream, va, bytes, allocation.host_physical, lock);
-    const DevPtr staging = allocation.staging;
-    lock.unlock();
-    (void)core_.device.unmap(staging, bytes);
-    if (status.ok()) (void)core_.device.release_physical(window.physical);
-    lock.lock();
-    space_.arena().release(staging, bytes);
-    allocation.staging = 0;
-    window.unmapping = false;
-    --unmapping_;
-    core_.stats.worker_vmm_calls += 4;
-    if (!status.ok()) {
-      core_.note_failure("mapping an offloaded allocation's host copy", status);
-      ++unmapping_;  // quiesce() waits for this too
-      lock.unlock();
-      (void)core_.device.release_physical(allocation.host_physical);
-      lock.lock();
-      --unmapping_;
-      allocation.has_host_physical = false;
-      keep_resident(allocation);
-      if (allocation.freed) dispose(allocation);
-      return;
-    }
-    window.mapped = false;
-    core_.stats.offloaded_bytes_now += bytes;
-    core_.stats.peak_offloaded_bytes = std::max(core_.stats.peak_offloaded_bytes, core_.stats.offloaded_bytes_now);
-    offload_done(allocation);
+  if (safety_.host_mapped()) {
+    safety_.finish_offload(allocation, lock);
     return;
   }
   if (options_.stray_access == StrayAccess::poison) {
@@ -1317,7 +1103,7 @@ void DeviceEngine::reload_worker() {
       continue;
     }
     if (allocation->has_host_physical) {
-      reload_host_mapped(*allocation, lock);
+      safety_.reload(*allocation, lock);
       continue;
     }
     Window& window = *allocation->window;

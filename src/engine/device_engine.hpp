@@ -40,6 +40,7 @@
 #include "engine/engine_stats.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/page_return.hpp"
+#include "engine/safety_modes.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/range_cache.hpp"
 #include "engine/turns.hpp"
@@ -115,12 +116,12 @@ class DeviceEngine {
   friend class AddressSpace;
   friend class JobPool;
   friend class PageReturn;
+  friend class SafetyModes;
 
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
   void seal(Group& group);
   void queue_offload(Group& group);
-  void keep_resident(Allocation& allocation);
   void backward_begins();
   void request_reload(Allocation& allocation, bool urgent);
   // Requests the groups before `position` in forward order; with a forward pass id, only that
@@ -165,15 +166,6 @@ class DeviceEngine {
   // unlocked; nothing without grant_when_idle.
   void hold_copies(std::unique_lock<std::mutex>& lock);
   void release_copies(std::unique_lock<std::mutex>& lock);
-  // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
-  bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is
-  // mapped there now. Unlocks meanwhile.
-  Status swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
-                         std::unique_lock<std::mutex>& lock);
-  void reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  // host_mapped: gives back a host copy that was made but never swapped in (freed, wanted back).
-  void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void issue_offloads_now(Group& group);
   void offload_worker();
   void reload_worker();
@@ -198,6 +190,7 @@ class DeviceEngine {
   Turns turns_;
   EngineParts parts_;
   AddressSpace space_;
+  SafetyModes safety_;
   PageReturn pages_;
   JobPool job_pool_;
 

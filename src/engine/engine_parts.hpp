@@ -13,6 +13,7 @@ class DeviceEngine;
 class EngineCore;
 class JobPool;
 class PageReturn;
+class SafetyModes;
 class Turns;
 
 struct EngineParts {
@@ -21,6 +22,7 @@ struct EngineParts {
   AddressSpace& space;
   PageReturn& pages;
   JobPool& job_pool;
+  SafetyModes& safety;
   DeviceEngine& front;  // the parts still in DeviceEngine (being split out, issue 34)
 };
 
