@@ -5,6 +5,7 @@
 #include "common/units.hpp"
 #include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
 
 namespace actpage::engine {
@@ -85,7 +86,7 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
     bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
     if (physical.ok()) mapped_status = core.device.map_without_access(*va, mapped_bytes, *physical);
     if (physical.ok() && mapped_status.ok()) {
-      mapped_status = parts_.front.grant_with_copies_held(*va, mapped_bytes, lock);
+      mapped_status = parts_.offload.grant_with_copies_held(*va, mapped_bytes, lock);
       if (!mapped_status.ok()) left_mapped = !core.device.unmap(*va, mapped_bytes).ok();
     }
     if (physical.ok() && !mapped_status.ok()) (void)core.device.release_physical(*physical);

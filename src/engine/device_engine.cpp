@@ -26,8 +26,6 @@ const char* page_state_name(PageState state) {
   return "unknown";
 }
 
-bool DeviceEngine::offload_has_work() const { return can_issue_d2h() || !d2h_chunks_.empty(); }
-
 bool DeviceEngine::reload_has_work() const {
   return !reload_queue_.empty() && reload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
 }
@@ -36,7 +34,7 @@ bool DeviceEngine::reload_completion_has_work() const { return !reload_inflight_
 
 Turns::Turn DeviceEngine::next_turn() const {
   if (pages_.has_work()) return Turns::Turn::vmm;
-  if (offload_has_work()) return Turns::Turn::offload;
+  if (offload_.has_work()) return Turns::Turn::offload;
   if (reload_has_work()) return Turns::Turn::reload;
   if (reload_completion_has_work()) return Turns::Turn::reload_completion;
   return Turns::Turn::none;
@@ -47,9 +45,11 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, space_, pages_, job_pool_, safety_, *this},
+      parts_{core_, turns_, space_, offload_, pages_, job_pool_, safety_, *this},
       space_(parts_, AddressSpaceOptions{options.vmm_arena_bytes, options.vmm_cache_bytes}),
       safety_(parts_, options.stray_access),
+      offload_(parts_, OffloadOptions{options.max_inflight_copies, options.copy_chunk_bytes, options.copy_chunks_queued,
+                                      options.vmm_grant_when_idle}),
       pages_(parts_, PageReturnOptions{options.vmm_grant_when_idle, options.vmm_prefill_cache, options.vmm_cache_bytes,
                                        options.vmm_trim_job_pool}),
       job_pool_(parts_, JobPoolOptions{options.vmm_trim_job_pool, options.vmm_trim_job_pool_catch_up}) {
@@ -62,12 +62,7 @@ Status DeviceEngine::start() {
   std::lock_guard<std::mutex> lock(core_.mutex);
   if (core_.started) return {};
   if (Status status = space_.reserve(); !status.ok()) return status;
-  auto copy = core_.device.create_stream(0);
-  if (!copy.ok()) {
-    Status status = copy.status();
-    return status.context("creating actpage's D2H copy stream");
-  }
-  copy_stream_ = *copy;
+  if (Status status = offload_.create_stream(); !status.ok()) return status;
   // Reloads are on the critical path of backward; give their stream the higher priority.
   auto reload = core_.device.create_stream(-1);
   if (!reload.ok()) {
@@ -86,7 +81,7 @@ Status DeviceEngine::start() {
   core_.started = true;
   offload_thread_ = std::thread([this] {
     name_this_thread("actpage-d2h");
-    offload_worker();
+    offload_.run();
   });
   vmm_thread_ = std::thread([this] {
     name_this_thread("actpage-vmm");
@@ -148,7 +143,7 @@ void DeviceEngine::shutdown() {
   pages_.release_all();
   core_.destroy_events();
   core_.host_pool.reset();
-  (void)core_.device.destroy_stream(copy_stream_);
+  offload_.destroy_stream();
   (void)core_.device.destroy_stream(reload_stream_);
   space_.release_arena();
 }
@@ -243,7 +238,7 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
       dispose(allocation);
       break;
     case PageState::pending:
-      std::erase(offload_queue_, &allocation);
+      offload_.cancel(allocation);
       ++core_.stats.offloads_cancelled;
       dispose(allocation);
       break;
@@ -277,7 +272,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   if (drains_at(node) && thread == forward_thread_ && !in_backward_) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
     // the step's peak: what is still being copied would count there.
-    if (options_.offload_drain_at_layers_end) wait_for_offload_backlog(lock, 0);
+    if (options_.offload_drain_at_layers_end) offload_.wait_for_backlog(lock, 0);
     // Or one step later, where backward begins: the head's forward and the loss run meanwhile.
     if (options_.offload_drain_at_backward_start) {
       backward_drain_forward_thread_.store(thread, std::memory_order_relaxed);
@@ -293,47 +288,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     std::erase(open_groups_, group);
     seal(*group);
   }
-  if (!to_seal.empty() && options_.offload_backlog_bytes > 0) wait_for_offload_backlog(lock, options_.offload_backlog_bytes);
-}
-
-std::uint64_t DeviceEngine::offload_backlog_bytes() const {
-  // Queued, being copied, or copied and waiting for its window's unmap (each window holds one
-  // allocation: its pages leave with it).
-  std::uint64_t bytes = 0;
-  for (const auto& [id, group] : groups_) {
-    for (const Allocation* allocation : group->allocations) {
-      if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
-          allocation->state == PageState::unmapping) {
-        bytes += allocation->bytes;
-      }
-    }
-  }
-  return bytes;
-}
-
-void DeviceEngine::wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit) {
-  // The copies this waits for were all issued after release points the job's stream has already
-  // been given (sealed groups only), so they finish without the job's thread; its own open groups
-  // are not counted. Polled: the states change on several workers.
-  auto caught_up = [&] {
-    return core_.stopping || in_backward_ || offload_backlog_bytes() <= limit;
-  };
-  if (caught_up()) return;
-  const std::uint64_t start = monotonic_ns();
-  core_.work_cv.notify_all();  // give back what is copied now, without waiting for a batch
-  ++flush_requests_;
-  ++core_.stats.backlog_waiters;
-  if (turns_.serialized()) {
-    turns_.wait_yielding(lock, core_.issued_cv, caught_up);  // every turn's end notifies core_.issued_cv
-  } else {
-    while (!caught_up()) core_.issued_cv.wait_for(lock, std::chrono::microseconds(200));
-  }
-  --core_.stats.backlog_waiters;
-  --flush_requests_;
-  const std::uint64_t waited = monotonic_ns() - start;
-  ++core_.stats.backlog_waits;
-  core_.stats.backlog_wait_ns += waited;
-  core_.events.waited_for_copies(waited, /*drain=*/limit == 0);
+  if (!to_seal.empty() && options_.offload_backlog_bytes > 0) offload_.wait_for_backlog(lock, options_.offload_backlog_bytes);
 }
 
 void DeviceEngine::drain_at_backward_start() {
@@ -349,7 +304,7 @@ void DeviceEngine::drain_if_armed(std::unique_lock<std::mutex>& lock) {
   // Backward's first allocations (the loss's gradients) or its first marker: the step's peak comes
   // with them, so what is still being copied must be off the device first.
   if (in_backward_ || !backward_drain_armed_.exchange(false, std::memory_order_relaxed)) return;
-  wait_for_offload_backlog(lock, 0);
+  offload_.wait_for_backlog(lock, 0);
 }
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
@@ -448,19 +403,19 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
 void DeviceEngine::quiesce() {
   std::unique_lock<std::mutex> lock(core_.mutex);
   // Pages ready to be given back go now, without waiting for a batch to fill.
-  ++flush_requests_;
+  ++core_.settling;
   core_.work_cv.notify_all();
   core_.reload_cv.notify_all();  // a prefetch held back for the job's pool goes now (reload_waits_for_pool)
   core_.issued_cv.wait(lock, [&] {
-    return core_.stopping || (offload_queue_.empty() && offload_inflight_.empty() && d2h_chunks_.empty() &&
+    return core_.stopping || (offload_.idle() &&
                          reload_queue_.empty() &&
-                         reload_inflight_.empty() && unmapping_ == 0 && reload_preparing_ == 0 && pages_.idle() &&
+                         reload_inflight_.empty() && reload_preparing_ == 0 && pages_.idle() &&
                          job_pool_.idle() &&
-                         offload_preparing_ == 0 && safety_.idle() &&
+                         safety_.idle() &&
                          // Serialized: a cache trim still due would run during the next call.
                          turns_.idle());
   });
-  --flush_requests_;
+  --core_.settling;
 }
 
 EngineStats DeviceEngine::stats() const {
@@ -540,7 +495,7 @@ Group* DeviceEngine::open_group_for(const NodeVerdict& verdict, std::thread::id 
     last_layer_node_ = raw->layer_node;
     if (options_.keep_last > 0 && options_.stray_access != StrayAccess::poison) {
       while (keep_window_.size() > options_.keep_last - 1) {
-        for (Group* oldest : keep_window_.front()) queue_offload(*oldest);
+        for (Group* oldest : keep_window_.front()) offload_.queue(*oldest);
         keep_window_.pop_front();
       }
     }
@@ -580,8 +535,8 @@ void DeviceEngine::seal(Group& group) {
   if (options_.stray_access == StrayAccess::poison) {
     // Validation mode: offload at the release point itself and make the job's stream wait for the
     // poison fill, so that any later read of these activations in forward reads NaN.
-    queue_offload(group);
-    issue_offloads_now(group);
+    offload_.queue(group);
+    offload_.issue_now(group);
     return;
   }
   // The last forward pass had selected modules of at least keep_last more layers after this one:
@@ -592,7 +547,7 @@ void DeviceEngine::seal(Group& group) {
       plan_last_iteration_[group.position] == group.selected &&
       layers_after_last_iteration_[group.position] >= options_.keep_last) {
     ++core_.stats.groups_left_at_seal;
-    queue_offload(group);
+    offload_.queue(group);
     return;
   }
   if (!keep_window_.empty() && !keep_window_.back().empty() &&
@@ -602,20 +557,9 @@ void DeviceEngine::seal(Group& group) {
     keep_window_.push_back({&group});
   }
   while (keep_window_.size() > options_.keep_last) {
-    for (Group* oldest : keep_window_.front()) queue_offload(*oldest);
+    for (Group* oldest : keep_window_.front()) offload_.queue(*oldest);
     keep_window_.pop_front();
   }
-}
-
-void DeviceEngine::queue_offload(Group& group) {
-  bool queued = false;
-  for (Allocation* allocation : group.allocations) {
-    if (allocation->state != PageState::released) continue;
-    allocation->state = PageState::pending;
-    offload_queue_.push_back(allocation);
-    queued = true;
-  }
-  if (queued) core_.work_cv.notify_all();
 }
 
 void DeviceEngine::backward_begins() {
@@ -653,7 +597,7 @@ void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
       keep_resident(allocation);
       return;
     case PageState::pending:
-      std::erase(offload_queue_, &allocation);
+      offload_.cancel(allocation);
       keep_resident(allocation);
       ++core_.stats.offloads_cancelled;
       return;
@@ -766,288 +710,6 @@ void DeviceEngine::maybe_destroy_group(Group* group) {
 
 // --- Offload worker --------------------------------------------------------------------------
 
-void DeviceEngine::issue_offloads_now(Group& group) {
-  // Poison mode, job's thread: copy, fill, and hold the job's stream until the fill is done.
-  for (Allocation* allocation : group.allocations) {
-    if (allocation->state != PageState::pending) continue;
-    std::erase(offload_queue_, allocation);
-    if (!start_offload(*allocation)) continue;
-    if (!issue_chunk(*allocation, /*whole=*/true)) continue;
-    // Its event is the newest: the worker, which recycles it, needs the lock this thread holds.
-    if (Status status = core_.device.stream_wait_event(allocation->stream, d2h_chunks_.back().done); !status.ok()) {
-      core_.note_failure("ordering the job's stream after a poison fill", status);
-    }
-  }
-  core_.work_cv.notify_all();
-}
-
-bool DeviceEngine::start_offload(Allocation& allocation) {
-  auto block = core_.host_pool->try_allocate(allocation.bytes);
-  if (!block && (options_.stray_access == StrayAccess::poison || core_.wait_for_host_memory) && !core_.host_pool->exhausted()) {
-    // Validation mode: skipping a module for want of pinned memory would report a policy as safe
-    // without having tested it; a replay's prediction must not depend on timing. Wait for the pool
-    // to grow (slow, but neither runs inside a training job's hot loop).
-    core_.host_pool->wait_for_growth(std::chrono::seconds(30));
-    block = core_.host_pool->try_allocate(allocation.bytes);
-  }
-  if (!block) {
-    ++core_.stats.host_pool_misses;
-    keep_resident(allocation);
-    return false;
-  }
-  const EventHandle release = release_event_of(allocation);
-  if (Status status = core_.device.stream_wait_event(copy_stream_, release); !status.ok()) {
-    // Nothing was enqueued; the data is where it was. Stay resident.
-    core_.host_pool->free(*block);
-    core_.note_failure("ordering an offload copy after its release point", status);
-    keep_resident(allocation);
-    return false;
-  }
-  allocation.host = std::move(*block);
-  allocation.copy_issued = 0;
-  allocation.copy_failed = false;
-  allocation.copy_end_unknown = false;
-  allocation.copy_started_ns = monotonic_ns();
-  allocation.state = PageState::offloading;
-  offload_inflight_.push_back(&allocation);
-  ++core_.stats.offloads_started;
-  core_.events.offload_began(allocation.va, allocation.bytes,
-             allocation.group->selected, allocation.group->id);
-  return true;
-}
-
-EventHandle DeviceEngine::release_event_of(const Allocation& allocation) const {
-  EventHandle release{};
-  for (const auto& [stream, event] : allocation.group->release_events) {
-    if (stream == allocation.stream) release = event;
-  }
-  return release;
-}
-
-bool DeviceEngine::issue_chunk(Allocation& allocation, bool whole) {
-  const std::size_t offset = allocation.copy_issued;
-  const std::size_t chunk = whole || options_.copy_chunk_bytes == 0 ? allocation.bytes : options_.copy_chunk_bytes;
-  const std::size_t bytes = std::min(chunk, allocation.bytes - offset);
-  const bool last = offset + bytes == allocation.bytes;
-  // One copy per piece of the host block the chunk spans (a scattered block, HostPool), all before
-  // the chunk's one event: the chunks stay copy_chunk_bytes long, and a whole copy stays one chunk.
-  std::size_t enqueued_bytes = 0;
-  Status status = allocation.host->for_each_run(
-      offset, bytes,
-      [&](std::byte* host, std::size_t at, std::size_t run) {
-        return core_.device.copy_to_host(host, allocation.va + at, run, copy_stream_);
-      },
-      &enqueued_bytes);
-  const bool copy_enqueued = enqueued_bytes > 0;
-  if (status.ok() && last && safety_.poison()) status = safety_.poison_fill(allocation, copy_stream_);
-  if (!status.ok()) core_.note_failure("issuing an offload copy", status);
-  // Once a copy is enqueued its end must be known: until then it reads the pages (which must not
-  // be reused or unmapped, rule 5) and writes the block. The event also marks the end of the
-  // allocation's earlier chunks when this one failed. Retry it.
-  EventHandle done = core_.acquire_event();
-  Status recorded = core_.device.record_event(done, copy_stream_);
-  for (int attempt = 0; !recorded.ok() && attempt < 8; ++attempt) {
-    core_.recycle_event(done);
-    done = core_.acquire_event();
-    recorded = core_.device.record_event(done, copy_stream_);
-  }
-  if (!recorded.ok()) {
-    core_.recycle_event(done);
-    core_.note_failure("recording the end of an offload copy", recorded);
-    // No event tells when this copy (or the chunks before it) ends. The data never left the
-    // pages: the allocation stays resident. Its block is never handed out again (the pool frees it
-    // when it goes) rather than let a copy overwrite another activation's host copy.
-    allocation.copy_failed = true;
-    allocation.copy_end_unknown = copy_enqueued || offset > 0;
-    allocation.copy_issued = allocation.bytes;
-    std::erase(offload_inflight_, &allocation);
-    // Its earlier chunks' entries outlive it (it may be freed now): they must not follow it.
-    for (D2hChunk& queued : d2h_chunks_) {
-      if (queued.allocation == &allocation) queued.allocation = nullptr;
-    }
-    if (!allocation.copy_end_unknown) core_.host_pool->free(*allocation.host);
-    allocation.host.reset();
-    keep_resident(allocation);
-    if (allocation.freed) dispose(allocation);
-    return false;
-  }
-  if (!status.ok()) {
-    // Nothing more goes out; when the chunks already enqueued have ended, the data stays.
-    allocation.copy_failed = true;
-    allocation.copy_issued = allocation.bytes;
-    d2h_chunks_.push_back(D2hChunk{&allocation, done, true});
-    return false;
-  }
-  allocation.copy_issued = offset + bytes;
-  d2h_chunks_.push_back(D2hChunk{&allocation, done, last});
-  return true;
-}
-
-void DeviceEngine::offload_copy_ended(Allocation& allocation, const Status& status,
-                                      std::unique_lock<std::mutex>& lock) {
-  std::erase(offload_inflight_, &allocation);
-  if (!status.ok() || allocation.copy_failed) {
-    // The copy failed: the device pages were never touched. Keep them, drop the host copy.
-    if (!status.ok()) core_.note_failure("an offload copy", status);
-    if (allocation.host) core_.host_pool->free(*allocation.host);
-    allocation.host.reset();
-    safety_.drop_staged_copy(allocation, lock);
-    keep_resident(allocation);
-    if (allocation.freed) dispose(allocation);
-    return;
-  }
-  finish_offload(allocation, lock);
-}
-
-bool DeviceEngine::d2h_paused() const {
-  if (!options_.vmm_grant_when_idle) return false;
-  return grant_waiters_ > 0 || (pages_.recycling() && !in_backward_ && space_.next_allocation_misses());
-}
-
-bool DeviceEngine::can_issue_d2h() const {
-  // Two chunks queued (the default) keep the copy engine busy (the worker issues the next while one
-  // runs) and let the queue drain within two chunks' time when access must be granted.
-  const std::size_t chunks_queued = std::max<std::uint64_t>(1, options_.copy_chunks_queued);
-  if (d2h_paused() || d2h_chunks_.size() >= chunks_queued) return false;
-  for (const Allocation* allocation : offload_inflight_) {
-    if (allocation->copy_issued < allocation->bytes) return true;
-  }
-  return !offload_queue_.empty() && offload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
-}
-
-void DeviceEngine::hold_copies(std::unique_lock<std::mutex>& lock) {
-  if (!options_.vmm_grant_when_idle) return;
-  lock.lock();
-  ++grant_waiters_;
-  if (!d2h_chunks_.empty()) {
-    core_.work_cv.notify_all();
-    turns_.wait_yielding(lock, core_.issued_cv, [&] { return core_.stopping || d2h_chunks_.empty(); });
-  }
-  lock.unlock();
-}
-
-void DeviceEngine::release_copies(std::unique_lock<std::mutex>& lock) {
-  if (!options_.vmm_grant_when_idle) return;
-  lock.lock();
-  --grant_waiters_;
-  core_.work_cv.notify_all();
-  lock.unlock();
-}
-
-Status DeviceEngine::grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock) {
-  hold_copies(lock);
-  Status granted = core_.device.grant_access(va, bytes);
-  release_copies(lock);
-  return granted;
-}
-
-void DeviceEngine::offload_worker() {
-  // Feeds the copy stream and sees copies end; nothing here waits on anything but a copy, so the
-  // copy engine never idles behind a VMM call or a job's free (vmm_worker() does those).
-  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the offload worker", status);
-  std::unique_lock<std::mutex> lock(core_.mutex);
-  const std::size_t cap = std::max<std::uint64_t>(1, options_.max_inflight_copies);
-  while (true) {
-    core_.work_cv.wait(lock, [&] { return core_.stopping || (offload_has_work() && turns_.may_run(Turns::Turn::offload)); });
-    if (core_.stopping && offload_inflight_.empty() && d2h_chunks_.empty()) break;
-    const Turns::Scope turn(turns_, Turns::Turn::offload);
-    // Keep the copy stream fed, a chunk at a time, oldest offload first (stream order). Each copy
-    // waits on the device for its module's end (its release point), not here.
-    while (can_issue_d2h()) {
-      Allocation* copying = nullptr;
-      for (Allocation* allocation : offload_inflight_) {
-        if (allocation->copy_issued < allocation->bytes) {
-          copying = allocation;
-          break;
-        }
-      }
-      if (copying != nullptr) {
-        issue_chunk(*copying, /*whole=*/false);
-        continue;
-      }
-      if (offload_queue_.empty() || offload_inflight_.size() >= cap) break;
-      Allocation* allocation = offload_queue_.front();
-      offload_queue_.pop_front();
-      if (allocation->state != PageState::pending) continue;
-      if (options_.stray_access == StrayAccess::host_mapped) {
-        safety_.issue_offload(*allocation, lock);
-      } else {
-        start_offload(*allocation);
-      }
-    }
-    if (!d2h_chunks_.empty()) {
-      const D2hChunk chunk = d2h_chunks_.front();
-      lock.unlock();
-      Status status = core_.device.synchronize_event(chunk.done);
-      lock.lock();
-      d2h_chunks_.pop_front();
-      core_.recycle_event(chunk.done);
-      if (chunk.last) {
-        offload_copy_ended(*chunk.allocation, status, lock);
-      } else if (!status.ok() && chunk.allocation != nullptr) {
-        chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
-        core_.note_failure("an offload copy", status);
-      }
-      // The VMM worker may be waiting for the queue to drain (a recycle).
-      core_.work_cv.notify_all();
-      core_.issued_cv.notify_all();
-    }
-    if (offload_queue_.empty() && offload_inflight_.empty()) core_.issued_cv.notify_all();
-  }
-}
-
-void DeviceEngine::finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock) {
-  if (allocation.freed || allocation.wanted_back) safety_.drop_staged_copy(allocation, lock);
-  if (allocation.freed) {
-    keep_resident(allocation);
-    dispose(allocation);
-    return;
-  }
-  if (allocation.wanted_back) {
-    // Backward came for it while the copy ran: the pages still hold the data, keep them.
-    if (allocation.host) core_.host_pool->free(*allocation.host);
-    allocation.host.reset();
-    allocation.wanted_back = false;
-    keep_resident(allocation);
-    ++core_.stats.offloads_cancelled;
-    return;
-  }
-  Window& window = *allocation.window;
-  if (safety_.host_mapped()) {
-    safety_.finish_offload(allocation, lock);
-    return;
-  }
-  if (options_.stray_access == StrayAccess::poison) {
-    offload_done(allocation);  // pages kept, overwritten
-    return;
-  }
-  // Fault mode: the copy is done (rule 2); the pages go back with the rest of the window's.
-  allocation.state = PageState::unmapping;
-  ++window.copied;
-  pages_.queue_unmap(window);
-}
-
-void DeviceEngine::offload_done(Allocation& allocation) {
-  allocation.state = PageState::offloaded;
-  ++core_.stats.offloads_completed;
-  core_.stats.bytes_offloaded += allocation.bytes;
-  core_.events.offload_ended(allocation.va, allocation.bytes,
-             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) {
-    ++core_.stats.dropped_offloaded;
-    dispose(allocation);
-    return;
-  }
-  if (allocation.reload_queued) {
-    if (allocation.reload_urgent) {
-      reload_queue_.push_front(&allocation);
-    } else {
-      reload_queue_.push_back(&allocation);
-    }
-    core_.reload_cv.notify_one();
-  }
-}
-
 void DeviceEngine::start_iteration() {
   last_layer_node_ = ranges::kNoPath;
   backward_drain_armed_.store(false, std::memory_order_relaxed);  // a forward without a backward
@@ -1085,7 +747,7 @@ void DeviceEngine::start_iteration() {
 bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
   // anything back before backward asks, and nothing else would end the wait.
-  return in_backward_ && flush_requests_ == 0 && !allocation.reload_urgent && job_pool_.holds_back_new_pages() &&
+  return in_backward_ && core_.settling == 0 && !allocation.reload_urgent && job_pool_.holds_back_new_pages() &&
          !space_.has_cached(allocation.window->bytes);
 }
 

@@ -39,6 +39,7 @@
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
 #include "engine/job_pool.hpp"
+#include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
 #include "engine/safety_modes.hpp"
 #include "engine/node_verdict.hpp"
@@ -115,63 +116,26 @@ class DeviceEngine {
   // While the engine is split into parts (issue 34).
   friend class AddressSpace;
   friend class JobPool;
+  friend class OffloadPipeline;
   friend class PageReturn;
   friend class SafetyModes;
 
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
   void seal(Group& group);
-  void queue_offload(Group& group);
   void backward_begins();
   void request_reload(Allocation& allocation, bool urgent);
   // Requests the groups before `position` in forward order; with a forward pass id, only that
   // forward call's (and unknown ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
-  // Bytes of selected activations queued, copying or copied but still mapped (offload_backlog_bytes).
-  std::uint64_t offload_backlog_bytes() const;
-  // On the job's thread after a seal: waits while the backlog exceeds `limit` (offload_backlog_bytes,
-  // or 0 at the end of the layers with offload_drain_at_layers_end).
-  void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
-  // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
-  // it if the job freed it meanwhile, or queue the reload backward already asked for.
-  void offload_done(Allocation& allocation);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
-  // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
-
   void start_iteration();
-  // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
-  // out in chunks (issue_chunk). false: the allocation stays resident.
-  bool start_offload(Allocation& allocation);
-  // The event after which the job is done with `allocation` (its module's end on its stream);
-  // {} when none was recorded.
-  EventHandle release_event_of(const Allocation& allocation) const;
-  // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
-  // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
-  bool issue_chunk(Allocation& allocation, bool whole);
-  // The copy of `allocation` ended (its last chunk's event): the pages go back, or on failure stay.
-  void offload_copy_ended(Allocation& allocation, const Status& status, std::unique_lock<std::mutex>& lock);
-  // New chunks stay off the copy stream while a thread waits to grant access (see grant_when_idle).
-  bool d2h_paused() const;
-  bool can_issue_d2h() const;
-  // grant_access() for a mapping made outside the offload worker's quiet moments: holds new chunks
-  // back, waits for the copy queue to drain, grants, lets the chunks go again (without
-  // grant_when_idle: grants at once). Called and returns with `lock` unlocked.
-  Status grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock);
-  // The two halves of it, for several grants in a row: hold_copies() stops new chunks and waits for
-  // the queue to drain; release_copies() lets them go again. Both called and return with `lock`
-  // unlocked; nothing without grant_when_idle.
-  void hold_copies(std::unique_lock<std::mutex>& lock);
-  void release_copies(std::unique_lock<std::mutex>& lock);
-  void issue_offloads_now(Group& group);
-  void offload_worker();
   void reload_worker();
   // Whether each worker has work now (its wait's condition, stopping aside).
-  bool offload_has_work() const;
-  bool vmm_has_work() const;
   bool reload_has_work() const;
   bool reload_completion_has_work() const;
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
@@ -181,7 +145,6 @@ class DeviceEngine {
   bool reload_waits_for_pool(const Allocation& allocation) const;
   void reload_completion_worker();
   void sampler_worker();
-  void finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   void finish_reload(Allocation& allocation);
 
   const Options& options_;
@@ -191,14 +154,13 @@ class DeviceEngine {
   EngineParts parts_;
   AddressSpace space_;
   SafetyModes safety_;
+  OffloadPipeline offload_;
   PageReturn pages_;
   JobPool job_pool_;
 
-  StreamHandle copy_stream_;
   StreamHandle reload_stream_;
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
-  std::uint32_t flush_requests_ = 0;      // quiesce() or a backlog wait: nothing may be held back for later
   // The selected range of each module call (Group::position) of this and the last forward pass.
   std::vector<ranges::PathId> plan_this_iteration_;
   std::vector<ranges::PathId> plan_last_iteration_;
@@ -212,23 +174,9 @@ class DeviceEngine {
   std::deque<std::vector<Group*>> keep_window_;  // released layers held back by keep_last
   std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
   ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
-  std::deque<Allocation*> offload_queue_;
-  std::deque<Allocation*> offload_inflight_;  // being copied, in stream order
-  // D2H copies on the copy stream, oldest first (they end in this order). Until its last chunk
-  // ends, an allocation stays alive (a free only marks it); one given up with its copy's end
-  // unknown leaves its earlier chunks here with `allocation` null.
-  struct D2hChunk {
-    Allocation* allocation;
-    EventHandle done;
-    bool last;
-  };
-  std::deque<D2hChunk> d2h_chunks_;
-  std::uint32_t grant_waiters_ = 0;  // threads waiting for the copy queue to drain to map
   std::deque<Allocation*> reload_queue_;
   std::deque<Allocation*> reload_inflight_;
-  std::uint32_t unmapping_ = 0;          // workers between unlock and relock around VMM calls
   std::uint32_t reload_preparing_ = 0;
-  std::uint32_t offload_preparing_ = 0;
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
@@ -239,7 +187,6 @@ class DeviceEngine {
   bool in_backward_ = false;
   std::thread::id forward_thread_;
   std::uint64_t iteration_ = 0;
-
 
   std::thread offload_thread_;
   std::thread vmm_thread_;

@@ -63,6 +63,9 @@ class EngineCore {
   bool stopping = false;
   bool shut_down = false;     // shutdown() ran (or runs): the workers are joined once
   bool context_lost = false;  // a sticky CUDA error was seen: stopping is set, nothing is retried
+  // quiesce() or a job thread's wait for the copies is under way: nothing may be held back for later
+  // (a prefetch waiting for the job's pool goes).
+  std::uint32_t settling = 0;
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
   std::atomic<bool> wait_for_host_memory{false};
 

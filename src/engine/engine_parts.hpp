@@ -12,6 +12,7 @@ class AddressSpace;
 class DeviceEngine;
 class EngineCore;
 class JobPool;
+class OffloadPipeline;
 class PageReturn;
 class SafetyModes;
 class Turns;
@@ -20,6 +21,7 @@ struct EngineParts {
   EngineCore& core;
   Turns& turns;
   AddressSpace& space;
+  OffloadPipeline& offload;
   PageReturn& pages;
   JobPool& job_pool;
   SafetyModes& safety;

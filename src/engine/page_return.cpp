@@ -9,6 +9,7 @@
 #include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/job_pool.hpp"
+#include "engine/offload_pipeline.hpp"
 #include "engine/turns.hpp"
 
 namespace actpage::engine {
@@ -169,7 +170,7 @@ void PageReturn::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // `window` must not be touched).
     const std::vector<Allocation*> allocations = window.allocations;
     // If the unmap failed the pages are still mapped: a reload then just copies back.
-    for (Allocation* allocation : allocations) parts_.front.offload_done(*allocation);
+    for (Allocation* allocation : allocations) parts_.offload.offload_done(*allocation);
   }
   note_recycle_pending();
   if (recycle_due()) recycle_pending_pages(lock);
@@ -183,7 +184,7 @@ bool PageReturn::recycle_due() const {
   // cache runs short, and the queue drains within two chunks. Not hurried by a flush (a backlog or
   // drain wait, quiesce): the grant would wait behind the copies (2.5-8 ms on the H100 with the
   // copy stream busy), and the unmaps the flush is for with it.
-  return !options_.grant_when_idle || parts_.front.d2h_chunks_.empty() || parts_.front.in_backward_ || core.stopping;
+  return !options_.grant_when_idle || !parts_.offload.copying() || parts_.front.in_backward_ || core.stopping;
 }
 
 void PageReturn::note_recycle_pending() {
@@ -275,7 +276,7 @@ void PageReturn::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
   // H100 the Qwen3-MoE forward's recycle grants took 3-5 ms behind a layer's copies, and the job's
   // own maps waited with them).
   const bool hold = std::any_of(items.begin(), items.end(), [](const Item& item) { return item.mapped; });
-  if (hold) parts_.front.hold_copies(lock);
+  if (hold) parts_.offload.hold_copies(lock);
   for (std::size_t first = 0; first < items.size();) {
     if (!items[first].mapped) {
       ++first;
@@ -312,7 +313,7 @@ void PageReturn::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     }
     first = last + 1;
   }
-  if (hold) parts_.front.release_copies(lock);
+  if (hold) parts_.offload.release_copies(lock);
   for (Item& item : items) {
     if (item.granted) continue;
     ++calls;
@@ -410,7 +411,7 @@ PageReturn::MappedRanges PageReturn::map_fresh_ranges(const std::vector<std::siz
   Status granted;
   if (mapped != 0) {
     const DevPtr end = items[mapped - 1].va + items[mapped - 1].bytes;
-    granted = parts_.front.grant_with_copies_held(*span, end - *span, lock);
+    granted = parts_.offload.grant_with_copies_held(*span, end - *span, lock);
   }
   std::vector<Status> failures;
   if (!granted.ok()) failures.push_back(granted);

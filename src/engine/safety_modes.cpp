@@ -8,6 +8,7 @@
 #include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/job_pool.hpp"
+#include "engine/offload_pipeline.hpp"
 
 namespace actpage::engine {
 
@@ -34,14 +35,11 @@ bool SafetyModes::issue_offload(Allocation& allocation, std::unique_lock<std::mu
   lock.lock();
   --busy_;
   core.stats.worker_vmm_calls += 2;
-  EventHandle release{};
-  for (const auto& [stream, event] : allocation.group->release_events) {
-    if (stream == allocation.stream) release = event;
-  }
+  const StreamHandle copy_stream = parts_.offload.stream();
   EventHandle done = core.acquire_event();
-  if (status.ok()) status = core.device.stream_wait_event(parts_.front.copy_stream_, release);
-  if (status.ok()) status = core.device.copy_within_device(*staging, allocation.va, allocation.bytes, parts_.front.copy_stream_);
-  if (status.ok()) status = core.device.record_event(done, parts_.front.copy_stream_);
+  if (status.ok()) status = core.device.stream_wait_event(copy_stream, release_event_of(allocation));
+  if (status.ok()) status = core.device.copy_within_device(*staging, allocation.va, allocation.bytes, copy_stream);
+  if (status.ok()) status = core.device.record_event(done, copy_stream);
   if (!status.ok() || allocation.freed || allocation.wanted_back) {
     if (!status.ok()) core.note_failure("issuing a host-mapped offload copy", status);
     if (host.ok()) {
@@ -67,14 +65,7 @@ bool SafetyModes::issue_offload(Allocation& allocation, std::unique_lock<std::mu
   allocation.host_physical = *host;
   allocation.has_host_physical = true;
   allocation.staging = *staging;
-  allocation.copy_issued = allocation.bytes;  // one copy, not chunked
-  allocation.copy_failed = false;
-  allocation.copy_started_ns = monotonic_ns();
-  parts_.front.offload_inflight_.push_back(&allocation);
-  parts_.front.d2h_chunks_.push_back(DeviceEngine::D2hChunk{&allocation, done, true});
-  ++core.stats.offloads_started;
-  core.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected,
-             allocation.group->id);
+  parts_.offload.track_whole_copy(allocation, done);
   return true;
 }
 
@@ -223,7 +214,7 @@ void SafetyModes::finish_offload(Allocation& allocation, std::unique_lock<std::m
   window.mapped = false;
   core.stats.offloaded_bytes_now += bytes;
   core.stats.peak_offloaded_bytes = std::max(core.stats.peak_offloaded_bytes, core.stats.offloaded_bytes_now);
-  parts_.front.offload_done(allocation);
+  parts_.offload.offload_done(allocation);
 }
 
 }  // namespace actpage::engine
