@@ -26,17 +26,11 @@ const char* page_state_name(PageState state) {
   return "unknown";
 }
 
-bool DeviceEngine::reload_has_work() const {
-  return !reload_queue_.empty() && reload_inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
-}
-
-bool DeviceEngine::reload_completion_has_work() const { return !reload_inflight_.empty(); }
-
 Turns::Turn DeviceEngine::next_turn() const {
   if (pages_.has_work()) return Turns::Turn::vmm;
   if (offload_.has_work()) return Turns::Turn::offload;
-  if (reload_has_work()) return Turns::Turn::reload;
-  if (reload_completion_has_work()) return Turns::Turn::reload_completion;
+  if (reload_.has_work()) return Turns::Turn::reload;
+  if (reload_.completion_has_work()) return Turns::Turn::reload_completion;
   return Turns::Turn::none;
 }
 
@@ -45,9 +39,10 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, space_, offload_, pages_, job_pool_, safety_, *this},
+      parts_{core_, turns_, space_, offload_, reload_, pages_, job_pool_, safety_, *this},
       space_(parts_, AddressSpaceOptions{options.vmm_arena_bytes, options.vmm_cache_bytes}),
       safety_(parts_, options.stray_access),
+      reload_(parts_, ReloadOptions{options.max_inflight_copies, options.prefetch_ahead_bytes}),
       offload_(parts_, OffloadOptions{options.max_inflight_copies, options.copy_chunk_bytes, options.copy_chunks_queued,
                                       options.vmm_grant_when_idle}),
       pages_(parts_, PageReturnOptions{options.vmm_grant_when_idle, options.vmm_prefill_cache, options.vmm_cache_bytes,
@@ -63,13 +58,7 @@ Status DeviceEngine::start() {
   if (core_.started) return {};
   if (Status status = space_.reserve(); !status.ok()) return status;
   if (Status status = offload_.create_stream(); !status.ok()) return status;
-  // Reloads are on the critical path of backward; give their stream the higher priority.
-  auto reload = core_.device.create_stream(-1);
-  if (!reload.ok()) {
-    Status status = reload.status();
-    return status.context("creating actpage's H2D copy stream");
-  }
-  reload_stream_ = *reload;
+  if (Status status = reload_.create_stream(); !status.ok()) return status;
   hostpool::HostPoolConfig pool_config;
   pool_config.budget_bytes = options_.host_pool_bytes;
   pool_config.slab_bytes = options_.host_pool_slab_bytes;
@@ -89,11 +78,11 @@ Status DeviceEngine::start() {
   });
   reload_thread_ = std::thread([this] {
     name_this_thread("actpage-h2d");
-    reload_worker();
+    reload_.run();
   });
   reload_completion_thread_ = std::thread([this] {
     name_this_thread("actpage-h2d-end");
-    reload_completion_worker();
+    reload_.run_completion();
   });
   if (EngineEvents::tracing() && options_.trace_sample_ms > 0) {
     sampler_thread_ = std::thread([this] {
@@ -144,7 +133,7 @@ void DeviceEngine::shutdown() {
   core_.destroy_events();
   core_.host_pool.reset();
   offload_.destroy_stream();
-  (void)core_.device.destroy_stream(reload_stream_);
+  reload_.destroy_stream();
   space_.release_arena();
 }
 
@@ -243,7 +232,7 @@ void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
       dispose(allocation);
       break;
     case PageState::offloaded:
-      if (allocation.reload_queued) std::erase(reload_queue_, &allocation);
+      if (allocation.reload_queued) reload_.drop(allocation);
       ++core_.stats.dropped_offloaded;
       dispose(allocation);
       break;
@@ -332,7 +321,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
     if (forward_pass != 0 && group.forward_pass != 0 && group.forward_pass != forward_pass) continue;
     first_position = std::min(first_position, position);
     for (Allocation* allocation : group.allocations) {
-      request_reload(*allocation, /*urgent=*/true);
+      reload_.request(*allocation, /*urgent=*/true);
       needed.emplace_back(allocation->va, allocation);
     }
   }
@@ -340,7 +329,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   // For the STALL record: the module waited for (`actpage dump` charges the stall to it).
   const ranges::PathId waited_for = needed.front().second->group->selected;
   const std::uint32_t waited_group = needed.front().second->group->id;
-  prefetch_before(first_position, forward_pass);
+  reload_.prefetch_before(first_position, forward_pass);
 
   auto alive = [&](const std::pair<DevPtr, const Allocation*>& entry) -> Allocation* {
     auto it = allocations_.find(entry.first);
@@ -408,8 +397,7 @@ void DeviceEngine::quiesce() {
   core_.reload_cv.notify_all();  // a prefetch held back for the job's pool goes now (reload_waits_for_pool)
   core_.issued_cv.wait(lock, [&] {
     return core_.stopping || (offload_.idle() &&
-                         reload_queue_.empty() &&
-                         reload_inflight_.empty() && reload_preparing_ == 0 && pages_.idle() &&
+                         reload_.idle() && pages_.idle() &&
                          job_pool_.idle() &&
                          safety_.idle() &&
                          // Serialized: a cache trim still due would run during the next call.
@@ -588,80 +576,6 @@ void DeviceEngine::backward_begins() {
   if (pages_.unmaps_queued()) core_.work_cv.notify_all();
 }
 
-void DeviceEngine::request_reload(Allocation& allocation, bool urgent) {
-  switch (allocation.state) {
-    case PageState::resident:
-    case PageState::reloading:
-      return;
-    case PageState::released:
-      keep_resident(allocation);
-      return;
-    case PageState::pending:
-      offload_.cancel(allocation);
-      keep_resident(allocation);
-      ++core_.stats.offloads_cancelled;
-      return;
-    case PageState::offloading:
-      if (options_.stray_access == StrayAccess::poison) {
-        allocation.reload_queued = true;  // the copy is followed by a poison fill: reload after it
-        allocation.reload_urgent = allocation.reload_urgent || urgent;
-      } else {
-        allocation.wanted_back = true;  // the data never left: keep the pages when the copy ends
-      }
-      return;
-    case PageState::unmapping:
-      if (!allocation.window->unmapping) {
-        // Copied, but its window's pages are still there: the data never left. Keep it.
-        Window& window = *allocation.window;
-        pages_.unqueue(window);
-        --window.copied;
-        if (allocation.host) core_.host_pool->free(*allocation.host);
-        allocation.host.reset();
-        keep_resident(allocation);
-        ++core_.stats.offloads_cancelled;
-        return;
-      }
-      allocation.reload_queued = true;
-      allocation.reload_urgent = allocation.reload_urgent || urgent;
-      return;
-    case PageState::offloaded:
-      if (allocation.reload_queued) {
-        if (urgent) {
-          std::erase(reload_queue_, &allocation);
-          reload_queue_.push_front(&allocation);
-          allocation.reload_urgent = true;
-          core_.reload_cv.notify_one();  // the worker may be holding this prefetch back (reload_waits_for_pool)
-        }
-        return;
-      }
-      allocation.reload_queued = true;
-      if (urgent) {
-        allocation.reload_urgent = true;
-        reload_queue_.push_front(&allocation);
-      } else {
-        reload_queue_.push_back(&allocation);
-      }
-      core_.reload_cv.notify_one();
-      return;
-  }
-}
-
-void DeviceEngine::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
-  std::uint64_t budget = 0;
-  for (std::uint64_t at = position; at-- > 0;) {
-    auto found = groups_.find(forward_order_[at]);
-    if (found == groups_.end()) continue;
-    const std::uint64_t pass = found->second->forward_pass;
-    if (forward_pass != 0 && pass != 0 && pass != forward_pass) continue;
-    for (Allocation* allocation : found->second->allocations) {
-      if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
-      budget += allocation->bytes;
-      if (budget > options_.prefetch_ahead_bytes) return;
-      request_reload(*allocation, /*urgent=*/false);
-    }
-  }
-}
-
 void DeviceEngine::dispose(Allocation& allocation) {
   if (allocation.host) {
     core_.host_pool->free(*allocation.host);
@@ -744,155 +658,6 @@ void DeviceEngine::start_iteration() {
 
 // --- Reload workers ----------------------------------------------------------------------------
 
-bool DeviceEngine::reload_waits_for_pool(const Allocation& allocation) const {
-  // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
-  // anything back before backward asks, and nothing else would end the wait.
-  return in_backward_ && core_.settling == 0 && !allocation.reload_urgent && job_pool_.holds_back_new_pages() &&
-         !space_.has_cached(allocation.window->bytes);
-}
-
-void DeviceEngine::reload_worker() {
-  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the reload worker", status);
-  std::unique_lock<std::mutex> lock(core_.mutex);
-  while (true) {
-    core_.reload_cv.wait(lock, [&] { return core_.stopping || (reload_has_work() && turns_.may_run(Turns::Turn::reload)); });
-    if (core_.stopping) break;
-    const Turns::Scope turn(turns_, Turns::Turn::reload);
-    Allocation* allocation = reload_queue_.front();
-    reload_queue_.pop_front();
-    if (allocation->state != PageState::offloaded) {
-      allocation->reload_queued = false;
-      continue;
-    }
-    if (allocation->has_host_physical) {
-      safety_.reload(*allocation, lock);
-      continue;
-    }
-    Window& window = *allocation->window;
-    if (!window.mapped && reload_waits_for_pool(*allocation)) {
-      // A prefetch that would create pages while the job's pool still owes the reloads before it
-      // (vmm.trim_job_pool_catch_up): its pages would add to device memory in use where backward's
-      // peak is. It waits until the pool has given that back, or until backward asks for it.
-      reload_queue_.push_front(allocation);
-      ++core_.stats.reload_pool_waits;
-      core_.reload_cv.wait_for(lock, std::chrono::microseconds(500));
-      continue;
-    }
-    if (!window.mapped) {
-      // Map fresh pages at the window's address (VMM calls on this worker, not the job's thread):
-      // every allocation of the window gets its pages back at once; each is then copied back.
-      ++reload_preparing_;
-      allocation->state = PageState::reloading;  // no one else touches it meanwhile
-      const DevPtr va = window.va;
-      const std::size_t bytes = window.bytes;
-      // Pages the job freed in this backward are the first choice (this worker waits for the device
-      // to run their frees): no new memory while backward gives memory back (the job's own
-      // allocator cannot reuse what sits in our cache).
-      std::optional<CachedRange> recycled = space_.take_cached(bytes);
-      lock.unlock();
-      const std::uint64_t started = monotonic_ns();
-      Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
-      Status status;
-      if (recycled) {
-        for (const FreePoint& point : recycled->free_points) (void)core_.device.synchronize_event(point.event);
-        status = core_.device.unmap(recycled->va, recycled->mapped_bytes);
-        if (status.ok()) {
-          physical = recycled->physical;
-          status = core_.device.map(va, bytes, recycled->physical);
-          if (!status.ok()) (void)core_.device.release_physical(recycled->physical);
-        }
-      } else {
-        physical = job_pool_.create_reload_pages(bytes);
-        status = physical.ok() ? core_.device.map(va, bytes, *physical) : physical.status();
-        if (physical.ok() && !status.ok()) (void)core_.device.release_physical(*physical);
-      }
-      const std::uint64_t took = monotonic_ns() - started;
-      lock.lock();
-      if (recycled) {
-        for (const FreePoint& point : recycled->free_points) core_.recycle_event(point.event);
-        // The old address is free again unless its unmap failed (then it stays, leaked, unused).
-        if (physical.ok()) space_.arena().release(recycled->va, recycled->mapped_bytes);
-      }
-      --reload_preparing_;
-      core_.stats.worker_vmm_calls += 2;
-      if (!status.ok()) {
-        // The data exists only on the host: we must get it back. Make room and try again, unless
-        // the context is lost (then nothing comes back, and the loop ends on core_.stopping).
-        allocation->state = PageState::offloaded;
-        reload_queue_.push_front(allocation);
-        if (status.code() == ErrorCode::context_lost) {
-          core_.note_failure("mapping pages for a reload", status);
-          continue;
-        }
-        ACTPAGE_LOG_WARN("reloading {} at {:#x}: {}; retrying after releasing cached ranges",
-                         format_bytes(bytes), va, status.message());
-        pages_.trim_cache(lock, /*everything=*/true);
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        lock.lock();
-        continue;
-      }
-      core_.events.mapped(va, bytes, took);
-      window.physical = *physical;
-      window.mapped = true;
-      core_.stats.offloaded_bytes_now -= bytes;
-    }
-    EventHandle done = core_.acquire_event();
-    // One copy per piece of the host block (a scattered block, HostPool), the event after the last.
-    Status status = allocation->host->for_each_run(0, allocation->bytes, [&](std::byte* host, std::size_t at,
-                                                                            std::size_t run) {
-      return core_.device.copy_to_device(allocation->va + at, host, run, reload_stream_);
-    });
-    if (status.ok()) status = core_.device.record_event(done, reload_stream_);
-    if (!status.ok()) {
-      core_.recycle_event(done);
-      allocation->state = PageState::offloaded;
-      core_.note_failure("issuing a reload copy", status);
-      reload_queue_.push_front(allocation);
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      lock.lock();
-      continue;
-    }
-    allocation->copy_event = done;
-    allocation->has_copy_event = true;
-    allocation->copy_started_ns = monotonic_ns();
-    allocation->state = PageState::reloading;
-    allocation->reload_queued = false;
-    allocation->reload_urgent = false;
-    reload_inflight_.push_back(allocation);
-    core_.events.reload_began(allocation->va, allocation->bytes,
-               allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
-    core_.issued_cv.notify_all();
-    core_.reload_done_cv.notify_one();
-  }
-}
-
-void DeviceEngine::reload_completion_worker() {
-  if (Status status = core_.device.bind_thread(); !status.ok()) core_.note_failure("binding the reload worker", status);
-  std::unique_lock<std::mutex> lock(core_.mutex);
-  while (true) {
-    core_.reload_done_cv.wait(lock, [&] {
-      return core_.stopping || (reload_completion_has_work() && turns_.may_run(Turns::Turn::reload_completion));
-    });
-    if (reload_inflight_.empty()) {
-      if (core_.stopping) break;
-      continue;
-    }
-    const Turns::Scope turn(turns_, Turns::Turn::reload_completion);
-    Allocation* allocation = reload_inflight_.front();
-    const EventHandle done = allocation->copy_event;
-    lock.unlock();
-    Status status = core_.device.synchronize_event(done);
-    lock.lock();
-    reload_inflight_.pop_front();
-    if (!status.ok()) core_.note_failure("a reload copy", status);  // nothing better to do: the job's stream waited on it
-    finish_reload(*allocation);
-    core_.reload_cv.notify_one();
-    core_.issued_cv.notify_all();
-  }
-}
-
 void DeviceEngine::sampler_worker() {
   // Device memory in use as the driver sees it (what cudaMemGetInfo shows the job): the figure the
   // saving is judged by. Sampled from the engine's start, every trace.sample_ms.
@@ -920,19 +685,6 @@ void DeviceEngine::sampler_worker() {
     lock.lock();
     core_.sampler_cv.wait_for(lock, interval, [&] { return core_.stopping; });
   }
-}
-
-void DeviceEngine::finish_reload(Allocation& allocation) {
-  core_.recycle_event(allocation.copy_event);
-  allocation.has_copy_event = false;
-  if (allocation.host) core_.host_pool->free(*allocation.host);
-  allocation.host.reset();
-  allocation.state = PageState::resident;
-  ++core_.stats.reloads_completed;
-  core_.stats.bytes_reloaded += allocation.bytes;
-  core_.events.reload_ended(allocation.va, allocation.bytes,
-             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) dispose(allocation);
 }
 
 }  // namespace actpage::engine

@@ -41,6 +41,7 @@
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
+#include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/range_cache.hpp"
@@ -118,34 +119,22 @@ class DeviceEngine {
   friend class JobPool;
   friend class OffloadPipeline;
   friend class PageReturn;
+  friend class ReloadPipeline;
   friend class SafetyModes;
 
   // Everything below runs with the engine's lock (core_.mutex) held unless it says otherwise.
   Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
   void seal(Group& group);
   void backward_begins();
-  void request_reload(Allocation& allocation, bool urgent);
-  // Requests the groups before `position` in forward order; with a forward pass id, only that
-  // forward call's (and unknown ones'): another micro-batch's backward is not next.
-  void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
   void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   void detach_from_group(Allocation& allocation);
   void maybe_destroy_group(Group* group);
   void start_iteration();
-  void reload_worker();
-  // Whether each worker has work now (its wait's condition, stopping aside).
-  bool reload_has_work() const;
-  bool reload_completion_has_work() const;
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
   Turns::Turn next_turn() const;
-  // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
-  // waits while the job's pool still owes earlier reloads' pages. Lock held.
-  bool reload_waits_for_pool(const Allocation& allocation) const;
-  void reload_completion_worker();
   void sampler_worker();
-  void finish_reload(Allocation& allocation);
 
   const Options& options_;
   const NodeClassifier& classifier_;
@@ -154,11 +143,10 @@ class DeviceEngine {
   EngineParts parts_;
   AddressSpace space_;
   SafetyModes safety_;
+  ReloadPipeline reload_;
   OffloadPipeline offload_;
   PageReturn pages_;
   JobPool job_pool_;
-
-  StreamHandle reload_stream_;
 
   std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
   // The selected range of each module call (Group::position) of this and the last forward pass.
@@ -174,9 +162,6 @@ class DeviceEngine {
   std::deque<std::vector<Group*>> keep_window_;  // released layers held back by keep_last
   std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
   ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
-  std::deque<Allocation*> reload_queue_;
-  std::deque<Allocation*> reload_inflight_;
-  std::uint32_t reload_preparing_ = 0;
   // offload_drain_at_layers_end: the range holding the newest group's layer
   // (ranges::enclosing_layers), where the forward thread waits for the copies.
   std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};

@@ -14,6 +14,7 @@ class EngineCore;
 class JobPool;
 class OffloadPipeline;
 class PageReturn;
+class ReloadPipeline;
 class SafetyModes;
 class Turns;
 
@@ -22,6 +23,7 @@ struct EngineParts {
   Turns& turns;
   AddressSpace& space;
   OffloadPipeline& offload;
+  ReloadPipeline& reload;
   PageReturn& pages;
   JobPool& job_pool;
   SafetyModes& safety;

@@ -7,6 +7,7 @@
 #include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/page_return.hpp"
+#include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
 #include "engine/turns.hpp"
 
@@ -231,12 +232,7 @@ void OffloadPipeline::offload_done(Allocation& allocation) {
     return;
   }
   if (allocation.reload_queued) {
-    if (allocation.reload_urgent) {
-      parts_.front.reload_queue_.push_front(&allocation);
-    } else {
-      parts_.front.reload_queue_.push_back(&allocation);
-    }
-    core.reload_cv.notify_one();
+    parts_.reload.queue_after_offload(allocation);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "engine/engine_core.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
+#include "engine/reload_pipeline.hpp"
 
 namespace actpage::engine {
 
@@ -117,8 +118,8 @@ void SafetyModes::reload(Allocation& allocation, std::unique_lock<std::mutex>& l
   if (status.ok()) status = core.device.map(*staging, bytes, *physical);
   auto done = core.device.create_event();
   if (status.ok()) status = done.ok() ? Status{} : done.status();
-  if (status.ok()) status = core.device.copy_within_device(*staging, allocation.va, allocation.bytes, parts_.front.reload_stream_);
-  if (status.ok()) status = core.device.record_event(*done, parts_.front.reload_stream_);
+  if (status.ok()) status = core.device.copy_within_device(*staging, allocation.va, allocation.bytes, parts_.reload.stream());
+  if (status.ok()) status = core.device.record_event(*done, parts_.reload.stream());
   if (status.ok()) status = core.device.synchronize_event(*done);
   if (done.ok()) (void)core.device.destroy_event(*done);
   lock.lock();
