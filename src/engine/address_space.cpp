@@ -3,8 +3,8 @@
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "common/units.hpp"
-#include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
 #include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
 
@@ -176,7 +176,7 @@ bool AddressSpace::keep_for_cache(std::size_t bytes, const RangeCache::Demand& w
 }
 
 std::vector<std::size_t> AddressSpace::demanded_sizes() const {
-  const bool in_backward = parts_.front.in_backward_;
+  const bool in_backward = parts_.groups.in_backward();
   std::vector<std::size_t> sizes;
   const std::vector<std::size_t>& sequence = in_backward ? sizes_this_iteration_ : sizes_last_iteration_;
   std::uint64_t bytes = 0;

@@ -4,8 +4,8 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
-#include "engine/device_engine.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
 #include "engine/turns.hpp"
 
 namespace actpage::engine {
@@ -58,7 +58,7 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
   ++core.stats.reload_creates;
   core.stats.reload_create_ns += create_ns;
   if (trim) record(*trim);
-  if (options_.catch_up && parts_.front.in_backward_ && created.ok() && trim && trim->trimmed.ok() &&
+  if (options_.catch_up && parts_.groups.in_backward() && created.ok() && trim && trim->trimmed.ok() &&
       *trim->trimmed < bytes) {
     // The pool's unused bytes here are mostly backward's first frees, not yet run by the device,
     // or in blocks that still hold live tensors: it gives them back a few layers later.

@@ -4,8 +4,10 @@
 #include <chrono>
 
 #include "common/clock.hpp"
-#include "engine/device_engine.hpp"
+#include "engine/address_space.hpp"
+#include "engine/allocation_table.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
@@ -156,7 +158,7 @@ bool OffloadPipeline::issue_chunk(Allocation& allocation, bool whole) {
     if (!allocation.copy_end_unknown) core.host_pool->free(*allocation.host);
     allocation.host.reset();
     keep_resident(allocation);
-    if (allocation.freed) parts_.front.dispose(allocation);
+    if (allocation.freed) parts_.allocations.dispose(allocation);
     return false;
   }
   if (!status.ok()) {
@@ -181,7 +183,7 @@ void OffloadPipeline::copy_ended(Allocation& allocation, const Status& status, s
     allocation.host.reset();
     parts_.safety.drop_staged_copy(allocation, lock);
     keep_resident(allocation);
-    if (allocation.freed) parts_.front.dispose(allocation);
+    if (allocation.freed) parts_.allocations.dispose(allocation);
     return;
   }
   finish_offload(allocation, lock);
@@ -192,7 +194,7 @@ void OffloadPipeline::finish_offload(Allocation& allocation, std::unique_lock<st
   if (allocation.freed || allocation.wanted_back) parts_.safety.drop_staged_copy(allocation, lock);
   if (allocation.freed) {
     keep_resident(allocation);
-    parts_.front.dispose(allocation);
+    parts_.allocations.dispose(allocation);
     return;
   }
   if (allocation.wanted_back) {
@@ -228,7 +230,7 @@ void OffloadPipeline::offload_done(Allocation& allocation) {
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
   if (allocation.freed) {
     ++core.stats.dropped_offloaded;
-    parts_.front.dispose(allocation);
+    parts_.allocations.dispose(allocation);
     return;
   }
   if (allocation.reload_queued) {
@@ -238,7 +240,7 @@ void OffloadPipeline::offload_done(Allocation& allocation) {
 
 bool OffloadPipeline::paused() const {
   if (!options_.grant_when_idle) return false;
-  return grant_waiters_ > 0 || (parts_.pages.recycling() && !parts_.front.in_backward_ && parts_.space.next_allocation_misses());
+  return grant_waiters_ > 0 || (parts_.pages.recycling() && !parts_.groups.in_backward() && parts_.space.next_allocation_misses());
 }
 
 bool OffloadPipeline::can_issue() const {
@@ -341,7 +343,7 @@ std::uint64_t OffloadPipeline::backlog_bytes() const {
   // Queued, being copied, or copied and waiting for its window's unmap (each window holds one
   // allocation: its pages leave with it).
   std::uint64_t bytes = 0;
-  for (const auto& [id, group] : parts_.front.groups_) {
+  for (const auto& [id, group] : parts_.groups.all()) {
     for (const Allocation* allocation : group->allocations) {
       if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
           allocation->state == PageState::unmapping) {
@@ -358,7 +360,7 @@ void OffloadPipeline::wait_for_backlog(std::unique_lock<std::mutex>& lock, std::
   // been given (sealed groups only), so they finish without the job's thread; its own open groups
   // are not counted. Polled: the states change on several workers.
   auto caught_up = [&] {
-    return core.stopping || parts_.front.in_backward_ || backlog_bytes() <= limit;
+    return core.stopping || parts_.groups.in_backward() || backlog_bytes() <= limit;
   };
   if (caught_up()) return;
   const std::uint64_t start = monotonic_ns();

@@ -6,8 +6,9 @@
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "engine/address_space.hpp"
-#include "engine/device_engine.hpp"
+#include "engine/allocation_table.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
 #include "engine/turns.hpp"
@@ -85,7 +86,7 @@ void PageReturn::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
   };
   std::vector<Plan> plans;
   std::vector<FreePoint> points;
-  const RangeCache::Demand wanted = parts_.front.in_backward_ ? RangeCache::Demand{} : parts_.space.demand();
+  const RangeCache::Demand wanted = parts_.groups.in_backward() ? RangeCache::Demand{} : parts_.space.demand();
   HeldForCache held;
   for (const PendingPages& pages : recycle_pending_) held.add(pages.bytes);
   for (Window* window : batch) {
@@ -99,7 +100,7 @@ void PageReturn::unmap_ready_windows(std::unique_lock<std::mutex>& lock) {
     // (prefilled) already held those ranges, and a copy-bound forward, whose recycle waits for an
     // idle copy stream, held them all until backward (4.2 GiB at the peak of the Llama job's
     // every-MLP policy on the H100, session 11).
-    plan.recycle = !parts_.front.in_backward_ && parts_.space.keep_for_cache(window->bytes, wanted, held);
+    plan.recycle = !parts_.groups.in_backward() && parts_.space.keep_for_cache(window->bytes, wanted, held);
     plans.push_back(plan);
     // Frees of allocations in the window: their last reads may still be queued (rule 5).
     points.insert(points.end(), window->free_points.begin(), window->free_points.end());
@@ -184,7 +185,7 @@ bool PageReturn::recycle_due() const {
   // cache runs short, and the queue drains within two chunks. Not hurried by a flush (a backlog or
   // drain wait, quiesce): the grant would wait behind the copies (2.5-8 ms on the H100 with the
   // copy stream busy), and the unmaps the flush is for with it.
-  return !options_.grant_when_idle || !parts_.offload.copying() || parts_.front.in_backward_ || core.stopping;
+  return !options_.grant_when_idle || !parts_.offload.copying() || parts_.groups.in_backward() || core.stopping;
 }
 
 void PageReturn::note_recycle_pending() {
@@ -201,12 +202,12 @@ void PageReturn::release_unwanted_pending(std::unique_lock<std::mutex>& lock) {
   // fewer ranges: those the rest of it no longer wants (the cache holds them) go back now instead
   // of holding device memory until backward.
   if (recycle_pending_.empty()) return;
-  const RangeCache::Demand wanted = parts_.front.in_backward_ ? RangeCache::Demand{} : parts_.space.demand();
+  const RangeCache::Demand wanted = parts_.groups.in_backward() ? RangeCache::Demand{} : parts_.space.demand();
   HeldForCache held;
   std::vector<PendingPages> keep;
   std::vector<PendingPages> release;
   for (const PendingPages& pages : recycle_pending_) {
-    if (!parts_.front.in_backward_ && parts_.space.keep_for_cache(pages.bytes, wanted, held)) {
+    if (!parts_.groups.in_backward() && parts_.space.keep_for_cache(pages.bytes, wanted, held)) {
       keep.push_back(pages);
     } else {
       release.push_back(pages);
@@ -246,7 +247,7 @@ void PageReturn::recycle_pending_pages(std::unique_lock<std::mutex>& lock) {
     items.push_back(Item{p});
     total += p.bytes;
   }
-  if (!parts_.front.in_backward_ && !core.stopping) {
+  if (!parts_.groups.in_backward() && !core.stopping) {
     // One span for all of them, so that one grant covers it; else an address each.
     if (auto span = parts_.space.arena().acquire(total)) {
       DevPtr at = *span;
@@ -341,7 +342,7 @@ bool PageReturn::prefill_due() const {
   EngineCore& core = parts_.core;
   // Backward has freed every activation actpage served: nothing of this iteration comes back to the
   // cache any more, no device-to-host copy runs, and the job's pool has its least in use.
-  return options_.prefill_cache && parts_.front.in_backward_ && !prefilled_ && !core.stopping && parts_.front.allocations_.empty() &&
+  return options_.prefill_cache && parts_.groups.in_backward() && !prefilled_ && !core.stopping && parts_.allocations.empty() &&
          options_.cache_bytes > 0 && parts_.space.served_this_iteration();
 }
 

@@ -9,8 +9,9 @@
 #include "common/log.hpp"
 #include "common/units.hpp"
 #include "engine/address_space.hpp"
-#include "engine/device_engine.hpp"
+#include "engine/allocation_table.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
@@ -42,6 +43,63 @@ void ReloadPipeline::queue_after_offload(Allocation& allocation) {
 }
 
 void ReloadPipeline::drop(Allocation& allocation) { std::erase(queue_, &allocation); }
+
+void ReloadPipeline::bring_back(const std::vector<std::pair<DevPtr, const Allocation*>>& needed,
+                                ranges::PathId waited_for, std::uint32_t waited_group,
+                                std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  const bool host_mapped = parts_.safety.host_mapped();
+  auto ready = [&] {
+    if (core.stopping) return true;
+    for (const auto& [va, seen] : needed) {
+      Allocation* allocation = parts_.allocations.alive(va, seen);
+      if (allocation == nullptr) continue;
+      switch (allocation->state) {
+        case PageState::offloaded:
+          // host_mapped: the host copy is at the address; if its reload failed, reading it there
+          // is slow but right.
+          if (host_mapped && !allocation->reload_queued) break;
+          return false;
+        case PageState::pending:
+        case PageState::unmapping:
+          return false;
+        case PageState::offloading:
+          if (!allocation->wanted_back) return false;
+          break;
+        case PageState::reloading:
+          // The worker marks it reloading while it maps pages back; the copy is not issued yet.
+          // host_mapped swaps the mapping after the copy: nothing to wait on but the end.
+          if (!allocation->has_copy_event || host_mapped) return false;
+          break;
+        default:
+          break;
+      }
+    }
+    return true;
+  };
+  if (!ready()) {
+    const std::uint64_t start = monotonic_ns();
+    parts_.turns.wait_yielding(lock, core.issued_cv, ready);
+    const std::uint64_t waited = monotonic_ns() - start;
+    ++core.stats.stalls;
+    core.stats.stall_ns += waited;
+    core.events.stalled(waited, waited_for, waited_group);
+  }
+  for (const auto& [va, seen] : needed) {
+    Allocation* allocation = parts_.allocations.alive(va, seen);
+    if (allocation == nullptr) continue;
+    if (allocation->state == PageState::reloading && allocation->has_copy_event) {
+      if (Status status = core.device.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
+        // The job must not run ahead of the copy: wait for it on this thread instead.
+        core.note_failure("ordering the job's stream after a reload", status);
+        EventHandle event = allocation->copy_event;
+        lock.unlock();
+        (void)core.device.synchronize_event(event);
+        lock.lock();
+      }
+    }
+  }
+}
 
 bool ReloadPipeline::has_work() const {
   return !queue_.empty() && inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
@@ -108,12 +166,8 @@ void ReloadPipeline::request(Allocation& allocation, bool urgent) {
 
 void ReloadPipeline::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
   std::uint64_t budget = 0;
-  for (std::uint64_t at = position; at-- > 0;) {
-    auto found = parts_.front.groups_.find(parts_.front.forward_order_[at]);
-    if (found == parts_.front.groups_.end()) continue;
-    const std::uint64_t pass = found->second->forward_pass;
-    if (forward_pass != 0 && pass != 0 && pass != forward_pass) continue;
-    for (Allocation* allocation : found->second->allocations) {
+  for (Group* group : parts_.groups.before(position, forward_pass)) {
+    for (Allocation* allocation : group->allocations) {
       if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
       budget += allocation->bytes;
       if (budget > options_.prefetch_ahead_bytes) return;
@@ -126,7 +180,7 @@ bool ReloadPipeline::waits_for_pool(const Allocation& allocation) const {
   EngineCore& core = parts_.core;
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
   // anything back before backward asks, and nothing else would end the wait.
-  return parts_.front.in_backward_ && core.settling == 0 && !allocation.reload_urgent && parts_.job_pool.holds_back_new_pages() &&
+  return parts_.groups.in_backward() && core.settling == 0 && !allocation.reload_urgent && parts_.job_pool.holds_back_new_pages() &&
          !parts_.space.has_cached(allocation.window->bytes);
 }
 
@@ -285,7 +339,7 @@ void ReloadPipeline::finish(Allocation& allocation) {
   core.stats.bytes_reloaded += allocation.bytes;
   core.events.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) parts_.front.dispose(allocation);
+  if (allocation.freed) parts_.allocations.dispose(allocation);
 }
 
 }  // namespace actpage::engine

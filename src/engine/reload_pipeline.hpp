@@ -18,10 +18,13 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "actpage/device.hpp"
 #include "engine/allocation.hpp"
 #include "engine/engine_parts.hpp"
+#include "ranges/registry.hpp"
 
 namespace actpage::engine {
 
@@ -57,6 +60,13 @@ class ReloadPipeline {
   void queue_after_offload(Allocation& allocation);
   // The job freed it while it waited in the queue.
   void drop(Allocation& allocation);
+  // A backward marker's wait on the job's thread: until the reload of each of `needed` is issued
+  // (normally an earlier prefetch did it), then the allocating streams wait for the copies (rule
+  // 3). Only this wait can block the job's thread: it is recorded as a stall of `waited_for`'s
+  // group. `needed` holds addresses with pointers: one may be disposed of meanwhile (freed by the
+  // job during its reload), so a pointer is only compared until AllocationTable::alive() proves it.
+  void bring_back(const std::vector<std::pair<DevPtr, const Allocation*>>& needed, ranges::PathId waited_for,
+                  std::uint32_t waited_group, std::unique_lock<std::mutex>& lock);
 
  private:
   // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages

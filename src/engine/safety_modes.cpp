@@ -5,7 +5,7 @@
 
 #include "common/clock.hpp"
 #include "engine/address_space.hpp"
-#include "engine/device_engine.hpp"
+#include "engine/allocation_table.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
@@ -59,7 +59,7 @@ bool SafetyModes::issue_offload(Allocation& allocation, std::unique_lock<std::mu
     parts_.space.arena().release(*staging, bytes);
     allocation.wanted_back = false;
     keep_resident(allocation);
-    if (allocation.freed) parts_.front.dispose(allocation);
+    if (allocation.freed) parts_.allocations.dispose(allocation);
     core.issued_cv.notify_all();
     return false;
   }
@@ -158,7 +158,7 @@ void SafetyModes::reload(Allocation& allocation, std::unique_lock<std::mutex>& l
   core.stats.bytes_reloaded += allocation.bytes;
   core.events.reload_ended(allocation.va, allocation.bytes,
              allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
-  if (allocation.freed) parts_.front.dispose(allocation);
+  if (allocation.freed) parts_.allocations.dispose(allocation);
   core.issued_cv.notify_all();
 }
 
@@ -209,7 +209,7 @@ void SafetyModes::finish_offload(Allocation& allocation, std::unique_lock<std::m
     --busy_;
     allocation.has_host_physical = false;
     keep_resident(allocation);
-    if (allocation.freed) parts_.front.dispose(allocation);
+    if (allocation.freed) parts_.allocations.dispose(allocation);
     return;
   }
   window.mapped = false;
