@@ -29,7 +29,7 @@
 
 #include "actpage/options.hpp"
 #include "actpage/status.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "trace/reader.hpp"
 
 namespace actpage::plan {

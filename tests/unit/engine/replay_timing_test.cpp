@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "common/units.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "trace/builder.hpp"
 #include "trace/reader.hpp"
 #include "trace/timeline.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "common/units.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "plan/calibration.hpp"
 #include "policy/policy.hpp"
 #include "trace/reader.hpp"
