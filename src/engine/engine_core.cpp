@@ -33,6 +33,15 @@ void EngineCore::destroy_events() {
   free_events_.clear();
 }
 
+Result<StreamHandle> EngineCore::create_stream(int priority, const char* what) {
+  auto stream = device.create_stream(priority);
+  if (!stream.ok()) {
+    Status status = stream.status();
+    return status.context(std::string("creating ") + what);
+  }
+  return *stream;
+}
+
 void EngineCore::note_failure(const char* what, const Status& status) {
   ++stats.failures;
   if (status.code() == ErrorCode::context_lost) {

@@ -41,6 +41,9 @@ class EngineCore {
   void recycle_event(EventHandle event);
   // Destroys the recycled events (shutdown).
   void destroy_events();
+  // A stream of the engine's own (`priority` as Device::create_stream); the error names `what` it
+  // is for ("actpage's D2H copy stream").
+  Result<StreamHandle> create_stream(int priority, const char* what);
   // Lock held. Counts a failure and warns once per `what`; a lost context stops the engine.
   void note_failure(const char* what, const Status& status);
   // Notifies every worker's and the job threads' condition variables: after a change any of them

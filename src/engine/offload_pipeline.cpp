@@ -16,12 +16,9 @@
 namespace actpage::engine {
 
 Status OffloadPipeline::create_stream() {
-  auto copy = parts_.core.device.create_stream(0);
-  if (!copy.ok()) {
-    Status status = copy.status();
-    return status.context("creating actpage's D2H copy stream");
-  }
-  stream_ = *copy;
+  auto stream = parts_.core.create_stream(0, "actpage's D2H copy stream");
+  if (!stream.ok()) return stream.status();
+  stream_ = *stream;
   return {};
 }
 

@@ -22,12 +22,9 @@ namespace actpage::engine {
 
 Status ReloadPipeline::create_stream() {
   // Reloads are on the critical path of backward; give their stream the higher priority.
-  auto reload = parts_.core.device.create_stream(-1);
-  if (!reload.ok()) {
-    Status status = reload.status();
-    return status.context("creating actpage's H2D copy stream");
-  }
-  stream_ = *reload;
+  auto stream = parts_.core.create_stream(-1, "actpage's H2D copy stream");
+  if (!stream.ok()) return stream.status();
+  stream_ = *stream;
   return {};
 }
 

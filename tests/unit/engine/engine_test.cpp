@@ -17,6 +17,7 @@
 #include "common/clock.hpp"
 #include "engine/engine.hpp"
 #include "engine/forward_pass.hpp"
+#include "active_trace_file.hpp"
 #include "sim_job.hpp"
 #include "trace/reader.hpp"
 #include "trace/writer.hpp"
@@ -28,6 +29,7 @@ using device::SimDevice;
 using device::SimDeviceConfig;
 using testing::SimJob;
 using testing::Tensor;
+using testing::ActiveTraceFile;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
@@ -1044,44 +1046,6 @@ TEST(Engine, ALayersBackwardBringsBackAModuleSelectedDeepInsideIt) {
   EXPECT_EQ(rig.job->failed(), 0u);
   EXPECT_EQ(rig.engine.stats().reloads_completed, 2u * kLayers);
 }
-
-// A trace file in a temporary folder, the process's active writer while it lives: the engine's
-// records go there. read() stops the writing and reads the file; the folder goes with the object.
-class ActiveTraceFile {
- public:
-  explicit ActiveTraceFile(const std::string& name)
-      : dir_(std::filesystem::path(::testing::TempDir()) / ("actpage-engine-" + name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(dir_);
-    config_.path = (dir_ / (name + ".trace")).string();
-    auto opened = trace::Writer::open(config_);
-    EXPECT_TRUE(opened.ok()) << opened.status().message();
-    if (opened.ok()) {
-      writer_ = std::move(opened).value();
-      trace::set_active(writer_.get());
-    }
-  }
-  ~ActiveTraceFile() {
-    stop();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  Result<trace::TraceFile> read() {
-    stop();
-    return trace::read_trace_file(config_.path);
-  }
-
- private:
-  void stop() {
-    if (writer_ == nullptr) return;
-    trace::set_active(nullptr);
-    writer_->close();
-    writer_.reset();
-  }
-
-  std::filesystem::path dir_;
-  trace::WriterConfig config_;
-  std::unique_ptr<trace::Writer> writer_;
-};
 
 TEST(Engine, MemorySamplesPauseWithTheRecording) {
   // The in-process observe-only comparison (examples/common.py --alternate-actpage) pauses the
