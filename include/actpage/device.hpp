@@ -117,12 +117,6 @@ class Device {
   virtual Result<PoolUsage> job_pool_usage() {
     return Status(ErrorCode::not_supported, "this device has no stream-ordered pool to read");
   }
-  // Makes that pool hold a free block of at least `bytes`: allocates `bytes` from the pool on
-  // `stream`, frees it there and waits until the free has run, so that the job's next allocations
-  // (on any stream) take the block instead of the driver growing the pool on the job's thread.
-  // Returns how much the reserve grew (0 when the pool had a free block that large).
-  // Default: a device without such a pool grows nothing.
-  virtual Result<std::size_t> grow_job_pool(std::size_t /*bytes*/, StreamHandle /*stream*/) { return std::size_t{0}; }
 
   // --- Pinned (page-locked) host memory, the destination of offload copies
   virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;

@@ -1,6 +1,6 @@
-// Replay: runs a recorded trace's allocations, frees and ranges through an Engine on a SimDevice,
-// and predicts what a policy would do to the traced job's device memory and, given a CostModel,
-// to its time.
+// Replay (src/replay): runs a recorded trace's allocations, frees and ranges through an Engine on a
+// SimDevice, and predicts what a policy would do to the traced job's device memory and, given a
+// CostModel, to its time.
 //
 // Each traced thread is replayed on a thread of its own (range stacks are per thread, and the engine
 // tells forward from backward recomputation by thread), one event at a time in the trace's time
