@@ -127,7 +127,7 @@ TEST_F(CheckCommand, AVariableThatNamesNoOptionIsAWarningWithTheNearestName) {
 TEST(UnknownVariables, NameTheNearestOptionAndSkipTheToolsOwnVariables) {
   const std::vector<policy::PolicyError> unknown = policy::unknown_variables(
       {"ACTPAGE_MIN_BYTE", "ACTPAGE_MIN_BYTES", "ACTPAGE_VMM_CACHEBYTES", "ACTPAGE_BUILD_DIR", "ACTPAGE_TEST_CLI",
-       "ACTPAGE_TORTURE_SEEDS", "ACTPAGE_ZZZZZZZZZZZZZZZZZZ", "PATH"});
+       "ACTPAGE_TORTURE_SEEDS", "ACTPAGE_VALIDATE_OUT", "ACTPAGE_ZZZZZZZZZZZZZZZZZZ", "PATH"});
   ASSERT_EQ(unknown.size(), 3u);
   EXPECT_EQ(unknown[0].source, "ACTPAGE_MIN_BYTE");
   EXPECT_EQ(unknown[0].suggestion, "ACTPAGE_MIN_BYTES");
