@@ -25,7 +25,7 @@
 #            each allocator (OBSERVE_ALLOCATORS, default "async native expandable")
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
-#            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
+#            where the time and the memory go (docs/findings.md); NF_VARIANTS replaces the
 #            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead, NF_PROFILE_STEP=N profiles
 #            step N of each run and prints what the copy engines did in it (scripts/copy_timeline.py),
 #            NF_CPUS=2-9 pins every run to those CPU cores (taskset; default unpinned)

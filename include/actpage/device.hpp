@@ -94,7 +94,7 @@ class Device {
   virtual Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) = 0;
   // The same in two steps, so that one grant_access() covers several adjacent mappings: on the H100,
   // granting access waits up to ~1.1 ms whenever a device-to-host copy is running (idle: ~0.1 ms;
-  // docs/performance.md), once per call, and holds the job's thread meanwhile. Until the grant, the
+  // docs/findings.md, section 3), once per call, and holds the job's thread meanwhile. Until the grant, the
   // range is mapped but no device work may touch it. grant_access() takes whole mappings.
   // Defaults for devices that grant access with the mapping: map(), and nothing to grant.
   virtual Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) {

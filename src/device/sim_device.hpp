@@ -197,7 +197,7 @@ class SimDevice final : public Device {
   std::uint64_t fault_count() const noexcept;
   // grant_access() calls made while a device-to-host copy was enqueued on some
   // stream and had not run yet. On the H100 such a cuMemSetAccess waits until those copies end
-  // (docs/performance.md, "Granting access waits for the copies"); here it only counts.
+  // (docs/findings.md, section 3); here it only counts.
   std::uint64_t grants_behind_copies() const noexcept { return grants_behind_copies_.load(); }
   // Descriptions of the first faults ("read of 64 bytes at 0x7f0000200000: 0x7f0000200000 is not
   // mapped (copy_to_host on stream 3)").

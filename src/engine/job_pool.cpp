@@ -50,7 +50,7 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
   // pool grows back in the next forward pass, when these pages have been given back or recycled.
   const std::optional<Trim> trim = options_.trim ? trim_by(bytes) : std::nullopt;
   // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
-  // may wait 10-16 ms for the job's queued work (docs/performance.md, "Trimming the job's pool").
+  // may wait 10-16 ms for the job's queued work (docs/findings.md, section 4).
   const std::uint64_t started = monotonic_ns();
   Result<PhysicalHandle> created = core.device.create_physical(bytes, MemoryLocation::device);
   const std::uint64_t create_ns = monotonic_ns() - started;
