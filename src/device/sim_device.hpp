@@ -173,6 +173,9 @@ class SimDevice final : public Device {
   Status launch(StreamHandle stream, std::function<void()> kernel);
   // Waits until every stream (destroyed ones included) has run all the work enqueued so far.
   void synchronize();
+  // Waits until `stream` has run all its work (an unknown stream: returns at once). Not a call of
+  // the Device interface: no fault is injected and no call is counted.
+  void synchronize_stream(StreamHandle stream);
   // Marks a stream as being captured into a CUDA graph (is_capturing() then answers true).
   Status set_capturing(StreamHandle stream, bool capturing);
   // The location of the memory mapped at `va`; invalid_argument when nothing is mapped there.

@@ -146,6 +146,18 @@ void SimDevice::synchronize() {
   }
 }
 
+void SimDevice::synchronize_stream(StreamHandle handle) {
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    auto it = streams_.find(handle.value);
+    if (it == streams_.end()) return;
+    stream = it->second;
+  }
+  std::unique_lock<std::mutex> lock(stream->mutex);
+  stream->idle_cv.wait(lock, [&] { return stream->exited || (stream->queue.empty() && !stream->busy); });
+}
+
 Status SimDevice::set_capturing(StreamHandle stream, bool capturing) {
   std::lock_guard<std::mutex> lock(streams_mutex_);
   auto it = streams_.find(stream.value);
