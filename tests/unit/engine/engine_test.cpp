@@ -53,6 +53,20 @@ SimDeviceConfig slow_streams(std::uint64_t seed) {
   return config;
 }
 
+// Waits (on the caller's thread) until `count` job threads are seen waiting for the offload copies
+// (the backlog cap or a drain), at most a minute; true when they were. With the device's copies held
+// (SimDevice::hold_copies_to_host), a test thus knows the wait happened before it lets them go,
+// whatever the host's speed.
+template <class Engine>
+bool until_a_job_thread_waits(Engine& engine, std::uint64_t count = 1) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (engine.stats().backlog_waiters < count) {
+    if (std::chrono::steady_clock::now() > limit) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
 // Owns the device, the engine and the job's stream, and installs the engine as range listener.
 struct Rig {
   explicit Rig(const Options& options, SimDeviceConfig config = sim_config(1, 20))
@@ -845,25 +859,40 @@ TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
 }
 
 TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
-  // Slow copies: when the forward's last range closes, the last layers' activations are still being
-  // copied. With offload_drain_at_layers_end the job's thread waits at the end of the range that
-  // holds the layers ("model") until every sealed activation is copied and its pages are given back,
-  // so that what the head and the loss allocate next meets none of them on the device.
+  // The device holds the copies to the host: when the forward's last range closes, the activations
+  // are still being copied. With offload_drain_at_layers_end the job's thread waits at the end of
+  // the range that holds the layers ("model") until every sealed activation is copied and its pages
+  // are given back, so that what the head and the loss allocate next meets none of them on the
+  // device; the copies go once that wait is seen. Without it the forward returns with them held.
   for (bool drain : {false, true}) {
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.offload_drain_at_layers_end = drain;
-    Rig rig(options, slow_streams(5));
+    options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+    Rig rig(options);
     for (int iteration = 0; iteration < 2; ++iteration) {
+      rig.device.hold_copies_to_host();
+      std::thread release;
+      if (drain) {
+        release = std::thread([&] {
+          EXPECT_TRUE(until_a_job_thread_waits(rig.engine)) << "iteration " << iteration;
+          rig.device.release_copies_to_host();
+        });
+      }
       Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
-      const EngineStats after_forward = rig.engine.stats();  // the job's thread is back, nothing waited for
+      const EngineStats after_forward = rig.engine.stats();  // the job's thread is back
+      if (drain) {
+        release.join();
+      } else {
+        rig.device.release_copies_to_host();
+      }
       // 6 layers x 2 saved activations of 3 MiB (4 MiB mapped) leave; the temporary and the output
       // are freed in forward.
       if (drain) {
         EXPECT_EQ(after_forward.offloaded_bytes_now, 6 * 2 * 4 * kMiB) << "iteration " << iteration;
         EXPECT_GE(after_forward.backlog_waits, static_cast<std::uint64_t>(iteration) + 1);
       } else {
-        EXPECT_LT(after_forward.offloaded_bytes_now, 6 * 2 * 4 * kMiB) << "iteration " << iteration;
+        EXPECT_EQ(after_forward.offloaded_bytes_now, 0u) << "iteration " << iteration;
         EXPECT_EQ(after_forward.backlog_waits, 0u);
       }
       run_backward(*rig.job, forward, 6);
@@ -953,16 +982,22 @@ TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModu
   // Qwen3-MoE's experts sit inside their layer's MLP ("model.layers.3.mlp.experts"): their parent's
   // parent is their layer, not the model. The drain must still wait once, where the layers end
   // ("model" closes), not at the end of every selected layer, which held the forward for each
-  // layer's copies in turn (x1.45 on the H100). Slow copies, so that a wait at a layer's end would
-  // find copies in flight.
+  // layer's copies in turn (x1.45 on the H100). The device holds the copies to the host until the
+  // layers' end is seen waiting, so that a wait at a layer's end would find copies in flight.
   Options options = testing::small_offload_options();
   options.modules = {ModuleRule{{"*.mlp.experts"}, true, std::nullopt}};
   options.offload_drain_at_layers_end = true;
-  Rig rig(options, slow_streams(5));
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  Rig rig(options);
   constexpr int kLayers = 4;
   for (int iteration = 0; iteration < 2; ++iteration) {
     const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
     std::map<std::string, std::vector<Tensor>> saved;
+    rig.device.hold_copies_to_host();
+    std::thread release([&] {
+      EXPECT_TRUE(until_a_job_thread_waits(rig.engine)) << "iteration " << iteration;
+      rig.device.release_copies_to_host();
+    });
     rig.job->push("model");
     for (int layer = 0; layer < kLayers; ++layer) {
       const std::string name = "model.layers." + std::to_string(layer);
@@ -980,6 +1015,7 @@ TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModu
       EXPECT_EQ(rig.engine.stats().backlog_waits, waits_before) << "waited at the end of " << name;
     }
     rig.job->pop();  // "model": the layers' end
+    release.join();
     EXPECT_GT(rig.engine.stats().backlog_waits, waits_before) << "iteration " << iteration;
     EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, kLayers * 2 * 4 * kMiB) << "iteration " << iteration;
     std::thread autograd([&] {
@@ -1431,7 +1467,7 @@ TEST(Engine, ABacklogCapHoldsTheJobAtALayersEndUntilTheCopiesCatchUp) {
     std::thread opener;
     if (cap > 0) {
       opener = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_TRUE(until_a_job_thread_waits(rig.engine));  // the cap holds the job: now the copies may go
         (void)rig.device.release_stream(*gate);
       });
     }
