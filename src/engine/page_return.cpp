@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -16,8 +17,14 @@
 namespace actpage::engine {
 
 bool PageReturn::has_work() const {
-  return parts_.space.dirty() || !deferred_releases_.empty() || !ready_.empty() || recycle_due() || prefill_due() ||
-         parts_.job_pool.look_due();
+  return parts_.space.dirty() || deferred_releases_.size() > deferred_waiting_ || !ready_.empty() || recycle_due() ||
+         prefill_due() || parts_.job_pool.look_due();
+}
+
+std::optional<std::uint64_t> PageReturn::next_wake_ns() const {
+  std::optional<std::uint64_t> wake = parts_.job_pool.next_look_ns();
+  if (deferred_waiting_ > 0) wake = wake ? std::min(*wake, deferred_retry_ns_) : deferred_retry_ns_;
+  return wake;
 }
 
 void PageReturn::queue_unmap(Window& window) {
@@ -39,22 +46,22 @@ void PageReturn::run() {
   std::unique_lock<std::mutex> lock(core.mutex);
   const auto ready = [&] { return core.stopping || (has_work() && parts_.turns.may_run(Turns::Turn::vmm)); };
   while (true) {
-    if (const std::optional<std::uint64_t> wake = parts_.job_pool.next_look_ns(); wake && !parts_.turns.serialized()) {
-      // A watch on the job's pool is open: wake for its next look, if nothing else comes first.
+    if (const std::optional<std::uint64_t> wake = next_wake_ns(); wake && !parts_.turns.serialized()) {
+      // A watch on the job's pool is open, or released ranges wait for the device to run their
+      // frees: wake for the next look, if nothing else comes first.
       const std::uint64_t now = monotonic_ns();
       const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
-      if (!core.work_cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) continue;
+      if (!core.work_cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) {
+        if (deferred_waiting_ > 0 && monotonic_ns() >= deferred_retry_ns_) deferred_waiting_ = 0;  // look again
+        continue;
+      }
     } else {
       core.work_cv.wait(lock, ready);
     }
     if (core.stopping) break;
     const Turns::Scope turn(parts_.turns, Turns::Turn::vmm);
     if (parts_.job_pool.look_due()) parts_.job_pool.look(lock);
-    while (!deferred_releases_.empty()) {
-      CachedRange range = deferred_releases_.back();
-      deferred_releases_.pop_back();
-      release_range(lock, range);
-    }
+    release_deferred(lock);
     if (!ready_.empty()) unmap_ready_windows(lock);
     if (recycle_due()) {
       recycle_pending_pages(lock);
@@ -453,7 +460,43 @@ PageReturn::MappedRanges PageReturn::map_fresh_ranges(const std::vector<std::siz
 
 void PageReturn::trim_cache(std::unique_lock<std::mutex>& lock, bool everything) {
   std::vector<CachedRange> surplus = everything ? parts_.space.take_all_cached() : parts_.space.take_surplus();
-  for (const CachedRange& range : surplus) release_range(lock, range);
+  if (everything || parts_.turns.serialized()) {
+    // The reload worker needs the pages now (a map failed); a replay keeps the order it has always had.
+    for (const CachedRange& range : surplus) release_range(lock, range);
+    return;
+  }
+  for (CachedRange& range : surplus) deferred_releases_.push_back(std::move(range));
+  release_deferred(lock);
+}
+
+bool PageReturn::frees_run(const CachedRange& range) const {
+  for (const FreePoint& point : range.free_points) {
+    // Not ready: the GPU has not got there. Any other answer: release_range waits for it as before.
+    if (parts_.core.device.query_event(point.event).code() == ErrorCode::not_ready) return false;
+  }
+  return true;
+}
+
+void PageReturn::release_deferred(std::unique_lock<std::mutex>& lock) {
+  // A range the job freed is released once the device has run its free (rule 5). In a GPU-bound
+  // job the host frees in backward while the GPU is still in forward: waiting for such a free here
+  // would hold up the unmaps of pages whose copies have ended, which must leave before the GPU's
+  // peak. So such a range waits, and the worker looks again a little later (a replay waits for each
+  // in turn, as the order of its calls must not depend on timing).
+  const bool serialized = parts_.turns.serialized();
+  std::vector<CachedRange> waiting;
+  while (!deferred_releases_.empty()) {
+    CachedRange range = std::move(deferred_releases_.back());
+    deferred_releases_.pop_back();
+    if (!serialized && !frees_run(range)) {
+      waiting.push_back(std::move(range));
+      continue;
+    }
+    release_range(lock, range);  // unlocks: more may be deferred meanwhile
+  }
+  deferred_releases_ = std::move(waiting);
+  deferred_waiting_ = deferred_releases_.size();
+  if (deferred_waiting_ > 0) deferred_retry_ns_ = monotonic_ns() + kFreesRetryNs;
 }
 
 void PageReturn::release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range) {
@@ -495,6 +538,15 @@ void PageReturn::defer_release(CachedRange range) {
 
 void PageReturn::release_all() {
   ready_.clear();
+  // Ranges still waiting for their frees when the engine stopped (a lost context).
+  for (const CachedRange& range : deferred_releases_) {
+    (void)parts_.core.device.unmap(range.va, range.mapped_bytes);
+    (void)parts_.core.device.release_physical(range.physical);
+    parts_.space.arena().release(range.va, range.mapped_bytes);
+    for (const FreePoint& point : range.free_points) parts_.core.recycle_event(point.event);
+  }
+  deferred_releases_.clear();
+  deferred_waiting_ = 0;
   for (const PendingPages& pages : recycle_pending_) (void)parts_.core.device.release_physical(pages.physical);
   recycle_pending_.clear();
   note_recycle_pending();

@@ -8,6 +8,11 @@
 //   copy runs (recycling: one span, one grant), trims the cache to the demand, releases the ranges
 //   given to it (defer_release: host_mapped frees, the cache when backward begins), and looks at
 //   the job's pool when JobPool's watch is due.
+// - A range is released only after the device has run the job's free of it (rule 5). The worker
+//   does not wait for a free the device has not reached (in a GPU-bound job the host frees in
+//   backward while the GPU is in forward): the range waits, and the worker looks again every
+//   kFreesRetryNs, so that pages whose copies have ended still leave at once. A replay
+//   (serialized) waits for each free in turn instead.
 // - vmm.prefill_cache: once backward has freed every activation actpage served, it maps the next
 //   forward's demand in one span with one grant (no more bytes than a trim of the job's pool gave
 //   back, with vmm.trim_job_pool), so that the forward maps and grants nothing while its copies run.
@@ -18,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "actpage/device.hpp"
@@ -100,12 +106,23 @@ class PageReturn {
                                 std::unique_lock<std::mutex>& lock);
   // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
   void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
+  // Releases the deferred ranges whose frees the device has run; the others wait. Unlocks.
+  void release_deferred(std::unique_lock<std::mutex>& lock);
+  // Whether the device has run every free of the range (a query: never waits).
+  bool frees_run(const CachedRange& range) const;
+  // When the worker wakes by itself: JobPool's next look, or the next look at waiting frees.
+  std::optional<std::uint64_t> next_wake_ns() const;
+
+  // How often a range waiting for the device to run its free is looked at again.
+  static constexpr std::uint64_t kFreesRetryNs = 500'000;
 
   EngineParts& parts_;
   const PageReturnOptions options_;
   std::vector<Window*> ready_;                  // windows whose allocations are all copied
   std::vector<PendingPages> recycle_pending_;
-  std::vector<CachedRange> deferred_releases_;  // host_mapped frees, the cache when backward begins
+  std::vector<CachedRange> deferred_releases_;  // host_mapped frees, the cache when backward begins, trims
+  std::size_t deferred_waiting_ = 0;            // of them, found waiting for their frees at the last look
+  std::uint64_t deferred_retry_ns_ = 0;         // when to look at those again
   bool prefilled_ = false;                      // the prefill ran in this iteration's backward
   std::uint32_t busy_ = 0;                      // driver calls under way without the lock
 };
