@@ -57,6 +57,7 @@ enum class RecordType : std::uint16_t {
   wait = 19,          // WaitPayload: the job's thread waited for offload copies (backlog cap, drain)
   host_pin = 20,      // HostPinPayload: the host pool pinned a slab (on its own thread)
   engine_memory = 21, // EngineMemoryPayload: what holds device memory, taken with each MEM_SAMPLE
+  gpu_lead = 22,      // GpuLeadPayload: the GPU reached backward's first marker: how far the host was ahead
 };
 
 struct RecordHeader {
@@ -172,10 +173,23 @@ struct StallPayload {
 // WaitPayload::kind: what the job's thread waited for (reload waits are STALL records).
 inline constexpr std::uint32_t kWaitBacklog = 1;  // offload_backlog_bytes: copies fell that far behind
 inline constexpr std::uint32_t kWaitDrain = 2;    // offload_drain_at_layers_end: every sealed activation leaves
+inline constexpr std::uint32_t kWaitGpu = 3;      // the reload gate: the GPU to come within prefetch.ahead_bytes
 
 struct WaitPayload {
   std::uint64_t wait_ns;
   std::uint32_t kind;      // kWait*
+  std::uint32_t reserved;  // 0
+};
+
+// Written by the engine's GPU clock when the GPU reaches the first backward marker of an iteration,
+// at that moment: the host pushed that marker `lead_ns` earlier and has pushed `markers_ahead`
+// backward markers since, and `bytes_ahead` bytes of offloaded activations had been asked back
+// (kept on or brought back to the device) for markers the GPU had not reached. A lead of tens of
+// ms is a GPU-bound job (its host queues work far ahead); ~0 a launch-bound one.
+struct GpuLeadPayload {
+  std::uint64_t lead_ns;
+  std::uint64_t bytes_ahead;
+  std::uint32_t markers_ahead;
   std::uint32_t reserved;  // 0
 };
 
@@ -200,6 +214,6 @@ static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(Al
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&
-              sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40);
+              sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40 && sizeof(GpuLeadPayload) == 24);
 
 }  // namespace actpage::trace

@@ -174,6 +174,10 @@ TraceBuilder& TraceBuilder::engine_memory(const EngineMemoryPayload& payload) {
   return record(RecordType::engine_memory, payload);
 }
 
+TraceBuilder& TraceBuilder::gpu_lead(std::uint64_t lead_ns, std::uint32_t markers_ahead, std::uint64_t bytes_ahead) {
+  return record(RecordType::gpu_lead, GpuLeadPayload{lead_ns, bytes_ahead, markers_ahead, 0});
+}
+
 TraceBuilder& TraceBuilder::host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result) {
   return record(RecordType::host_pin, HostPinPayload{bytes, duration_ns, result, 0});
 }

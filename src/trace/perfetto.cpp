@@ -113,6 +113,8 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
   for (const auto& a : trace.allocs) seen(a.tid);
   for (const auto& f : trace.frees) seen(f.tid);
   for (const auto& s : trace.stalls) seen(s.tid);
+  for (const auto& w : trace.waits) seen(w.tid);
+  for (const auto& l : trace.gpu_leads) seen(l.tid);
   for (const auto& v : trace.vmm) seen(v.tid);
   std::vector<std::pair<std::uint32_t, std::uint64_t>> threads(pushes.begin(), pushes.end());
   std::stable_sort(threads.begin(), threads.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -216,6 +218,19 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
     const std::string module = module_name(trace, s.data.path_id);
     out.complete(s.tid, span.begin_ns, span.end_ns, "stall: waiting for " + module, "stall",
                  {{"wait_ns", s.data.wait_ns}, {"group", s.data.group}});
+  }
+  for (const auto& w : trace.waits) {
+    const Span span = ended_span(w.time_ns, w.data.wait_ns);
+    const char* what = w.data.kind == kWaitGpu     ? "wait: for the GPU (reload gate)"
+                       : w.data.kind == kWaitDrain ? "wait: drain"
+                                                   : "wait: offload backlog";
+    out.complete(w.tid, span.begin_ns, span.end_ns, what, "wait", {{"wait_ns", w.data.wait_ns}, {"kind", w.data.kind}});
+  }
+  // From the host's first backward marker to the GPU reaching it (the GPU clock's thread).
+  for (const auto& l : trace.gpu_leads) {
+    const Span span = ended_span(l.time_ns, l.data.lead_ns);
+    out.complete(l.tid, span.begin_ns, span.end_ns, "host ahead of the GPU", "gpu",
+                 {{"lead_ns", l.data.lead_ns}, {"markers_ahead", l.data.markers_ahead}, {"bytes_ahead", l.data.bytes_ahead}});
   }
   for (const auto& sample : trace.mem_samples) {
     const std::uint64_t used =

@@ -9,8 +9,10 @@
 //   end record without its begin is an instant event "... end without a begin".
 // - Each traced thread is a thread (tid = the kernel thread id) carrying its ranges as complete
 //   ("X") events, its allocations and frees as instant ("i") events with bytes, pointer, stream and
-//   module in args (slices where the trace timed the call), and its stalls as "X" events named
-//   "stall: waiting for <module>".
+//   module in args (slices where the trace timed the call), its stalls as "X" events named
+//   "stall: waiting for <module>" and its waits (WAIT) as "X" events "wait: <what for>". Where the
+//   GPU reached backward's start (GPU_LEAD), an "X" event "host ahead of the GPU" spans the time
+//   from the host's first backward marker to then, on the thread that saw it.
 // - Copies are "X" events on synthetic threads "D2H copies N" / "H2D copies N" (tids from
 //   kCopyTidBase), a copy going on the first lane free at its start so that lanes never overlap.
 // - Counters ("C"): "device memory" (in use, from MEM_SAMPLE), "live bytes" (allocations) and

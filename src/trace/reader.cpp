@@ -57,6 +57,7 @@ class Decoder {
       case RecordType::wait: add(file_.waits, header, body, offset, index); return;
       case RecordType::host_pin: add(file_.host_pins, header, body, offset, index); return;
       case RecordType::engine_memory: add(file_.engine_memory, header, body, offset, index); return;
+      case RecordType::gpu_lead: add(file_.gpu_leads, header, body, offset, index); return;
     }
     ++file_.unknown_records;
     ++unknown_by_type_[static_cast<std::uint16_t>(header.type)];
@@ -279,6 +280,7 @@ const char* record_type_name(RecordType type) noexcept {
     case RecordType::wait: return "wait";
     case RecordType::host_pin: return "host_pin";
     case RecordType::engine_memory: return "engine_memory";
+    case RecordType::gpu_lead: return "gpu_lead";
   }
   return "unknown";
 }

@@ -82,6 +82,7 @@ struct TraceFile {
   std::vector<Timed<WaitPayload>> waits;
   std::vector<Timed<HostPinPayload>> host_pins;
   std::vector<Timed<EngineMemoryPayload>> engine_memory;
+  std::vector<Timed<GpuLeadPayload>> gpu_leads;
   std::vector<Timed<TextPayload>> messages;
 
   // The text of a NAME id; empty when the file never defines it.

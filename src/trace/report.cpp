@@ -115,7 +115,7 @@ std::string format_duration_or_dash(std::uint64_t ns) { return ns == 0 ? "-" : f
 
 // Where the time goes: the steady iterations' medians, then one row per iteration. Waits and
 // pinning are only named when the trace could have recorded them (older traces have no WAIT or
-// HOST_PIN records: their absence says nothing there).
+// HOST_PIN records: their absence says nothing there); likewise the GPU's lead (GPU_LEAD records).
 void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
   if (time.iterations.empty()) return;
   const IterationTime& m = time.steady;
@@ -128,7 +128,15 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
     out << ", backlog waits " << format_duration(m.backlog_wait_ns) << ", drain waits "
         << format_duration(m.drain_wait_ns);
   }
+  if (time.has_gpu_leads) out << ", waits for the GPU " << format_duration(m.gpu_wait_ns);
   out << ", its own VMM calls " << format_duration(m.job_vmm_ns) << " (" << m.job_vmm_calls << ")\n";
+  if (time.has_gpu_leads) {
+    // A lead of tens of ms is a GPU-bound job: its backward markers reach actpage long before the
+    // GPU reaches them, and the reload gate paces reloads by the GPU instead.
+    out << "  GPU lead       " << format_duration(m.gpu_lead_ns) << " at backward's start (the host "
+        << plural(m.gpu_lead_markers, "backward marker", "backward markers") << " ahead), "
+        << format_bytes(m.bytes_ahead_at_backward) << " asked back by then\n";
+  }
   if (time.has_alloc_durations) {
     out << "  job's allocs   " << format_duration(m.job_alloc_ns) << " in " << m.job_alloc_calls << " calls, "
         << format_duration(m.job_slow_alloc_ns) << " of it in " << m.job_slow_allocs << " of "
@@ -149,8 +157,13 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
   out << '\n';
   out << "  reloads        " << format_bytes(m.reloaded_bytes) << " begun, in flight "
       << format_duration(m.reload_inflight_ns) << '\n';
-  std::vector<std::vector<std::string>> rows{{"iteration", "wall", "forward", "stalls", "backlog", "drain", "job VMM",
-                                              "worker VMM", "pinning", "offloads in flight", "offloaded"}};
+  std::vector<std::string> head{"iteration", "wall", "forward", "stalls", "backlog", "drain", "job VMM",
+                                "worker VMM", "pinning", "offloads in flight", "offloaded"};
+  if (time.has_gpu_leads) {
+    head.push_back("GPU lead");
+    head.push_back("GPU waits");
+  }
+  std::vector<std::vector<std::string>> rows{head};
   // A long run's middle is left out: the first and last rows show warm-up and steady state, and
   // --json has every one.
   constexpr std::size_t kRowsEachEnd = 20;
@@ -158,16 +171,23 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
   for (std::size_t i = 0; i < count; ++i) {
     if (count > 2 * kRowsEachEnd && i == kRowsEachEnd) {
       const std::size_t skipped = count - 2 * kRowsEachEnd;
-      rows.push_back({"(" + std::to_string(skipped) + " more)", "", "", "", "", "", "", "", "", "", ""});
+      std::vector<std::string> row(head.size());
+      row[0] = "(" + std::to_string(skipped) + " more)";
+      rows.push_back(std::move(row));
       i = count - kRowsEachEnd - 1;
       continue;
     }
     const IterationTime& t = time.iterations[i];
-    rows.push_back({std::to_string(t.index), format_duration(t.wall_ns), format_duration_or_dash(t.forward_ns),
-                    format_duration_or_dash(t.reload_stall_ns), format_duration_or_dash(t.backlog_wait_ns),
-                    format_duration_or_dash(t.drain_wait_ns), format_duration_or_dash(t.job_vmm_ns),
-                    format_duration_or_dash(t.worker_vmm_ns), format_duration_or_dash(t.host_pin_ns),
-                    format_duration_or_dash(t.offload_inflight_ns), format_bytes(t.offloaded_bytes)});
+    std::vector<std::string> row{std::to_string(t.index), format_duration(t.wall_ns), format_duration_or_dash(t.forward_ns),
+                                 format_duration_or_dash(t.reload_stall_ns), format_duration_or_dash(t.backlog_wait_ns),
+                                 format_duration_or_dash(t.drain_wait_ns), format_duration_or_dash(t.job_vmm_ns),
+                                 format_duration_or_dash(t.worker_vmm_ns), format_duration_or_dash(t.host_pin_ns),
+                                 format_duration_or_dash(t.offload_inflight_ns), format_bytes(t.offloaded_bytes)};
+    if (time.has_gpu_leads) {
+      row.push_back(format_duration_or_dash(t.gpu_lead_ns));
+      row.push_back(format_duration_or_dash(t.gpu_wait_ns));
+    }
+    rows.push_back(std::move(row));
   }
   write_table(out, rows);
 }

@@ -51,6 +51,7 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   TimeBreakdown result;
   result.has_waits = !trace.waits.empty();
   result.has_host_pins = !trace.host_pins.empty();
+  result.has_gpu_leads = !trace.gpu_leads.empty();
   std::vector<const Timed<IterationPayload>*> marks;
   for (const auto& mark : trace.iterations) marks.push_back(&mark);
   std::stable_sort(marks.begin(), marks.end(), [](auto* a, auto* b) { return a->time_ns < b->time_ns; });
@@ -87,7 +88,21 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   for (const auto& wait : trace.waits) {
     IterationTime* it = at(wait.time_ns);
     if (it == nullptr) continue;
-    (wait.data.kind == kWaitDrain ? it->drain_wait_ns : it->backlog_wait_ns) += wait.data.wait_ns;
+    switch (wait.data.kind) {
+      case kWaitDrain: it->drain_wait_ns += wait.data.wait_ns; break;
+      case kWaitGpu: it->gpu_wait_ns += wait.data.wait_ns; break;
+      default: it->backlog_wait_ns += wait.data.wait_ns; break;
+    }
+  }
+  for (const auto& lead : trace.gpu_leads) {
+    // Written when the GPU got there; the host pushed the marker `lead_ns` earlier, in the
+    // iteration whose backward it began (the GPU may reach it after the host began the next).
+    const std::uint64_t pushed = lead.time_ns > lead.data.lead_ns ? lead.time_ns - lead.data.lead_ns : 0;
+    IterationTime* it = at(pushed);
+    if (it == nullptr) continue;
+    it->gpu_lead_ns = lead.data.lead_ns;
+    it->gpu_lead_markers = lead.data.markers_ahead;
+    it->bytes_ahead_at_backward = lead.data.bytes_ahead;
   }
   for (const auto& call : trace.vmm) {
     if (call.type != RecordType::map && call.type != RecordType::unmap) continue;

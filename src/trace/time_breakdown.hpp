@@ -14,6 +14,11 @@
 //   from kSlowAllocNs.
 // - forward_ns: from the iteration's start to the first push of a backward range (kPathBackward) in
 //   it; 0 when the iteration has none.
+// - The GPU's lead (GPU_LEAD records, written when the GPU reached backward's first marker) is
+//   charged to the iteration in which the host pushed that marker (the record's time less its
+//   lead): how far the host was ahead of the GPU where backward begins, in time and in markers,
+//   and the bytes asked back before the GPU got there. WAIT records of kind kWaitGpu are the reload
+//   gate's: the job's thread held at a marker until the GPU came near.
 // - Offloads in flight: the union of the offload copies' spans as trace::Pairing gives them
 //   (pairing.hpp), clipped to the iteration, and the part of it inside the forward; the same for
 //   reloads. OFFLOAD_END is written once the pages went back, so an offload in flight is copy plus
@@ -42,6 +47,7 @@ struct IterationTime {
   std::uint64_t reload_stall_ns = 0;
   std::uint64_t backlog_wait_ns = 0;
   std::uint64_t drain_wait_ns = 0;
+  std::uint64_t gpu_wait_ns = 0;  // the reload gate: waiting for the GPU to come near a marker
   std::uint64_t job_vmm_ns = 0;
   std::uint64_t job_vmm_calls = 0;
   // The job's allocation calls, on any of its threads (traces that time them: AllocPayload::duration_ns):
@@ -61,6 +67,11 @@ struct IterationTime {
   std::uint64_t offloaded_bytes = 0;  // OFFLOAD_BEGIN bytes in the iteration
   std::uint64_t reload_inflight_ns = 0;
   std::uint64_t reloaded_bytes = 0;   // RELOAD_BEGIN bytes
+  // The GPU where backward began (GPU_LEAD): how long after the host's first backward marker it
+  // got there, how many markers the host had pushed meanwhile, and the bytes asked back by then.
+  std::uint64_t gpu_lead_ns = 0;
+  std::uint64_t gpu_lead_markers = 0;
+  std::uint64_t bytes_ahead_at_backward = 0;
 };
 
 // Every measured field of IterationTime with its JSON name: the steady median is taken over these,
@@ -75,6 +86,7 @@ inline constexpr IterationTimeField kIterationTimeFields[] = {
     {"reload_stall_ns", &IterationTime::reload_stall_ns},
     {"backlog_wait_ns", &IterationTime::backlog_wait_ns},
     {"drain_wait_ns", &IterationTime::drain_wait_ns},
+    {"gpu_wait_ns", &IterationTime::gpu_wait_ns},
     {"job_vmm_ns", &IterationTime::job_vmm_ns},
     {"job_vmm_calls", &IterationTime::job_vmm_calls},
     {"job_alloc_ns", &IterationTime::job_alloc_ns},
@@ -90,6 +102,9 @@ inline constexpr IterationTimeField kIterationTimeFields[] = {
     {"offloaded_bytes", &IterationTime::offloaded_bytes},
     {"reload_inflight_ns", &IterationTime::reload_inflight_ns},
     {"reloaded_bytes", &IterationTime::reloaded_bytes},
+    {"gpu_lead_ns", &IterationTime::gpu_lead_ns},
+    {"gpu_lead_markers", &IterationTime::gpu_lead_markers},
+    {"bytes_ahead_at_backward", &IterationTime::bytes_ahead_at_backward},
 };
 
 struct TimeBreakdown {
@@ -98,6 +113,7 @@ struct TimeBreakdown {
   bool has_waits = false;          // the trace has WAIT records (older traces lack them)
   bool has_host_pins = false;      // HOST_PIN records (likewise)
   bool has_alloc_durations = false;  // ALLOC records that time the call (likewise)
+  bool has_gpu_leads = false;      // GPU_LEAD records (likewise)
 };
 
 // A job's allocation call this long or longer counts as slow (job_slow_allocs).

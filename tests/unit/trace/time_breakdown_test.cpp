@@ -208,3 +208,56 @@ TEST(TimeBreakdown, ALongRunsTableShowsItsEndsAndSaysHowManyRowsItLeftOut) {
 
 }  // namespace
 }  // namespace actpage::trace
+
+namespace actpage::trace {
+namespace {
+
+// The GPU's lead where backward begins, and the job's waits at the reload gate. Iteration 1 [0, 100):
+// the host pushes backward's first marker at 40 ms and the GPU reaches it at 70 (lead 30 ms, 5
+// markers pushed meanwhile, 96 MiB asked back by then); the gate holds the job twice (4 + 6 ms).
+// Iteration 2 [100, 200): the host pushes it at 190 ms, the GPU reaches it at 215, after the host
+// began iteration 3: the lead is charged to iteration 2, where the host pushed it.
+TEST(TimeBreakdown, TheGpusLeadIsChargedToTheIterationWhoseBackwardItBegins) {
+  constexpr std::uint32_t kClock = 5;
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  b.at(50 * ms, kJob).wait(4 * ms, kWaitGpu);
+  b.at(60 * ms, kJob).wait(6 * ms, kWaitGpu);
+  b.at(65 * ms, kJob).wait(1 * ms, kWaitDrain);
+  b.at(70 * ms, kClock).gpu_lead(30 * ms, 5, 96 * MiB);
+  b.at(100 * ms, kJob).iteration(2);
+  b.at(200 * ms, kJob).iteration(3);
+  b.at(215 * ms, kClock).gpu_lead(25 * ms, 2, 0);
+  b.at(300 * ms, kJob).iteration(4);
+  auto file = read_trace_bytes(b.bytes(), "lead");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const TimeBreakdown time = time_breakdown(*file);
+  ASSERT_EQ(time.iterations.size(), 3u);
+  EXPECT_TRUE(time.has_gpu_leads);
+  EXPECT_EQ(time.iterations[0].gpu_lead_ns, 30 * ms);
+  EXPECT_EQ(time.iterations[0].gpu_lead_markers, 5u);
+  EXPECT_EQ(time.iterations[0].bytes_ahead_at_backward, 96 * MiB);
+  EXPECT_EQ(time.iterations[0].gpu_wait_ns, 10 * ms);
+  EXPECT_EQ(time.iterations[0].drain_wait_ns, 1 * ms);
+  EXPECT_EQ(time.iterations[1].gpu_lead_ns, 25 * ms);
+  EXPECT_EQ(time.iterations[1].gpu_lead_markers, 2u);
+  EXPECT_EQ(time.iterations[2].gpu_lead_ns, 0u);
+
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find(", waits for the GPU "), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU lead       "), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU waits"), std::string::npos) << text;  // the per-iteration column
+
+  // A trace without GPU_LEAD records (an older actpage, or nothing paged) names none of it.
+  auto old = read_trace_bytes(built().bytes(), "built");
+  ASSERT_TRUE(old.ok());
+  std::ostringstream old_out;
+  write_text_report(summarize(*old), old_out);
+  EXPECT_EQ(old_out.str().find("GPU lead"), std::string::npos) << old_out.str();
+  EXPECT_EQ(old_out.str().find("waits for the GPU"), std::string::npos) << old_out.str();
+}
+
+}  // namespace
+}  // namespace actpage::trace
