@@ -29,7 +29,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_},
+      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, clock_},
       allocations_(parts_),
       groups_(parts_, options_.groups),
       space_(parts_, options_.space),
@@ -37,7 +37,8 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       reload_(parts_, options_.reload),
       offload_(parts_, options_.offload),
       pages_(parts_, options_.pages),
-      job_pool_(parts_, options_.job_pool) {
+      job_pool_(parts_, options_.job_pool),
+      clock_(parts_, options_.clock) {
   turns_.set_next([this] { return next_turn(); });
 }
 
@@ -78,6 +79,12 @@ Status DeviceEngine::start() {
     name_this_thread("actpage-h2d-end");
     reload_.run_completion();
   });
+  if (!turns_.serialized()) {
+    clock_thread_ = std::thread([this] {
+      name_this_thread("actpage-gpuclk");
+      clock_.run();
+    });
+  }
   if (EngineEvents::tracing() && options_.front.trace_sample_ms > 0) {
     sampler_thread_ = std::thread([this] {
       name_this_thread("actpage-sample");
@@ -105,6 +112,7 @@ void DeviceEngine::shutdown() {
   if (vmm_thread_.joinable()) vmm_thread_.join();
   if (reload_thread_.joinable()) reload_thread_.join();
   if (reload_completion_thread_.joinable()) reload_completion_thread_.join();
+  if (clock_thread_.joinable()) clock_thread_.join();
   core_.sampler_cv.notify_all();
   if (sampler_thread_.joinable()) sampler_thread_.join();
 
@@ -114,6 +122,7 @@ void DeviceEngine::shutdown() {
   groups_.release_all();
   space_.release_cache();
   pages_.release_all();
+  clock_.release_all();
   core_.destroy_events();
   core_.host_pool.reset();
   offload_.destroy_stream();
@@ -143,6 +152,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     return 0;
   }
   const Allocation& allocation = allocations_.add(bytes, stream, *window, *group);
+  clock_.saw_stream(stream);
   ++core_.stats.allocations_served;
   core_.stats.bytes_served += bytes;
   return allocation.va;
@@ -190,18 +200,46 @@ void DeviceEngine::drain_if_armed(std::unique_lock<std::mutex>& lock) {
   offload_.wait_for_backlog(lock, 0);
 }
 
+namespace {
+
+// Where a marker's point goes in the GPU's queue: the stream its groups' activations were made on
+// (backward reads them there); none when they have no allocation left.
+std::optional<StreamHandle> stream_of(const std::vector<Group*>& groups) {
+  for (const Group* group : groups) {
+    if (!group->allocations.empty()) return group->allocations.front()->stream;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   drain_if_armed(lock);
-  if (!groups_.in_backward()) groups_.backward_begins();
-  // The groups the marker names: their backward begins now. Their allocations are remembered by
-  // address and pointer (ReloadPipeline::bring_back).
+  const bool backward_begins = !groups_.in_backward();
+  if (backward_begins) groups_.backward_begins();
+  // The groups the marker names: their backward begins here, and here in the GPU's queue too.
   std::uint64_t first_position = 0;
+  std::vector<Group*> asked = groups_.asked_for(module_name, forward_pass, first_position);
+  const std::uint64_t marker = clock_.mark(stream_of(asked), backward_begins);
+  if (asked.empty()) return;
+  // The reload gate: in a GPU-bound job this marker comes while the GPU is far behind it (still in
+  // forward, at first). Its reloads wait until the GPU is near enough that they fit ahead of it.
+  if (clock_.wait_for_room(marker, clock_.uncounted_bytes(asked), lock)) {
+    asked = groups_.asked_for(module_name, forward_pass, first_position);  // the lock was released
+  }
+  request_groups(asked, marker, first_position, forward_pass, lock);
+}
+
+void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_t marker, std::uint64_t first_position,
+                                  std::uint64_t forward_pass, std::unique_lock<std::mutex>& lock) {
+  // Their allocations are remembered by address and pointer (ReloadPipeline::bring_back).
   std::vector<std::pair<DevPtr, const Allocation*>> needed;
-  for (Group* group : groups_.asked_for(module_name, forward_pass, first_position)) {
+  for (Group* group : asked) {
+    clock_.count_for_marker(*group, marker);
     for (Allocation* allocation : group->allocations) {
       reload_.request(*allocation, /*urgent=*/true);
       needed.emplace_back(allocation->va, allocation);

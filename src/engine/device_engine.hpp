@@ -7,7 +7,8 @@
 // range cache), OffloadPipeline (the copies to the host, on the offload worker), ReloadPipeline
 // (the copies back, on the reload and reload completion workers), PageReturn (unmaps, recycling,
 // the prefill, on the VMM worker), JobPool (the adaptor over the job's own pool), SafetyModes
-// (stray_access), and the pinned host pool. The job's threads call allocate()/free() and the range
+// (stray_access), GpuClock (how far the GPU has got in backward, and the reload gate, on the GPU
+// clock's worker), and the pinned host pool. The job's threads call allocate()/free() and the range
 // events, which this front hands on; they only ever make short asynchronous calls (event record,
 // stream wait), except on a cache miss and in the waits the options ask for.
 //
@@ -16,7 +17,9 @@
 //    point, so it sees everything forward wrote.
 // 2. Pages are unmapped only after the copy's completion was observed (which implies rule 1's event).
 // 3. Before a backward that needs an allocation, the job's stream waits on the event of the reload
-//    copy; the job's thread blocks only if the reload is not yet issued ("late costs time").
+//    copy; the job's thread blocks only if the reload is not yet issued ("late costs time"), or,
+//    before requesting it, while the GPU is further behind than prefetch.ahead_bytes allows (the
+//    reload gate: the GPU still has work queued, so that costs no GPU time).
 // 4. A host block is reused only after the H2D copy that reads it completed.
 // 5. An address freed by the job is reused only after the free's stream point (event), and never
 //    while a copy of ours touches it.
@@ -36,6 +39,7 @@
 #include "engine/engine_options.hpp"
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/node_verdict.hpp"
@@ -105,6 +109,11 @@ class DeviceEngine {
  private:
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
+  // A marker's groups, let through the reload gate: counted ahead of the GPU for `marker`, asked
+  // for (urgent), the groups before them prefetched within the bound, and the job's stream made to
+  // wait for their copies (rule 3).
+  void request_groups(const std::vector<Group*>& asked, std::uint64_t marker, std::uint64_t first_position,
+                      std::uint64_t forward_pass, std::unique_lock<std::mutex>& lock);
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
   Turns::Turn next_turn() const;
   // MEM_SAMPLE and ENGINE_MEMORY records every trace.sample_ms, when tracing (its own thread).
@@ -123,11 +132,13 @@ class DeviceEngine {
   OffloadPipeline offload_;
   PageReturn pages_;
   JobPool job_pool_;
+  GpuClock clock_;
 
   std::thread offload_thread_;
   std::thread vmm_thread_;
   std::thread reload_thread_;
   std::thread reload_completion_thread_;
+  std::thread clock_thread_;    // not when serialized: a replay's GPU is never behind
   std::thread sampler_thread_;  // MEM_SAMPLE records, when tracing
 };
 

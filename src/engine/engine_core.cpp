@@ -72,6 +72,7 @@ void EngineCore::wake_everyone() {
   reload_cv.notify_all();
   reload_done_cv.notify_all();
   issued_cv.notify_all();
+  clock_cv.notify_all();
 }
 
 }  // namespace actpage::engine

@@ -8,7 +8,8 @@
 // - The condition variables are notified by whoever changes what their waiters wait for:
 //   work_cv (the offload and VMM workers), reload_cv (the reload worker), reload_done_cv (the
 //   reload completion worker), issued_cv (job threads and quiesce(): a reload was issued, a copy
-//   ended, a turn ended), sampler_cv (the memory sampler, at shutdown).
+//   ended, a turn ended, the GPU reached a backward marker), clock_cv (the GPU clock's worker: a
+//   marker was recorded), sampler_cv (the memory sampler, at shutdown).
 // - stopping, once set (shutdown, or a lost context), is never cleared: every wait ends on it.
 // - Failures go through note_failure(): counted, warned once per kind; a sticky CUDA error
 //   (ErrorCode::context_lost) stops the engine (lose_context) so that no wait outlives it.
@@ -60,6 +61,7 @@ class EngineCore {
   std::condition_variable reload_cv;       // the reload worker: work queued
   std::condition_variable reload_done_cv;  // the reload completion worker: a copy is in flight
   std::condition_variable issued_cv;       // job threads, quiesce(): a reload was issued / state changed
+  std::condition_variable clock_cv;        // the GPU clock's worker: a backward marker was recorded
   std::condition_variable sampler_cv;      // the memory sampler: stopping
 
   bool started = false;

@@ -74,6 +74,23 @@ void EngineEvents::waited_for_copies(std::uint64_t wait_ns, bool drain) const {
   }
 }
 
+void EngineEvents::waited_for_gpu(std::uint64_t wait_ns) const {
+  if (auto* writer = trace::active()) {
+    writer->record(trace::RecordType::wait, trace::WaitPayload{wait_ns, trace::kWaitGpu, 0});
+  }
+}
+
+void EngineEvents::gpu_reached_backward(std::uint64_t lead_ns, std::uint64_t markers_ahead,
+                                        std::uint64_t bytes_ahead) const {
+  if (auto* writer = trace::active()) {
+    trace::GpuLeadPayload payload{};
+    payload.lead_ns = lead_ns;
+    payload.bytes_ahead = bytes_ahead;
+    payload.markers_ahead = static_cast<std::uint32_t>(markers_ahead);
+    writer->record(trace::RecordType::gpu_lead, payload);
+  }
+}
+
 void EngineEvents::iteration_began(std::uint64_t index) const {
   if (auto* writer = trace::active()) writer->record(trace::RecordType::iteration, trace::IterationPayload{index});
 }

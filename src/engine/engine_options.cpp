@@ -20,7 +20,7 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.offload.copy_chunks_queued = options.copy_chunks_queued;
   parts.offload.grant_when_idle = options.vmm_grant_when_idle;
   parts.reload.max_inflight_copies = options.max_inflight_copies;
-  parts.reload.prefetch_ahead_bytes = options.prefetch_ahead_bytes;
+  parts.clock.ahead_bytes = options.prefetch_ahead_bytes;
   parts.pages.grant_when_idle = options.vmm_grant_when_idle;
   parts.pages.prefill_cache = options.vmm_prefill_cache;
   parts.pages.cache_bytes = options.vmm_cache_bytes;

@@ -6,6 +6,7 @@
 
 #include "actpage/options.hpp"
 #include "engine/address_space.hpp"
+#include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
@@ -29,6 +30,7 @@ struct DeviceEngineOptions {
   AddressSpaceOptions space;
   OffloadOptions offload;
   ReloadOptions reload;
+  GpuClockOptions clock;
   PageReturnOptions pages;
   JobPoolOptions job_pool;
   StrayAccess stray_access = StrayAccess::fault;

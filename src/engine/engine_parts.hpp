@@ -11,6 +11,7 @@ namespace actpage::engine {
 class AddressSpace;
 class AllocationTable;
 class EngineCore;
+class GpuClock;
 class Groups;
 class JobPool;
 class OffloadPipeline;
@@ -30,6 +31,7 @@ struct EngineParts {
   PageReturn& pages;
   JobPool& job_pool;
   SafetyModes& safety;
+  GpuClock& clock;
 };
 
 }  // namespace actpage::engine

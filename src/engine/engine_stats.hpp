@@ -37,6 +37,14 @@ namespace actpage::engine {
 //   backlog_waits, backlog_wait_ns: the job's thread waited for the offload backlog to fall, at a
 //     module's end to offload_backlog_bytes or at the layers' end to nothing
 //     (offload_drain_at_layers_end), and for how long in all
+//   gpu_markers: backward markers whose point on the job's stream was recorded (GpuClock)
+//   gpu_waits, gpu_wait_ns: a backward marker's thread waited for the GPU to come within
+//     prefetch.ahead_bytes of it before requesting its reloads (the reload gate), and how long in all
+//   gpu_leads, gpu_lead_ns: backward passes whose start the GPU was seen reaching, and the time from
+//     the host's first marker of each to the GPU reaching it, summed (the host's lead)
+//   peak_bytes_ahead_of_gpu: the most bytes asked back (kept or reloaded) that the GPU had not yet
+//     reached the marker of; at most prefetch.ahead_bytes plus the marker asking, which is let
+//     through once the GPU is at the marker before it
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   host_pinned_bytes: pinned host memory the host pool holds (its slabs); more than
 //     host_pool.prealloc_bytes means it pinned while the job ran (see DeviceEngine::advice())
@@ -88,6 +96,12 @@ namespace actpage::engine {
   X(backlog_waits) \
   X(backlog_wait_ns) \
   X(backlog_waiters) \
+  X(gpu_markers) \
+  X(gpu_waits) \
+  X(gpu_wait_ns) \
+  X(gpu_leads) \
+  X(gpu_lead_ns) \
+  X(peak_bytes_ahead_of_gpu) \
   X(host_pool_misses) \
   X(host_pinned_bytes) \
   X(host_scattered_blocks) \

@@ -11,6 +11,7 @@
 #include "engine/address_space.hpp"
 #include "engine/allocation_table.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
@@ -162,14 +163,16 @@ void ReloadPipeline::request(Allocation& allocation, bool urgent) {
 }
 
 void ReloadPipeline::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
-  std::uint64_t budget = 0;
+  // Newest first, a group at a time, while it fits ahead of the GPU (GpuClock): prefetch.ahead_bytes
+  // bounds what is back on the device before the GPU needs it, prefetches and markers' reloads alike.
+  std::uint64_t room = parts_.clock.room();
   for (Group* group : parts_.groups.before(position, forward_pass)) {
-    for (Allocation* allocation : group->allocations) {
-      if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
-      budget += allocation->bytes;
-      if (budget > options_.prefetch_ahead_bytes) return;
-      request(*allocation, /*urgent=*/false);
-    }
+    const std::uint64_t bytes = parts_.clock.uncounted_bytes(*group);
+    if (bytes == 0) continue;  // resident, or already asked for
+    if (bytes > room) return;
+    room -= bytes;
+    parts_.clock.count_prefetch(*group);  // before the requests change the allocations' states
+    for (Allocation* allocation : group->allocations) request(*allocation, /*urgent=*/false);
   }
 }
 

@@ -3,8 +3,9 @@
 //
 // Contract:
 // - request() is backward's (a marker: urgent, first in the queue) or a prefetch's: the groups
-//   before the one asked for, newest first, up to prefetch.ahead_bytes (prefetch_before). One asked
-//   for before its pages left is kept where it is (the offload is cancelled, or its pages kept).
+//   before the one asked for, newest first, while they fit ahead of the GPU (prefetch_before,
+//   GpuClock::room). One asked for before its pages left is kept where it is (the offload is
+//   cancelled, or its pages kept): the gate lets only what fits ahead of the GPU be asked for.
 // - The reload worker (run()) maps pages back at the allocation's address (a cached range the job
 //   freed first, after its free points; else new pages, JobPool trimming the job's pool first) and
 //   puts the H2D copy on the high-priority reload stream, with an event after it: the job's stream
@@ -30,7 +31,6 @@ namespace actpage::engine {
 
 struct ReloadOptions {
   std::uint64_t max_inflight_copies = 8;
-  std::uint64_t prefetch_ahead_bytes = 0;  // prefetch.ahead_bytes
 };
 
 class ReloadPipeline {
@@ -52,9 +52,9 @@ class ReloadPipeline {
 
   // Backward (urgent) or a prefetch asks for the allocation back.
   void request(Allocation& allocation, bool urgent);
-  // Requests the groups before `position` in forward order, up to prefetch.ahead_bytes; with a
-  // forward pass id, only that forward call's (and unknown ones'): another micro-batch's backward
-  // is not next.
+  // Requests the groups before `position` in forward order, newest first, each whole while it fits
+  // ahead of the GPU (GpuClock::room); with a forward pass id, only that forward call's (and unknown
+  // ones'): another micro-batch's backward is not next.
   void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
   // Its offload ended after backward had asked for it: queued now.
   void queue_after_offload(Allocation& allocation);

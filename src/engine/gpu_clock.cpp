@@ -1,0 +1,189 @@
+#include "engine/gpu_clock.hpp"
+
+#include <algorithm>
+
+#include "common/clock.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
+#include "engine/turns.hpp"
+
+namespace actpage::engine {
+
+void GpuClock::run() {
+  EngineCore& core = parts_.core;
+  if (Status status = core.device.bind_thread(); !status.ok()) core.note_failure("binding the GPU clock's worker", status);
+  std::unique_lock<std::mutex> lock(core.mutex);
+  while (true) {
+    core.clock_cv.wait(lock, [&] { return core.stopping || !markers_.empty(); });
+    if (core.stopping) break;
+    // Only this worker pops markers: the front stays while the lock is released.
+    const EventHandle event = markers_.front().event;
+    lock.unlock();
+    const Status status = core.device.synchronize_event(event);
+    const std::uint64_t now = monotonic_ns();
+    lock.lock();
+    // A marker whose end cannot be known counts as reached: the gate must not hold the job for it.
+    if (!status.ok()) core.note_failure("waiting for the GPU to reach a backward marker", status);
+    reached_oldest(now);
+    core.issued_cv.notify_all();  // a job thread may be waiting at the gate
+  }
+}
+
+void GpuClock::release_all() {
+  for (const Marker& marker : markers_) parts_.core.recycle_event(marker.event);
+  markers_.clear();
+  counted_.clear();
+}
+
+void GpuClock::saw_stream(StreamHandle stream) { stream_ = stream; }
+
+std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_begins) {
+  EngineCore& core = parts_.core;
+  // A replay's job streams run no kernels: its GPU is where the host is.
+  if (parts_.turns.serialized()) return 0;
+  if (!stream) stream = stream_;
+  if (!stream) return 0;
+  // Nothing of ours goes into a CUDA graph being captured (an event recorded there is a node of
+  // the graph, not a point the GPU passes now).
+  auto capturing = core.device.is_capturing(*stream);
+  if (!capturing.ok()) {
+    core.note_failure("asking whether the job's stream is captured at a backward marker", capturing.status());
+    return 0;
+  }
+  if (*capturing) return 0;
+  const EventHandle event = core.acquire_event();
+  if (event.value == 0) return 0;
+  if (Status status = core.device.record_event(event, *stream); !status.ok()) {
+    core.recycle_event(event);
+    core.note_failure("recording a backward marker's point on the job's stream", status);
+    return 0;
+  }
+  Marker marker;
+  marker.id = next_id_++;
+  marker.event = event;
+  marker.pushed_ns = monotonic_ns();
+  marker.backward_begins = backward_begins;
+  markers_.push_back(marker);
+  ++core.stats.gpu_markers;
+  // Prefetches whose groups the job freed before their marker came are no longer ahead of anyone.
+  std::erase_if(counted_, [&](const auto& entry) {
+    return entry.second.marker == 0 && !parts_.groups.all().contains(entry.first);
+  });
+  core.clock_cv.notify_one();
+  return marker.id;
+}
+
+std::uint64_t GpuClock::uncounted_bytes(const Group& group) const {
+  if (counted_.contains(group.id)) return 0;
+  std::uint64_t bytes = 0;
+  for (const Allocation* allocation : group.allocations) {
+    // Resident: on the device for good (kept, or asked for by a marker the GPU has reached);
+    // reloading: counted when it was asked for.
+    if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
+    bytes += allocation->bytes;
+  }
+  return bytes;
+}
+
+std::uint64_t GpuClock::uncounted_bytes(const std::vector<Group*>& groups) const {
+  std::uint64_t bytes = 0;
+  for (const Group* group : groups) bytes += uncounted_bytes(*group);
+  return bytes;
+}
+
+void GpuClock::count_for_marker(const Group& group, std::uint64_t marker) {
+  if (!pending(marker)) {
+    // The GPU is there: nothing of it is ahead any more, unless an older marker still waits for it.
+    if (auto entry = counted_.find(group.id); entry != counted_.end() && !pending(entry->second.marker)) {
+      counted_.erase(entry);
+    }
+    return;
+  }
+  const std::uint64_t fresh = uncounted_bytes(group);
+  auto [entry, added] = counted_.try_emplace(group.id);
+  Counted& counted = entry->second;
+  if (!added && counted.marker != 0) return;  // an earlier marker asked for it: the GPU needs it there
+  counted.bytes += fresh;
+  counted.marker = marker;
+  if (counted.bytes == 0) {
+    counted_.erase(entry);
+    return;
+  }
+  note_peak();
+}
+
+void GpuClock::count_prefetch(const Group& group) {
+  const std::uint64_t bytes = uncounted_bytes(group);
+  if (bytes == 0) return;
+  counted_[group.id] = Counted{bytes, 0};
+  note_peak();
+}
+
+std::uint64_t GpuClock::ahead_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [group, counted] : counted_) {
+    // A prefetched group the job has freed since holds nothing ahead.
+    if (counted.marker == 0 && !parts_.groups.all().contains(group)) continue;
+    bytes += counted.bytes;
+  }
+  return bytes;
+}
+
+std::uint64_t GpuClock::room() const {
+  const std::uint64_t ahead = ahead_bytes();
+  return ahead < options_.ahead_bytes ? options_.ahead_bytes - ahead : 0;
+}
+
+bool GpuClock::older_marker_ahead(std::uint64_t marker) const {
+  const std::uint64_t limit = marker == 0 ? next_id_ : marker;
+  return !markers_.empty() && markers_.front().id < limit;
+}
+
+bool GpuClock::pending(std::uint64_t marker) const {
+  return marker != 0 && !markers_.empty() && markers_.front().id <= marker;
+}
+
+bool GpuClock::wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  // The GPU still has the older markers' work queued: holding the job's thread until it has run
+  // some of it costs no GPU time, and keeps these pages off the device until they are near.
+  auto fits = [&] {
+    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= options_.ahead_bytes || !older_marker_ahead(marker);
+  };
+  if (fits()) return false;
+  const std::uint64_t start = monotonic_ns();
+  ++core.stats.gpu_waits;
+  parts_.turns.wait_yielding(lock, core.issued_cv, fits);  // the clock worker notifies it
+  const std::uint64_t waited = monotonic_ns() - start;
+  core.stats.gpu_wait_ns += waited;
+  core.events.waited_for_gpu(waited);
+  return true;
+}
+
+void GpuClock::reached_oldest(std::uint64_t now_ns) {
+  EngineCore& core = parts_.core;
+  const Marker marker = markers_.front();
+  if (marker.backward_begins) note_lead(marker, now_ns);
+  std::erase_if(counted_, [&](const auto& entry) { return entry.second.marker == marker.id; });
+  markers_.pop_front();
+  core.recycle_event(marker.event);
+}
+
+void GpuClock::note_lead(const Marker& marker, std::uint64_t now_ns) {
+  EngineCore& core = parts_.core;
+  // Every marker after it is still ahead of the GPU (they are reached in order), and so is every
+  // byte asked back: what is back on the device before the GPU's backward has even begun.
+  const std::uint64_t lead = now_ns > marker.pushed_ns ? now_ns - marker.pushed_ns : 0;
+  const std::uint64_t markers_ahead = markers_.size() - 1;
+  const std::uint64_t bytes_ahead = ahead_bytes();
+  ++core.stats.gpu_leads;
+  core.stats.gpu_lead_ns += lead;
+  core.events.gpu_reached_backward(lead, markers_ahead, bytes_ahead);
+}
+
+void GpuClock::note_peak() {
+  EngineCore& core = parts_.core;
+  core.stats.peak_bytes_ahead_of_gpu = std::max(core.stats.peak_bytes_ahead_of_gpu, ahead_bytes());
+}
+
+}  // namespace actpage::engine

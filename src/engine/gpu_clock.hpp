@@ -1,0 +1,117 @@
+// GpuClock: how far the GPU has got in backward, and the reload gate that paces reloads by it.
+//
+// In a GPU-bound job the job's thread runs tens of milliseconds ahead of the GPU: its backward
+// markers arrive while the GPU is still in forward. Reloads issued when the host reaches a marker
+// bring pages back (or keep them from leaving) long before the GPU needs them, at the GPU's peak.
+// So reloads are paced by the GPU's progress instead.
+//
+// Contract:
+// - mark() (a job thread at a backward marker) records an event from the engine's pool on the
+//   job's stream: the marker's point in the GPU's queue. The clock worker (run()) waits for those
+//   events in order and notes when the GPU reached each; at the first marker of a backward it
+//   records the host's lead over the GPU (EngineEvents::gpu_reached_backward).
+// - Bytes asked back are counted *ahead of the GPU* until the GPU reaches the marker that asked
+//   for them (count() with the marker), or, for a prefetch, from the prefetch until a marker asks
+//   for its group and the GPU reaches that marker. A group counts once: uncounted_bytes() is what
+//   a request would newly keep on or bring back to the device (every allocation of the group not
+//   resident and not already reloading).
+// - The gate: wait_for_room() holds a marker's thread, before its reloads are requested, while the
+//   bytes ahead of the GPU plus the marker's own would exceed the bound (prefetch.ahead_bytes) and
+//   the GPU has not reached some marker older than this one. Never this marker itself: its reloads
+//   go at the latest when the GPU is one marker before it, so the GPU never idles for them. A
+//   prefetch goes only when it fits (room()).
+// - Serialized (a replay): no events are recorded and every marker counts as reached when made:
+//   the replay's job streams run no kernels, so its GPU is never behind the host. The bound still
+//   limits prefetches.
+// - Everything with the engine's lock held; the worker releases it around its event waits, the
+//   gate around its wait (EngineCore::issued_cv, which the worker notifies; stopping ends it).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "engine/allocation.hpp"
+#include "engine/engine_parts.hpp"
+
+namespace actpage::engine {
+
+struct GpuClockOptions {
+  std::uint64_t ahead_bytes = 0;  // prefetch.ahead_bytes: bytes that may come back ahead of the GPU
+};
+
+class GpuClock {
+ public:
+  GpuClock(EngineParts& parts, GpuClockOptions options) : parts_(parts), options_(options) {}
+
+  // The clock worker's loop, until the engine stops (not started when serialized).
+  void run();
+  // shutdown(), the worker joined: the events of markers never reached go back to the pool.
+  void release_all();
+
+  // The stream the job's newest served allocation was made on: where a marker whose groups name
+  // none is recorded.
+  void saw_stream(StreamHandle stream);
+  // A backward marker: records its point on `stream` (the stream of the groups it asks for, or the
+  // last one seen). `backward_begins`: the first marker of this backward. Returns the marker's id;
+  // 0 when nothing was recorded (serialized, no stream seen yet, the stream being captured, or the
+  // record failed): a marker the GPU counts as having reached.
+  std::uint64_t mark(std::optional<StreamHandle> stream, bool backward_begins);
+
+  // Bytes of `groups` that a request would newly keep on or bring back to the device.
+  std::uint64_t uncounted_bytes(const std::vector<Group*>& groups) const;
+  std::uint64_t uncounted_bytes(const Group& group) const;
+  // Counts `group` as asked back by `marker` (its uncounted bytes, and a prefetch's count of it);
+  // one the GPU already reached (or 0) counts nothing. A group an earlier marker asked for stays
+  // that marker's. Call it before the requests (they change the allocations' states).
+  void count_for_marker(const Group& group, std::uint64_t marker);
+  // Counts `group`'s uncounted bytes as prefetched: ahead of the GPU until a marker claims it.
+  void count_prefetch(const Group& group);
+
+  // Bytes asked back ahead of the GPU now.
+  std::uint64_t ahead_bytes() const;
+  // Bytes that still fit under the bound (a prefetch goes only within them).
+  std::uint64_t room() const;
+  // The gate, on the marker's thread before its reloads are requested: waits while `bytes` more
+  // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it
+  // waited (the lock was released: look the groups up again).
+  bool wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock);
+
+ private:
+  struct Marker {
+    std::uint64_t id = 0;
+    EventHandle event;
+    std::uint64_t pushed_ns = 0;  // when the job's thread pushed it
+    bool backward_begins = false;
+  };
+  // What a group's request counted: its bytes, and the marker that asked for it (0: a prefetch).
+  struct Counted {
+    std::uint64_t bytes = 0;
+    std::uint64_t marker = 0;
+  };
+
+  // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
+  bool older_marker_ahead(std::uint64_t marker) const;
+  // Whether `marker` was recorded and the GPU has not reached it yet.
+  bool pending(std::uint64_t marker) const;
+  // The GPU reached the oldest marker at `now_ns`: the bytes it asked for are no longer ahead.
+  void reached_oldest(std::uint64_t now_ns);
+  // The host's lead over the GPU where backward begins (the worker, at such a marker).
+  void note_lead(const Marker& marker, std::uint64_t now_ns);
+  void note_peak();
+
+  EngineParts& parts_;
+  const GpuClockOptions options_;
+  std::optional<StreamHandle> stream_;  // of the newest served allocation
+  std::uint64_t next_id_ = 1;
+  // Recorded and not yet reached, oldest first (ids increasing): the worker watches the front and
+  // pops it when the GPU has reached it.
+  std::deque<Marker> markers_;
+  std::unordered_map<std::uint32_t, Counted> counted_;  // by group id
+};
+
+}  // namespace actpage::engine

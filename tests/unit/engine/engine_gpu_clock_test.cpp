@@ -1,0 +1,350 @@
+// Paging by the GPU's clock (GpuClock): a job whose host thread runs far ahead of the GPU, as a
+// GPU-bound training job's does. The host enqueues forward and backward without waiting for the
+// device; the GPU's kernels are held at points the test lets it past (GpuPoints), so that where the
+// GPU stands when the host pushes each backward marker is set by the test, never by the host's
+// speed. Every MLP is selected, nothing is kept resident by keep_last.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "active_trace_file.hpp"
+#include "engine/engine.hpp"
+#include "sim_job.hpp"
+#include "trace/reader.hpp"
+#include "trace/report.hpp"
+#include "trace/summary.hpp"
+#include "trace/time_breakdown.hpp"
+
+namespace actpage::engine {
+namespace {
+
+using device::SimDevice;
+using device::SimDeviceConfig;
+using device::SimOp;
+using testing::ActiveTraceFile;
+using testing::SimJob;
+using testing::Tensor;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr int kLayers = 6;
+constexpr int kPerModule = 2;
+constexpr std::size_t kTensorBytes = 4 * kMiB;  // a multiple of the 2 MiB granularity: mapped as is
+constexpr std::uint64_t kLayerBytes = kPerModule * kTensorBytes;
+constexpr std::uint64_t kUnbounded = std::uint64_t{1} << 40;
+
+// The GPU's progress as the test lets it go: hold(point) puts a kernel on the job's stream that
+// waits until allow_through(point) or later; the stream's order does the rest.
+class GpuPoints {
+ public:
+  void hold(SimDevice& device, StreamHandle stream, int point) {
+    ASSERT_TRUE(device.launch(stream, [this, point] { wait_at(point); }).ok());
+  }
+  void allow_through(int point) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allowed_ = std::max(allowed_, point);
+    cv_.notify_all();
+  }
+  void open_all() { allow_through(1 << 30); }
+  // Waits (at most a minute) until the GPU stands at `point`, held there.
+  bool until_held_at(int point) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::minutes(1), [&] { return held_at_ == point; });
+  }
+
+ private:
+  void wait_at(int point) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    held_at_ = point;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return allowed_ >= point; });
+    held_at_ = -1;
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int allowed_ = -1;
+  int held_at_ = -1;
+};
+
+// Polls the engine's counters until `done` holds, at most a minute: the workers and the GPU
+// clock's worker act on their own threads.
+bool until(Engine& engine, const std::function<bool(const EngineStats&)>& done) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!done(engine.stats())) {
+    if (std::chrono::steady_clock::now() > limit) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+// `ahead_bytes`: prefetch.ahead_bytes, the bytes that may come back ahead of the GPU.
+Options every_mlp(std::uint64_t ahead_bytes) {
+  Options options = testing::small_offload_options();
+  options.prefetch_ahead_bytes = ahead_bytes;
+  // Given-back pages go back to the driver, so the device's mapped bytes are the activations on it.
+  options.vmm_cache_bytes = 0;
+  // A map on the job's thread would otherwise wait for the copy queue, which the held GPU holds.
+  options.vmm_grant_when_idle = false;
+  return options;
+}
+
+// Device, engine, the job's stream and its GPU points; the points open before anything is torn down.
+struct Rig {
+  explicit Rig(const Options& options)
+      : device(config()), engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
+    engine.set_wait_for_host_memory(true);
+    ranges::set_listener(&engine);
+    stream = *device.create_stream(0);
+    job = std::make_unique<SimJob>(device, engine, stream);
+  }
+  ~Rig() {
+    gpu.open_all();
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device.synchronize();
+    (void)device.destroy_stream(stream);
+  }
+  static SimDeviceConfig config() {
+    SimDeviceConfig config;
+    config.capacity_bytes = 8ull << 30;
+    config.max_delay_us = 20;
+    return config;
+  }
+  void hold(int point) { gpu.hold(device, stream, point); }
+
+  SimDevice device;
+  Engine engine;
+  StreamHandle stream;
+  std::unique_ptr<SimJob> job;
+  GpuPoints gpu;
+};
+
+using Saved = std::map<int, std::vector<Tensor>>;  // by layer
+
+// The GPU's points: layer k's forward begins at point k; backward begins at point kLayers.
+constexpr int kBackwardPoint = kLayers;
+
+// Forward of kLayers MLP layers on the host, the GPU held at each layer's start.
+Saved forward(Rig& rig) {
+  Saved saved;
+  SimJob& job = *rig.job;
+  job.push("model");
+  for (int layer = 0; layer < kLayers; ++layer) {
+    rig.hold(layer);
+    const std::string name = "model.layers." + std::to_string(layer);
+    job.push(name);
+    job.push(name + ".mlp");
+    for (int i = 0; i < kPerModule; ++i) {
+      Tensor tensor = job.allocate(kTensorBytes);
+      EXPECT_TRUE(tensor.owned) << "a tensor the job's own allocator frees waits for the GPU";
+      job.write(tensor);
+      saved[layer].push_back(tensor);
+    }
+    job.pop();
+    job.pop();  // the layer's end: its MLP's release point
+  }
+  job.pop();
+  rig.hold(kBackwardPoint);
+  return saved;
+}
+
+// Backward as autograd runs it, on a thread of its own: per layer, in reverse, its marker, its
+// MLP's and its attention's (which saved nothing), the MLP's saved tensors read and freed.
+std::thread backward(Rig& rig, Saved& saved) {
+  return std::thread([&rig, &saved] {
+    SimJob& job = *rig.job;
+    for (int layer = kLayers; layer-- > 0;) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      job.marker(name + ".backward");
+      job.marker(name + ".mlp.backward");
+      for (const Tensor& tensor : saved[layer]) job.check(tensor);
+      for (const Tensor& tensor : saved[layer]) job.free(tensor);
+      job.marker(name + ".attn.backward");
+    }
+  });
+}
+
+struct AtGpuForwardEnd {
+  std::uint64_t mapped_bytes = 0;  // the device's mapped bytes: the activations still on it
+  EngineStats stats;
+};
+
+// The job with the GPU `gpu_layers_done` layers into forward when the host begins backward.
+// `gated`: whether the reload gate is expected to hold the host (then the GPU goes on while the
+// host waits; otherwise the host enqueues all of backward first). Returns the device at the GPU's
+// forward end, once `expected_offloaded` bytes have left (the copies the GPU let go), then lets
+// the GPU run backward to its end.
+AtGpuForwardEnd run_far_ahead(Rig& rig, int gpu_layers_done, bool gated, std::uint64_t expected_offloaded) {
+  AtGpuForwardEnd at_end;
+  Saved saved = forward(rig);
+  if (gpu_layers_done > 0) {
+    rig.gpu.allow_through(gpu_layers_done - 1);
+    EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) {
+      return s.offloaded_bytes_now == static_cast<std::uint64_t>(gpu_layers_done) * kLayerBytes;
+    })) << "the layers the GPU ran left the device";
+  }
+  std::thread autograd = backward(rig, saved);
+  if (gated) {
+    EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.gpu_waits >= 1; }))
+        << "the host was not held at a backward marker";
+  } else {
+    autograd.join();  // the host has enqueued all of backward
+  }
+  rig.gpu.allow_through(kBackwardPoint - 1);
+  EXPECT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
+  EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) { return s.offloaded_bytes_now == expected_offloaded; }))
+      << "offloaded " << rig.engine.stats().offloaded_bytes_now << " bytes, expected " << expected_offloaded;
+  at_end.mapped_bytes = rig.device.stats().mapped_bytes;
+  at_end.stats = rig.engine.stats();
+  rig.gpu.open_all();
+  if (autograd.joinable()) autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  return at_end;
+}
+
+void expect_every_byte_back(Rig& rig, const std::string& where) {
+  EXPECT_EQ(rig.job->checks(), static_cast<std::uint64_t>(kLayers * kPerModule)) << where;
+  EXPECT_EQ(rig.job->bytes_checked(), kLayers * kLayerBytes) << where;
+  EXPECT_EQ(rig.job->mismatches(), 0u) << where;
+  EXPECT_EQ(rig.job->failed(), 0u) << where;
+  EXPECT_EQ(rig.device.fault_count(), 0u) << where << (rig.device.faults().empty() ? "" : ": " + rig.device.faults()[0]);
+}
+
+// The host pushes backward's markers while the GPU is still in forward (at its start, or halfway).
+// With prefetch.ahead_bytes of one or two layers, the gate lets that many come back ahead of the
+// GPU and holds the host at the next marker: every other layer's pages leave before the GPU's peak
+// (its forward's end), and come back in backward before their kernels read them. With a bound that
+// never holds the host, every reload goes when the host asks for it, as the engine did before the
+// gate (by the host's clock): the host asks for every layer before the GPU has run any, and nothing
+// it asks for leaves, so the device holds all 6 layers at the GPU's peak. (By the host's clock with
+// the GPU halfway, the layers that had left come back, each reload waiting for the GPU to run the
+// free of the range it reuses: the host waits on the GPU and what is on the device at the GPU's
+// forward end depends on timing, so that case is not run.)
+TEST(GpuClock, PagesLeaveBeforeTheGpusPeakAndComeBackBeforeItNeedsThem) {
+  struct Case {
+    int gpu_layers_done;
+    std::uint64_t ahead;
+  };
+  for (const Case& c : {Case{0, kLayerBytes}, Case{0, 2 * kLayerBytes}, Case{kLayers / 2, kLayerBytes},
+                        Case{kLayers / 2, 2 * kLayerBytes}, Case{0, kUnbounded}}) {
+    const std::string where = "GPU " + std::to_string(c.gpu_layers_done) + " layers into forward, ahead " +
+                              (c.ahead == kUnbounded ? std::string("unbounded") : std::to_string(c.ahead / kMiB) + " MiB");
+    const bool gated = c.ahead != kUnbounded;
+    const std::uint64_t kept_layers = gated ? c.ahead / kLayerBytes : kLayers;
+    Rig rig(every_mlp(c.ahead));
+    const AtGpuForwardEnd at_end = run_far_ahead(rig, c.gpu_layers_done, gated, (kLayers - kept_layers) * kLayerBytes);
+    EXPECT_EQ(at_end.mapped_bytes, kept_layers * kLayerBytes) << where;
+    EXPECT_EQ(at_end.stats.offloads_completed, (kLayers - kept_layers) * kPerModule) << where;
+    const EngineStats end = rig.engine.stats();
+    EXPECT_EQ(end.reloads_completed, at_end.stats.offloads_completed) << where << ": every page that left came back";
+    if (gated) {
+      EXPECT_GE(end.gpu_waits, 1u) << where;
+      EXPECT_LE(end.peak_bytes_ahead_of_gpu, c.ahead) << where;
+    } else {
+      EXPECT_EQ(end.gpu_waits, 0u) << where;
+    }
+    expect_every_byte_back(rig, where);
+  }
+}
+
+// The same far-ahead job, traced: the host's wait at the gate is a WAIT record of its own kind, and
+// where the GPU reached backward's first marker a GPU_LEAD record says how far ahead the host was:
+// 3 markers (that layer's MLP's and attention's, and the next layer's, where the gate held it) and
+// one layer's bytes asked back. `actpage dump` shows both per iteration.
+TEST(GpuClock, TheTraceShowsTheHostsLeadAndItsWaitsForTheGpu) {
+  ActiveTraceFile trace_file("gpu-clock");
+  {
+    Rig rig(every_mlp(kLayerBytes));
+    run_far_ahead(rig, 0, /*gated=*/true, (kLayers - 1) * kLayerBytes);
+    expect_every_byte_back(rig, "traced");
+    // The next forward begins (an ITERATION record): the first iteration is then a whole one.
+    rig.job->push("model.layers.0.mlp");
+    const Tensor next = rig.job->allocate(kTensorBytes);
+    rig.job->pop();
+    rig.job->free(next);
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    EXPECT_EQ(rig.engine.stats().gpu_leads, 1u);
+    EXPECT_EQ(rig.engine.stats().gpu_markers, static_cast<std::uint64_t>(3 * kLayers));
+  }
+  auto file = trace_file.read();
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  ASSERT_EQ(file->gpu_leads.size(), 1u);
+  EXPECT_EQ(file->gpu_leads[0].data.markers_ahead, 3u);
+  EXPECT_EQ(file->gpu_leads[0].data.bytes_ahead, kLayerBytes);
+  EXPECT_GT(file->gpu_leads[0].data.lead_ns, 0u);
+  std::uint64_t gpu_waits = 0;
+  for (const auto& wait : file->waits) gpu_waits += wait.data.kind == trace::kWaitGpu ? 1 : 0;
+  EXPECT_GE(gpu_waits, 1u);
+
+  const trace::TimeBreakdown time = trace::time_breakdown(*file);
+  ASSERT_EQ(time.iterations.size(), 1u);
+  EXPECT_TRUE(time.has_gpu_leads);
+  EXPECT_EQ(time.iterations[0].gpu_lead_ns, file->gpu_leads[0].data.lead_ns);
+  EXPECT_EQ(time.iterations[0].gpu_lead_markers, 3u);
+  EXPECT_GT(time.iterations[0].gpu_wait_ns, 0u);
+  std::ostringstream report;
+  trace::write_text_report(trace::summarize(*file), report);
+  EXPECT_NE(report.str().find("at backward's start (the host 3 backward markers ahead), 8 MiB asked back by then"),
+            std::string::npos)
+      << report.str();
+}
+
+// A GPU that keeps up with the host (a launch-bound job): the engine still marks every backward
+// marker and sees where each backward begins, the prefetch keeps its window within the bound (a
+// group at a time, as the GPU passes markers), and every byte comes back over several iterations.
+TEST(GpuClock, AGpuThatKeepsUpGetsEveryLayerBackWithinTheBound) {
+  constexpr int kIterations = 3;
+  const std::uint64_t ahead = 2 * kLayerBytes;
+  Rig rig(every_mlp(ahead));
+  rig.gpu.open_all();
+  for (int iteration = 0; iteration < kIterations; ++iteration) {
+    Saved saved = forward(rig);
+    rig.engine.quiesce();
+    std::thread autograd = backward(rig, saved);
+    autograd.join();
+    rig.engine.quiesce();
+    rig.device.synchronize();
+  }
+  ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.gpu_leads == kIterations; }));
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.gpu_markers, static_cast<std::uint64_t>(3 * kLayers * kIterations));
+  EXPECT_EQ(stats.reloads_completed, static_cast<std::uint64_t>(kLayers * kPerModule * kIterations));
+  // At most the bound, and the marker let through once the GPU is at the one before it.
+  EXPECT_LE(stats.peak_bytes_ahead_of_gpu, ahead + kLayerBytes);
+  EXPECT_EQ(rig.job->checks(), static_cast<std::uint64_t>(kLayers * kPerModule * kIterations));
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
+// The gate's wait ends when the engine stops: here the CUDA context is lost (a marker's event cannot
+// be recorded: a sticky error) while the host waits at the gate for a GPU that is held.
+TEST(GpuClock, ALostContextEndsTheWaitAtTheGate) {
+  Rig rig(every_mlp(kLayerBytes));
+  Saved saved = forward(rig);
+  auto autograd = std::async(std::launch::async, [&] { backward(rig, saved).join(); });
+  ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.gpu_waits >= 1; }));
+  // The next event recorded is that marker's: every other thread that records one is held by the
+  // gate or waits for a copy the held GPU holds.
+  rig.device.set_fault_plan(device::SimFaultPlan().fail_nth(
+      SimOp::record_event, rig.device.call_count(SimOp::record_event) + 1, ErrorCode::context_lost));
+  std::thread([&] { rig.job->marker("model.backward"); }).join();
+  rig.device.set_fault_plan({});
+  EXPECT_EQ(autograd.wait_for(std::chrono::minutes(1)), std::future_status::ready) << "the gate still holds the host";
+  rig.gpu.open_all();
+  autograd.wait();
+}
+
+}  // namespace
+}  // namespace actpage::engine
