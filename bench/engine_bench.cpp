@@ -11,7 +11,7 @@
 //                                (the cache serves every iteration after the first)
 //
 // The last one includes SimDevice calls (a mutex and a queue push each), which stand in for
-// cuEventRecord; on a GPU that call costs ~2-4 us by itself (docs/performance.md).
+// cuEventRecord; on a GPU that call costs a few microseconds by itself.
 #include <benchmark/benchmark.h>
 
 #include <memory>

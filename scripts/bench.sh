@@ -140,7 +140,7 @@ has_method() { local m; for m in "${job_methods[@]}"; do [[ $m == "$1" ]] && ret
 job_variants() {
   local observe="actpage-observe;actpage;async;policy=config/observe.json"
   # Untraced, observe still traces (its policy asks for it): into the traces folder, not the cwd.
-  [[ $trace != 0 ]] || observe+=";env=ACTPAGE_TRACE=$out/traces/$job/actpage-observe.%p.trace"
+  [[ $trace != 0 ]] || observe+=";env=ACTPAGE_TRACE_PATH=$out/traces/$job/actpage-observe.%p.trace"
   variants=(
     "none;plain;async"
     "$observe"

@@ -46,7 +46,7 @@ VARIANTS = {
 }
 # Steal: CPU time the host took from the job's CPUs in a run (compare_runs.py --thread-stats). On the
 # H100 machine a forward pass ran +8 ms at 0.3 s or more of steal against +2 ms at 0.1 s
-# (docs/performance.md, session 19): a time read from such a run is the host's as much as the variant's.
+# (docs/findings.md, section 6): a time read from such a run is the host's as much as the variant's.
 STEAL_NOTICE_S = 0.3
 
 

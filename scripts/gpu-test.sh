@@ -25,7 +25,7 @@
 #            each allocator (OBSERVE_ALLOCATORS, default "async native expandable")
 #   nearfree the Llama job (16 layers) plain and under the near-free policy four ways (per-tensor
 #            ranges, no range cache, group windows, group windows unmapped in one batch), traced:
-#            where the time and the memory go (docs/performance.md); NF_VARIANTS replaces the
+#            where the time and the memory go (docs/findings.md); NF_VARIANTS replaces the
 #            variants, NF_JOB=qwen runs the Qwen3-MoE job (8 layers) instead, NF_PROFILE_STEP=N profiles
 #            step N of each run and prints what the copy engines did in it (scripts/copy_timeline.py),
 #            NF_CPUS=2-9 pins every run to those CPU cores (taskset; default unpinned)
@@ -199,8 +199,8 @@ PY
       for round in 1 2 3 4; do
         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check "dq-plain-$round" "${job[@]}"
         check "dq-observe-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
-        ACTPAGE_TRACE= check "dq-notrace-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
-        ACTPAGE_PYTHON_HOOKS=off ACTPAGE_TRACE= check "dq-nohooks-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+        ACTPAGE_TRACE_PATH= check "dq-notrace-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
+        ACTPAGE_PYTHON_HOOKS=off ACTPAGE_TRACE_PATH= check "dq-nohooks-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
         ACTPAGE_ENABLED=false check "dq-disabled-$round" "$actpage" run --policy config/observe.json -- "${job[@]}"
       done
       "$python" - "$out" <<'PY'
@@ -330,7 +330,7 @@ PY
       ACTPAGE_LOG_LEVEL=info check diag-observe "$actpage" run --policy config/observe.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info check diag-observe-nohooks env ACTPAGE_PYTHON_HOOKS=off "$actpage" run --policy config/observe.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info check diag-offload "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info ACTPAGE_TRACE=$out/diag-offload.trace ACTPAGE_TRACE_SAMPLE_MS=0 \
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_TRACE_PATH=$out/diag-offload.trace ACTPAGE_TRACE_SAMPLE_MS=0 \
         check diag-offload-trace-nosampler "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info ACTPAGE_VMM_CACHE_BYTES=0 check diag-offload-nocache "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info ACTPAGE_MAX_INFLIGHT_COPIES=1 check diag-offload-inflight1 "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
@@ -360,7 +360,6 @@ PY
       # NAME|MODULE GLOBS (JSON array)|KEEP_LAST|ENV (comma-separated VAR=VALUE): policies written here, so
       # that one run compares them. NF_VARIANTS replaces the list (variants separated by spaces).
       nf_variants=(${NF_VARIANTS:-"consecutive|[\"model.layers.[0-6].mlp\"]|0|" "even|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|"
-        "even-windows|[\"model.layers.0.mlp\",\"model.layers.2.mlp\",\"model.layers.4.mlp\",\"model.layers.6.mlp\",\"model.layers.8.mlp\",\"model.layers.10.mlp\",\"model.layers.12.mlp\"]|0|ACTPAGE_VMM_GROUP_WINDOWS=true"
         "all|[\"model.layers.*.mlp\"]|2|"})
       names=()
       for spec in "${nf_variants[@]}"; do

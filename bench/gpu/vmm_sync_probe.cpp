@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   };
 
   // Copy-engine wait: in the training job, a map issued while the offload stream's device-to-host
-  // copy runs ended exactly when that copy ended (docs/performance.md). Queue `total` bytes of D2H
+  // copy runs ended exactly when that copy ended (docs/findings.md, section 3). Queue `total` bytes of D2H
   // copies to pinned host memory in chunks of one size, let them start, then time each VMM call; the
   // copies' own throughput per chunk size is printed too.
   {

@@ -1,6 +1,6 @@
 """What each piece of the forward wrapper's fast path (python/actpage_hooks/_hooks.py) costs on this
 host, in nanoseconds per call, timed with timeit in a loop of many calls: to see which of them the
-~15-20 us a hooked module call costs on the H100 machine's CPU (docs/performance.md) comes from.
+~15-20 us a hooked module call costs on the H100 machine's CPU (docs/findings.md, section 6) comes from.
 Run it under `actpage run` so that the NVTX calls reach libactpage.so:
     actpage run --policy config/observe.json -- python3 bench/python/wrapper_parts.py
 """

@@ -94,7 +94,7 @@ class Device {
   virtual Status map(DevPtr va, std::size_t bytes, PhysicalHandle handle) = 0;
   // The same in two steps, so that one grant_access() covers several adjacent mappings: on the H100,
   // granting access waits up to ~1.1 ms whenever a device-to-host copy is running (idle: ~0.1 ms;
-  // docs/performance.md), once per call, and holds the job's thread meanwhile. Until the grant, the
+  // docs/findings.md, section 3), once per call, and holds the job's thread meanwhile. Until the grant, the
   // range is mapped but no device work may touch it. grant_access() takes whole mappings.
   // Defaults for devices that grant access with the mapping: map(), and nothing to grant.
   virtual Status map_without_access(DevPtr va, std::size_t bytes, PhysicalHandle handle) {
@@ -117,12 +117,6 @@ class Device {
   virtual Result<PoolUsage> job_pool_usage() {
     return Status(ErrorCode::not_supported, "this device has no stream-ordered pool to read");
   }
-  // Makes that pool hold a free block of at least `bytes`: allocates `bytes` from the pool on
-  // `stream`, frees it there and waits until the free has run, so that the job's next allocations
-  // (on any stream) take the block instead of the driver growing the pool on the job's thread.
-  // Returns how much the reserve grew (0 when the pool had a free block that large).
-  // Default: a device without such a pool grows nothing.
-  virtual Result<std::size_t> grow_job_pool(std::size_t /*bytes*/, StreamHandle /*stream*/) { return std::size_t{0}; }
 
   // --- Pinned (page-locked) host memory, the destination of offload copies
   virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;

@@ -33,7 +33,7 @@ the tree, and modules whose forward is already replaced on the instance (acceler
 Without a Python frame (_fastrange): where the package's C extension is built, a hooked module that
 marks no backward gets, instead of the Python wrapper, a _FastForward: functools.partial(
 _fastrange.forward, module), which pushes the range, calls the class's forward and pops the range in
-C (a Python frame costs ~10 us amid a training step on a slow host; docs/performance.md). It looks
+C (a Python frame costs ~10 us amid a training step on a slow host; docs/findings.md, section 6). It looks
 like the bound method it replaces (__self__, __func__, __wrapped__, inspect.signature, pickling, deep
 copies). Whatever the C path does not handle (before the first call decides, custom range functions,
 marked modules, hooks turned off) it hands to the Python wrapper. torch.compile cannot trace C: a

@@ -2,7 +2,7 @@
 //
 // Why: on the H100 machine (a 2.1 GHz VM, Python 3.12) every Python frame added to a module call
 // cost ~10 us amid torch's own work, so the forward wrappers of _hooks.py cost about half of what
-// they did even when they did nothing (docs/performance.md, session 13). This module holds the one
+// they did even when they did nothing (docs/findings.md, section 6). This module holds the one
 // C function that _hooks.py binds to a hooked module as its forward (types.MethodType(forward,
 // module)): it pushes the module's NVTX range, calls the class's forward and pops the range, all in C.
 //

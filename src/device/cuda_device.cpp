@@ -1,6 +1,5 @@
 #include "device/cuda_device.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cinttypes>
@@ -322,110 +321,19 @@ Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
   return static_cast<std::size_t>(reserved > after->reserved_bytes ? reserved - after->reserved_bytes : 0);
 }
 
-Result<std::size_t> CudaDevice::grow_job_pool(std::size_t bytes, StreamHandle stream) {
-  auto pool = current_pool();
-  if (!pool.ok()) return pool.status();
-  auto usage = usage_of(*pool);
-  if (!usage.ok()) return usage.status();
-  if (bytes == 0) return std::size_t{0};
-  // One allocation of all of it, freed at once: the pool serves it from a free block where it has
-  // one that large, and grows by a block that large where not (its unused reserve may be many small
-  // blocks, which the head's large allocations cannot use: on the H100 it held enough unused bytes
-  // and still grew for each 1000 MiB logits allocation). It keeps the block as reserve (torch never
-  // lets it shrink on its own) and splits it for the job's allocations.
-  CUdeviceptr block = 0;
-  const std::string what = "growing the memory pool of " + device_text(ordinal_) + " by a block of " + format_bytes(bytes);
-  if (Status s = driver_.check(driver_.cuMemAllocFromPoolAsync(&block, bytes, *pool, to_cu(stream)),
-                               "cuMemAllocFromPoolAsync", what);
-      !s.ok()) {
-    return s;
-  }
-  if (Status s = driver_.check(driver_.cuMemFreeAsync(block, to_cu(stream)), "cuMemFreeAsync", what); !s.ok()) {
-    return s;
-  }
-  // The job's streams take a freed block only once its free has run (the pool's opportunistic
-  // reuse): wait for it here, on actpage's worker, not on the job's thread.
-  auto reached = create_event();
-  if (!reached.ok()) return reached.status();
-  Status waited = record_event(*reached, stream);
-  if (waited.ok()) waited = synchronize_event(*reached);
-  (void)destroy_event(*reached);
-  if (!waited.ok()) return waited.context(what);
-  auto after = usage_of(*pool);
-  if (!after.ok()) return after.status();
-  return static_cast<std::size_t>(after->reserved_bytes > usage->reserved_bytes ? after->reserved_bytes - usage->reserved_bytes
-                                                                                 : 0);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Pinned host memory
 
-namespace {
-
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
-
-// Anonymous memory of at least `bytes`, 2 MiB aligned, with transparent huge pages asked for and
-// every page faulted in (so that registering it only pins): nullptr when the mapping fails. Sets
-// `mapped` to the length to munmap.
-void* map_touched(std::size_t bytes, std::size_t& mapped) {
-  const std::size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  // Trim to a 2 MiB-aligned window, so that the kernel can back it with huge pages.
-  const auto start = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > start) ::munmap(raw, aligned - start);
-  const std::uintptr_t end = start + length + kHugePage;
-  if (end > aligned + length) ::munmap(reinterpret_cast<void*>(aligned + length), end - (aligned + length));
-  auto* base = reinterpret_cast<char*>(aligned);
-  (void)::madvise(base, length, MADV_HUGEPAGE);  // advice only: without huge pages it still works
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096);
-  for (std::size_t offset = 0; offset < length; offset += page) base[offset] = 0;
-  mapped = length;
-  return base;
-}
-
-}  // namespace
-
 Result<void*> CudaDevice::alloc_pinned(std::size_t bytes) {
-  const std::string what = "allocating " + format_bytes(bytes) + " of pinned host memory";
-  std::size_t mapped = 0;
-  if (void* base = pin_by_register_ && bytes > 0 ? map_touched(bytes, mapped) : nullptr) {
-    const CUresult result = driver_.cuMemHostRegister_v2(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
-    if (result == CUDA_SUCCESS) {
-      std::lock_guard<std::mutex> lock(pinned_mutex_);
-      registered_.emplace(base, mapped);
-      return base;
-    }
-    ::munmap(base, mapped);
-    ACTPAGE_LOG_DEBUG("{}; pinning with cuMemHostAlloc instead",
-                      driver_.check(result, "cuMemHostRegister", what).message());
-  }
   void* ptr = nullptr;
   const CUresult result = driver_.cuMemHostAlloc(&ptr, bytes, CU_MEMHOSTALLOC_PORTABLE);
-  if (result != CUDA_SUCCESS) return driver_.check(result, "cuMemHostAlloc", what);
+  if (result != CUDA_SUCCESS) {
+    return driver_.check(result, "cuMemHostAlloc", "allocating " + format_bytes(bytes) + " of pinned host memory");
+  }
   return ptr;
 }
 
 Status CudaDevice::free_pinned(void* ptr) {
-  std::size_t mapped = 0;
-  {
-    std::lock_guard<std::mutex> lock(pinned_mutex_);
-    if (auto it = registered_.find(ptr); it != registered_.end()) {
-      mapped = it->second;
-      registered_.erase(it);
-    }
-  }
-  if (mapped > 0) {
-    const CUresult result = driver_.cuMemHostUnregister(ptr);
-    // Still registered after a failure: the pages stay mapped (leaked) rather than unmapped under
-    // the driver's pin.
-    if (result == CUDA_SUCCESS) {
-      ::munmap(ptr, mapped);
-      return {};
-    }
-    return driver_.check(result, "cuMemHostUnregister", "unregistering pinned host memory at " + hex(to_value(ptr)));
-  }
   const CUresult result = driver_.cuMemFreeHost(ptr);
   if (result == CUDA_SUCCESS) return {};
   return driver_.check(result, "cuMemFreeHost", "freeing pinned host memory at " + hex(to_value(ptr)));

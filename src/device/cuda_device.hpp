@@ -19,13 +19,7 @@
 // - Streams are non-blocking (CU_STREAM_NON_BLOCKING) with the given priority; events have timing
 //   disabled. StreamHandle/EventHandle/PhysicalHandle hold the driver's CUstream/CUevent/
 //   CUmemGenericAllocationHandle values; StreamHandle{0} is the legacy default stream.
-// - alloc_pinned() is cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE), or with set_pin_by_register(true)
-//   (host_pool.pin register) maps anonymous memory (transparent huge pages asked for), faults every
-//   page in on the calling thread and registers it with cuMemHostRegister(PORTABLE): cuMemHostAlloc
-//   holds the driver for the whole pinning (~155 ms per 256 MiB on the H100 machine, every other
-//   thread's driver call waiting, the job's included), the register only for the last step (~5 ms).
-//   A failed mapping or register falls back to cuMemHostAlloc. Either way usable with every
-//   context; free_pinned() undoes whichever it was.
+// - alloc_pinned() is cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE): usable with every context.
 // - Error messages: "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY (out of memory) while mapping 64 MiB at
 //   0x7f0000000000". CUDA_ERROR_OUT_OF_MEMORY is ErrorCode::out_of_memory; CUDA_ERROR_NOT_READY from
 //   an event query is ErrorCode::not_ready (see error_code_for()).
@@ -51,9 +45,6 @@ class CudaDevice final : public Device {
   static Result<std::unique_ptr<CudaDevice>> create(int ordinal, const DriverApi& driver);
 
   ~CudaDevice() override;
-  // host_pool.pin: alloc_pinned() registers memory it faulted in (true) or uses cuMemHostAlloc
-  // (false, the default). Set before the first alloc_pinned().
-  void set_pin_by_register(bool on) noexcept { pin_by_register_ = on; }
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
 
@@ -75,7 +66,6 @@ class CudaDevice final : public Device {
   // cuDeviceGetMemPool + cuMemPoolGetAttribute (reserve, used) + cuMemPoolTrimTo.
   Result<std::size_t> trim_job_pool(std::size_t bytes) override;
   Result<PoolUsage> job_pool_usage() override;
-  Result<std::size_t> grow_job_pool(std::size_t bytes, StreamHandle stream) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
   Status free_pinned(void* ptr) override;
@@ -123,10 +113,6 @@ class CudaDevice final : public Device {
   CUcontext context_ = nullptr;
   bool retained_primary_ = false;
   std::size_t granularity_ = 0;
-  // Pinned memory alloc_pinned() registered (pointer -> mapped length); the rest came from cuMemHostAlloc.
-  std::mutex pinned_mutex_;
-  std::unordered_map<void*, std::size_t> registered_;
-  bool pin_by_register_ = false;
   bool host_numa_supported_ = false;
   bool host_supported_ = false;
   int host_numa_id_ = 0;

@@ -65,12 +65,8 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuDeviceGetMemPool, "cuDeviceGetMemPool", PFN_cuDeviceGetMemPool_v11020)               \
   X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", PFN_cuMemPoolGetAttribute_v11020)      \
   X(cuMemPoolTrimTo, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020)                        \
-  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", PFN_cuMemAllocFromPoolAsync_v11020) \
-  X(cuMemFreeAsync, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020)                           \
   X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020)                            \
   X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000)                               \
-  X(cuMemHostRegister_v2, "cuMemHostRegister", PFN_cuMemHostRegister_v6050)                \
-  X(cuMemHostUnregister, "cuMemHostUnregister", PFN_cuMemHostUnregister_v4000)             \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \
   X(cuStreamDestroy_v2, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)                      \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)                   \

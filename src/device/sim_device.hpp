@@ -30,9 +30,7 @@
 //   ErrorCode::out_of_memory.
 // - The job's memory pool (what cudaMallocAsync draws from) is a reserve and a part of it in use,
 //   set by the test (set_job_pool); its reserve counts as device memory in use. trim_job_pool()
-//   gives back exactly min(asked, unused): the driver's block granularity is not modelled;
-//   grow_job_pool(bytes) adds to the reserve what it lacks of `bytes` unused (the model's reserve is
-//   one block: it has a free block of `bytes` exactly when that much is unused).
+//   gives back exactly min(asked, unused): the driver's block granularity is not modelled.
 // - Errors read like the driver's: "cuMemMap (simulated): CUDA_ERROR_INVALID_VALUE (range overlaps
 //   a mapping) while mapping 2 MiB at 0x7f0000000000".
 // - Thread safety: every method may be called from any thread, including from inside a launched
@@ -144,7 +142,6 @@ class SimDevice final : public Device {
   Status grant_access(DevPtr va, std::size_t bytes) override;
   Status unmap(DevPtr va, std::size_t bytes) override;
   Result<std::size_t> trim_job_pool(std::size_t bytes) override;
-  Result<std::size_t> grow_job_pool(std::size_t bytes, StreamHandle stream) override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
   Status free_pinned(void* ptr) override;
@@ -176,6 +173,9 @@ class SimDevice final : public Device {
   Status launch(StreamHandle stream, std::function<void()> kernel);
   // Waits until every stream (destroyed ones included) has run all the work enqueued so far.
   void synchronize();
+  // Waits until `stream` has run all its work (an unknown stream: returns at once). Not a call of
+  // the Device interface: no fault is injected and no call is counted.
+  void synchronize_stream(StreamHandle stream);
   // Marks a stream as being captured into a CUDA graph (is_capturing() then answers true).
   Status set_capturing(StreamHandle stream, bool capturing);
   // The location of the memory mapped at `va`; invalid_argument when nothing is mapped there.
@@ -184,8 +184,6 @@ class SimDevice final : public Device {
   // The job's pool: `reserved` bytes held, `used` of them in allocations (see the model above).
   void set_job_pool(std::uint64_t reserved, std::uint64_t used);
   std::uint64_t job_pool_reserved() const;
-  // How many times grow_job_pool() grew the reserve.
-  std::uint64_t job_pool_growths() const;
   Result<PoolUsage> job_pool_usage() override;
   // Holds every device-to-host copy on its stream until release_copies_to_host(): a copy that reaches
   // the front of its stream waits there (the copies queued behind it too), so that a test can keep
@@ -202,7 +200,7 @@ class SimDevice final : public Device {
   std::uint64_t fault_count() const noexcept;
   // grant_access() calls made while a device-to-host copy was enqueued on some
   // stream and had not run yet. On the H100 such a cuMemSetAccess waits until those copies end
-  // (docs/performance.md, "Granting access waits for the copies"); here it only counts.
+  // (docs/findings.md, section 3); here it only counts.
   std::uint64_t grants_behind_copies() const noexcept { return grants_behind_copies_.load(); }
   // Descriptions of the first faults ("read of 64 bytes at 0x7f0000200000: 0x7f0000200000 is not
   // mapped (copy_to_host on stream 3)").
@@ -261,7 +259,6 @@ class SimDevice final : public Device {
   std::array<std::uint64_t, 2> resident_bytes_{};  // indexed by MemoryLocation
   std::uint64_t job_pool_reserved_ = 0;             // the job's pool (set_job_pool), under memory_mutex_
   std::uint64_t job_pool_used_ = 0;
-  std::uint64_t job_pool_growths_ = 0;
   std::unordered_map<void*, std::size_t> pinned_;
   std::uint64_t pinned_bytes_ = 0;
 

@@ -45,7 +45,6 @@ enum class SimOp : std::uint8_t {
   hold_stream,
   mem_info,
   trim_pool,
-  grow_pool,
   launch,
 };
 inline constexpr std::size_t kSimOpCount = static_cast<std::size_t>(SimOp::launch) + 1;

@@ -1,12 +1,17 @@
-// DeviceEngine: offload and reload of one device's selected activations.
+// DeviceEngine: offload and reload of one device's selected activations, the front of the parts
+// that do it.
 //
-// It owns, for one Device: the address-space arena offloadable allocations live in, a cache of
-// mapped ranges for reuse, a D2H copy stream and an H2D copy stream, the pinned host pool, and two
-// worker threads (offload: issues D2H copies and gives pages back when they complete; reload: maps
-// pages back and issues H2D copies). The job's threads call allocate()/free() and the range events;
-// they only ever make short asynchronous calls (event record, stream wait), except on a cache miss.
+// It owns, for one Device, the parts (each a class with a contract at the top of its header, all
+// under one lock: docs/engine.md, "Parts" and "Threads and locks"): AllocationTable (what is
+// served), Groups (what is selected, sealed, held back), AddressSpace (the arena, the windows, the
+// range cache), OffloadPipeline (the copies to the host, on the offload worker), ReloadPipeline
+// (the copies back, on the reload and reload completion workers), PageReturn (unmaps, recycling,
+// the prefill, on the VMM worker), JobPool (the adaptor over the job's own pool), SafetyModes
+// (stray_access), and the pinned host pool. The job's threads call allocate()/free() and the range
+// events, which this front hands on; they only ever make short asynchronous calls (event record,
+// stream wait), except on a cache miss and in the waits the options ask for.
 //
-// Correctness rules this class keeps (docs/engine.md explains each):
+// Correctness rules the parts keep together (docs/engine.md explains each):
 // 1. A D2H copy starts only after the release event recorded on the allocating stream at the release
 //    point, so it sees everything forward wrote.
 // 2. Pages are unmapped only after the copy's completion was observed (which implies rule 1's event).
@@ -17,28 +22,28 @@
 //    while a copy of ours touches it.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
-#include <vector>
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
+#include "engine/address_space.hpp"
+#include "engine/allocation_table.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/engine_options.hpp"
+#include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/groups.hpp"
+#include "engine/job_pool.hpp"
 #include "engine/node_verdict.hpp"
-#include "engine/page_state.hpp"
-#include "engine/range_cache.hpp"
-#include "engine/va_arena.hpp"
-#include "hostpool/host_pool.hpp"
+#include "engine/offload_pipeline.hpp"
+#include "engine/page_return.hpp"
+#include "engine/reload_pipeline.hpp"
+#include "engine/safety_modes.hpp"
+#include "engine/turns.hpp"
 #include "ranges/registry.hpp"
 
 namespace actpage::engine {
@@ -55,7 +60,7 @@ class DeviceEngine {
   // Drains every copy, releases every resource (tests, orderly shutdown; not at process exit).
   void shutdown();
 
-  bool owns(DevPtr ptr) const noexcept { return arena_.contains(ptr); }
+  bool owns(DevPtr ptr) const noexcept { return space_.owns(ptr); }
 
   // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
   DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict);
@@ -70,470 +75,60 @@ class DeviceEngine {
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
-  void set_wait_for_host_memory(bool wait) { wait_for_host_memory_ = wait; }
-  // Replay, before start(): run the workers and the job's calls one at a time ("turns"), in an
-  // order fixed by the engine's state, never by the OS scheduler. Otherwise which worker gets the
-  // lock first decides which windows one unmap gives back, whether a cached range is trimmed
-  // before a reload takes it, what a recycle sees of forward's progress...: the same trace gave
-  // different device calls, and different predictions, from run to run. A job's call takes a turn
-  // only when no worker has work (as after quiesce()) and keeps it to its end, yielding it only
-  // while it waits for the workers; the workers then take turns, each from the moment it leaves
-  // its wait until it goes back to it: the VMM worker first (pages go back as soon as they are
-  // copied, one window at a time), then the offload, reload and reload completion workers. Slow
-  // (no two workers overlap), for the simulated device only; off, nothing changes.
-  void set_serialized(bool serialized) { serialized_ = serialized; }
+  void set_wait_for_host_memory(bool wait) { core_.wait_for_host_memory = wait; }
+  // Replay, before start(): run the workers and the job's calls one at a time, in an order fixed
+  // by the engine's state (Turns). Slow (no two workers overlap), for the simulated device only.
+  void set_serialized(bool serialized) { turns_.set_serialized(serialized); }
   EngineStats stats() const;
   // What the run showed the user could change, or nullopt (Engine::advice()). Today one thing: the
   // host pool pinned memory after start-up, beyond host_pool.prealloc_bytes, and activations stayed
-  // on the device meanwhile (host_pool_misses): pinning holds the driver (~155 ms per 256 MiB slab
-  // on the H100 machine), so the first iterations ran slower and peaked higher than the steady ones
-  // (0.4-0.7 GiB higher with every Llama MLP selected, docs/performance.md, session 21). The advice
-  // names the preallocation that would have pinned it all at start-up: what the pool holds now.
-  // Not given when the budget ran out (the pool warned then: the budget is the limit, not the
-  // preallocation).
+  // on the device meanwhile (host_pool_misses): pinning holds the driver, so the first iterations
+  // ran slower and peaked higher than the steady ones. The advice names the preallocation that
+  // would have pinned it all at start-up: what the pool holds now. Not given when the budget ran
+  // out (the pool warned then: the budget is the limit, not the preallocation).
   std::optional<std::string> advice() const;
   // Without the engine's lock: it runs after every engine call of the job's threads.
-  void add_job_thread_ns(std::uint64_t ns) { job_thread_ns_.fetch_add(ns, std::memory_order_relaxed); }
+  void add_job_thread_ns(std::uint64_t ns) { core_.job_thread_ns.fetch_add(ns, std::memory_order_relaxed); }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
   // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and
-  // offload_drain_at_layers_end or vmm.trim_job_pool_at_layers_end is on. Without the engine's lock.
-  bool drains_at(ranges::PathId node) const noexcept {
-    return node != ranges::kNoPath && drain_node_.load(std::memory_order_relaxed) == node;
-  }
+  // offload_drain_at_layers_end or offload_drain_at_backward_start is on. Without the engine's lock.
+  bool drains_at(ranges::PathId node) const noexcept { return groups_.drains_at(node); }
   // offload_drain_at_backward_start: whether an allocation of the calling thread is where backward
   // begins, after the layers' end (a thread other than the forward's), so that Engine calls
   // drain_at_backward_start() before it. Without the engine's lock: one relaxed load while unarmed.
-  bool backward_drain_due() const noexcept {
-    return backward_drain_armed_.load(std::memory_order_acquire) &&
-           backward_drain_forward_thread_.load(std::memory_order_relaxed) != std::this_thread::get_id();
-  }
+  bool backward_drain_due() const noexcept { return groups_.backward_drain_due(); }
   // Waits, once per iteration, until every sealed activation has left (as the drain at the layers'
   // end does), if the drain is still armed.
   void drain_at_backward_start();
 
  private:
-  struct Group;
-  struct Allocation;
-  // A mapped device range that allocations are served from: the unit of mapping and unmapping.
-  // In steady state one window holds all allocations of one group (one module call), sized from
-  // the same group of the previous iteration, so that giving a layer's pages back is one unmap
-  // (cuMemUnmap waits for the device: see docs/performance.md). Otherwise (first iteration, sizes
-  // that grew, host_mapped mode) a window holds one allocation.
-  struct Window {
-    DevPtr va = 0;
-    std::size_t bytes = 0;          // mapped size, a multiple of the granularity
-    PhysicalHandle physical;        // valid while mapped
-    bool mapped = false;            // device pages are behind the range now
-    bool open = false;              // still takes sub-allocations (its group is open)
-    std::size_t used = 0;           // offset of the next sub-allocation
-    std::vector<Allocation*> allocations;  // live ones
-    std::uint32_t copied = 0;       // of those, copied to the host and waiting for the unmap
-    bool unmap_queued = false;      // in unmap_ready_
-    bool unmapping = false;         // the offload worker is unmapping it now (lock released)
-    std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
-    std::uint64_t iteration = 0;    // when it was taken, and its place in that forward's sequence
-    std::size_t position = 0;
-  };
-  struct Allocation {
-    DevPtr va = 0;
-    std::size_t bytes = 0;         // what the job asked for: what is copied
-    StreamHandle stream;           // the allocating stream (where forward reads and backward waits)
-    Window* window = nullptr;      // where its pages are
-    std::optional<hostpool::HostBlock> host;
-    PageState state = PageState::resident;
-    Group* group = nullptr;
-    bool freed = false;            // the job freed it while a copy was in flight
-    bool wanted_back = false;      // backward asked for it while its D2H copy was in flight
-    bool reload_queued = false;
-    bool reload_urgent = false;
-    PhysicalHandle host_physical;  // host_mapped: the host-located copy
-    bool has_host_physical = false;
-    DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
-    EventHandle copy_event;        // H2D completion, valid while a reload copy is in flight
-    bool has_copy_event = false;
-    std::size_t copy_issued = 0;   // offload: bytes whose D2H copy is on the stream
-    bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
-    bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
-    std::uint64_t copy_started_ns = 0;
-  };
-  struct Group {
-    std::uint32_t id = 0;
-    ranges::PathId selected = ranges::kNoPath;
-    ranges::PathId release_node = ranges::kNoPath;  // popping it seals the group
-    ranges::PathId layer_node = ranges::kNoPath;    // groups sharing it form one keep_last layer
-    std::thread::id thread;
-    std::uint64_t iteration = 0;
-    std::size_t position = 0;                       // index in this iteration's forward order
-    std::size_t planned_bytes = 0;                  // the same group's bytes last iteration; 0 none
-    Window* window = nullptr;                       // the group's window, once made
-    bool window_tried = false;
-    std::uint64_t forward_pass = 0;                 // the creating thread's forward call (0: unknown)
-    std::vector<Allocation*> allocations;           // live ones
-    std::vector<ranges::NameId> names;              // selected range's name and its parent's
-    std::vector<std::pair<StreamHandle, EventHandle>> release_events;
-    bool sealed = false;
-  };
-  // What one group of the forward pass allocated: the size of its window next iteration.
-  struct GroupPlan {
-    ranges::PathId selected = ranges::kNoPath;
-    std::size_t bytes = 0;
-  };
-  using CachedRange = RangeCache::Range;
-
-  // Everything below runs with mutex_ held unless it says otherwise.
-  Group* open_group_for(const NodeVerdict& verdict, std::thread::id thread);
-  void seal(Group& group);
-  void queue_offload(Group& group);
-  void keep_resident(Allocation& allocation);
-  void backward_begins();
-  void request_reload(Allocation& allocation, bool urgent);
-  // Requests the groups before `position` in forward order; with a forward pass id, only that
-  // forward call's (and unknown ones'): another micro-batch's backward is not next.
-  void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
-  void prefetch_at_backward_start();  // prefetch.at_backward_start
-  // Bytes of selected activations queued, copying or copied but still mapped (offload_backlog_bytes).
-  std::uint64_t offload_backlog_bytes() const;
-  // On the job's thread after a seal: waits while the backlog exceeds `limit` (offload_backlog_bytes,
-  // or 0 at the end of the layers with offload_drain_at_layers_end).
-  void wait_for_offload_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
-  void dispose(Allocation& allocation);   // the job freed it and no copy of ours touches it
-  // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
-  // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
-  // `call`: the module call's place in this forward (Group::position).
-  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::size_t call,
-                     std::unique_lock<std::mutex>& lock);
-  // The window takes no more allocations; an empty one is retired.
-  void close_window(Window& window);
-  // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
-  void retire_window(Window& window);
-  // Every live allocation of a closed window is copied: queue its pages to be given back.
-  void maybe_queue_unmap(Window& window);
-  // Gives back the pages of the windows in unmap_ready_, adjacent ones in one call. Unlocks.
-  void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
-  bool unmap_due() const;
-  // Ready windows must go now, whatever their groups (backward began, a flush, the forward's end).
-  bool unmap_forced() const;
-  // vmm.unmap_by_group: none of the window's groups has a copy still to finish.
-  bool groups_copied(const Window& window) const;
-  // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
-  // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
-  void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
-  // Pages kept for the cache outside it (recycle_pending_, and those a decision adds): they count
-  // against the demand as if in the cache.
-  struct HeldForCache {
-    std::unordered_map<std::size_t, std::size_t> count;  // by mapped size
-    std::uint64_t bytes = 0;
-    void add(std::size_t size) {
-      ++count[size];
-      bytes += size;
-    }
-  };
-  // Whether pages of `bytes` are worth keeping for the cache with `held` kept already; if so,
-  // counts them in `held`.
-  bool keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const;
-  // Gives back the kept pages that the rest of the forward no longer asks for (see the .cpp).
-  void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
-  void note_recycle_pending();  // stats_.recycle_pending_bytes (and its peak) from recycle_pending_
-  // Whether the pending pages should be recycled now: no offload copy runs (granting access then
-  // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
-  bool recycle_due() const;
-  // vmm.map_ahead: the sizes of the next few allocations (the last iteration's order) that neither
-  // the cache nor the pages waiting to be recycled can serve, within vmm.cache_bytes.
-  std::vector<std::size_t> map_ahead_sizes() const;
-  // Creates and maps ranges of those sizes for the cache, in one span, granting access once while
-  // no offload copy runs. VMM worker; unlocks.
-  void map_ahead(std::unique_lock<std::mutex>& lock);
-  // vmm.prefill_cache: backward has freed every activation actpage served (so none comes back to
-  // the cache) and the cache has not been filled this backward.
-  bool prefill_due() const;
-  // The demand (the next forward's first allocations within vmm.cache_bytes) less what the cache has.
-  std::vector<std::size_t> prefill_sizes() const;
-  // Creates and maps those ranges for the cache (VMM worker; unlocks): the next forward pass then
-  // takes its ranges from the cache and makes no grant while its offload copies run.
-  void prefill_cache(std::unique_lock<std::mutex>& lock);
-  struct MappedRanges {
-    std::size_t mapped = 0;  // ranges put in the cache (a prefix of the sizes asked for)
-    std::uint64_t bytes = 0;
-  };
-  // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
-  // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
-  // pool by their total and creates only as many bytes as it gave back. Creates no more than `most`
-  // bytes either way (the sizes in order, up to the first that no longer fits). Stops at the first
-  // failure and gives back what came after. Unlocks.
-  MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
-                                std::unique_lock<std::mutex>& lock,
-                                std::uint64_t most = std::numeric_limits<std::uint64_t>::max());
-  // Its data is now only on the host (or, poison, overwritten): count and trace it, then dispose of
-  // it if the job freed it meanwhile, or queue the reload backward already asked for.
-  void offload_done(Allocation& allocation);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
-  void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
-  void detach_from_group(Allocation& allocation);
-  void maybe_destroy_group(Group* group);
-  std::optional<CachedRange> take_cached(std::size_t mapped_bytes, RangeCache::End end = RangeCache::End::oldest);
-  // vmm.unmap_by_group, an activation: the range that begins the longest run of cached neighbours
-  // fitting the activations the last forward's module call asked for next (RangeCache::take_row).
-  std::optional<CachedRange> take_cached_in_row(std::size_t mapped_bytes);
-  // A cached range for a reload's pages: with vmm.reload_waits_for_frees off, only one whose frees
-  // the device has run (the reload worker must not wait for the job's queued work).
-  std::optional<CachedRange> take_cached_for_reload(std::size_t mapped_bytes);
-  void put_cached(const CachedRange& range);
-  // The sizes the next allocations are expected to ask for: the rest of the last iteration's
-  // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
-  RangeCache::Demand demand() const;
-  // The same sizes in the order the forward asks for them.
-  std::vector<std::size_t> demanded_sizes() const;
-  EventHandle acquire_event();
-  void recycle_event(EventHandle event);
-  void note_failure(const char* what, const Status& status);  // mutex_ held
-  // A sticky CUDA error (ErrorCode::context_lost): stop as shutdown does, so that no wait outlives it.
-  void lose_context(const char* what, const Status& status);
-  // Notifies every worker's and the job threads' condition variables: after a change any of them
-  // may be waiting for (a turn's end, stopping).
-  void wake_everyone();
-
-  void start_iteration();
-  // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
-  // out in chunks (issue_chunk). false: the allocation stays resident.
-  bool start_offload(Allocation& allocation);
-  // The event after which the job is done with `allocation` (its module's end on its stream);
-  // {} when none was recorded.
-  EventHandle release_event_of(const Allocation& allocation) const;
-  // Whether a new offload may go on the copy stream now: its release point has been reached on the
-  // device. Only then does a queued copy run at once, so that the queue drains within its chunks'
-  // copy time when access must be granted (vmm.grant_when_idle); a copy queued ahead of its
-  // release point waits there for the job's kernels, and the grant with it (6 ms in the Qwen3-MoE
-  // forward, docs/performance.md). True without grant_when_idle, in host_mapped mode and in a
-  // serialized replay (which must not depend on timing), and when the event cannot be asked;
-  // true always with copy_at_release off (the default).
-  bool release_reached(const Allocation& allocation);
-  // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
-  // copied, with an event after it, in d2h_chunks_. false when nothing could be enqueued.
-  bool issue_chunk(Allocation& allocation, bool whole);
-  // The copy of `allocation` ended (its last chunk's event): the pages go back, or on failure stay.
-  void offload_copy_ended(Allocation& allocation, const Status& status, std::unique_lock<std::mutex>& lock);
-  // New chunks stay off the copy stream while a thread waits to grant access (see grant_when_idle).
-  bool d2h_paused() const;
-  bool can_issue_d2h() const;
-  // grant_access() for a mapping made outside the offload worker's quiet moments: holds new chunks
-  // back, waits for the copy queue to drain, grants, lets the chunks go again (without
-  // grant_when_idle: grants at once). Called and returns with `lock` unlocked.
-  Status grant_with_copies_held(DevPtr va, std::size_t bytes, std::unique_lock<std::mutex>& lock);
-  // The two halves of it, for several grants in a row: hold_copies() stops new chunks and waits for
-  // the queue to drain; release_copies() lets them go again. Both called and return with `lock`
-  // unlocked; nothing without grant_when_idle.
-  void hold_copies(std::unique_lock<std::mutex>& lock);
-  void release_copies(std::unique_lock<std::mutex>& lock);
-  // host_mapped: copy into a host-located handle mapped at a staging address (unlocks meanwhile).
-  bool issue_offload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  // host_mapped: with the job's stream held at a gate, put `physical` at `va` instead of what is
-  // mapped there now. Unlocks meanwhile.
-  Status swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
-                         std::unique_lock<std::mutex>& lock);
-  void reload_host_mapped(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  // host_mapped: gives back a host copy that was made but never swapped in (freed, wanted back).
-  void drop_staged_host_copy(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  void issue_offloads_now(Group& group);
-  void offload_worker();
-  // The offload worker's wait for a copy chunk's end, as copy_wait says (lock not held).
-  Status wait_for_copy_chunk(EventHandle done);
-  void vmm_worker();
-  void reload_worker();
-  // Whether each worker has work now (its wait's condition, stopping aside).
-  bool offload_has_work() const;
-  bool vmm_has_work() const;
-  bool reload_has_work() const;
-  bool reload_completion_has_work() const;
-  // set_serialized: who runs now, and who runs next.
-  enum class Turn : std::uint8_t { none, job, vmm, offload, reload, reload_completion };
   // The worker with work that comes first (vmm, offload, reload, reload completion); none: all idle.
-  Turn next_turn() const;
-  // Whether `who` (a worker) may run now: always when not serialized.
-  bool may_run(Turn who) const;
-  // Holds the turn of a worker or of a job's call for a scope (nothing when not serialized).
-  class TurnScope;
-  // A job's call: waits until no worker has work and takes the turn (nothing when not serialized).
-  void take_job_turn(std::unique_lock<std::mutex>& lock);
-  void end_turn(Turn who);
-  // cv.wait(lock, done), giving up the caller's turn meanwhile; it is taken back once `done` holds
-  // and no other worker has work (set_serialized: the others would otherwise never get to run).
-  template <class Done>
-  void wait_yielding_turn(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done);
-  // vmm.trim_job_pool: what a trim of the job's pool gave back, and how long it took.
-  struct PoolTrim {
-    Result<std::size_t> trimmed;
-    std::uint64_t ns = 0;
-  };
-  // Trims the job's pool by `bytes`; nullopt once a trim has failed (none for the rest of the run).
-  // Called without the engine's lock.
-  std::optional<PoolTrim> trim_job_pool_by(std::size_t bytes);
-  // Counts a trim; the first failure warns and stops later trims. Lock held.
-  void record_pool_trim(const PoolTrim& trim);
-  // vmm.trim_job_pool_at_forward_start / vmm.trim_job_pool_in_backward: while a watch is open the
-  // VMM worker looks at the job's pool every kPoolWatchIntervalNs and gives back what it holds
-  // unused beyond vmm.job_pool_slack_bytes. The forward's watch closes after a few looks (the pool's
-  // use only grows in a forward); backward's stays open until the next forward. With
-  // vmm.prefill_cache, what a watch gives back once the prefill has run (after the optimizer step)
-  // or when the forward begins tops the range cache up (the prefill at the end of backward created
-  // only what the pool gave back before the optimizer step). Serialized
-  // (a replay, which must not depend on time), each watch looks once.
-  // vmm.trim_job_pool_catch_up: the reload_debt watch trims the pool by what reloads created and
-  // their own trims did not give back (pool_trim_debt_), no more, and closes when that is paid.
-  enum class PoolWatch : std::uint8_t { none, forward_start, backward, reload_debt };
-  void open_pool_watch(PoolWatch kind);
-  bool pool_watch_due() const;
-  // vmm.grow_job_pool_for_head: the growth of the job's pool this iteration's head will need is due
-  // (kPoolGrowLeadNs before the layers ended in the last iteration); the VMM worker makes it.
-  bool pool_grow_due() const;
-  void grow_job_pool_ahead(std::unique_lock<std::mutex>& lock);
-  // When the VMM worker must wake for timed work of its own (a pool watch's next look, the pool's
-  // growth); nullopt: only when told.
-  std::optional<std::uint64_t> timed_vmm_work_ns() const;
-  // vmm.grow_job_pool_for_head: at the layers' end (the job's thread, lock held; released around the
-  // driver's query) and when backward begins (lock held), what the head's growth of the pool was.
-  void note_pool_at_layers_end(std::uint64_t layers_end_ns, std::unique_lock<std::mutex>& lock);
-  void learn_head_pool_growth();
-  // One look (and trim); unlocks around the driver calls.
-  void watch_job_pool(std::unique_lock<std::mutex>& lock);
-  // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
-  // waits while the job's pool still owes earlier reloads' pages. Lock held.
-  bool reload_waits_for_pool(const Allocation& allocation) const;
-  // Creates device pages for a reload, first trimming the job's pool by as much (vmm.trim_job_pool).
-  // Called without the engine's lock.
-  Result<PhysicalHandle> create_reload_pages(std::size_t bytes);
-  void reload_completion_worker();
-  void sampler_worker();
-  // Gives back the cached ranges the demand does not need (all of them when `everything`).
-  void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
-  // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
-  void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
-  void finish_offload(Allocation& allocation, std::unique_lock<std::mutex>& lock);
-  void finish_reload(Allocation& allocation);
+  Turns::Turn next_turn() const;
+  // MEM_SAMPLE and ENGINE_MEMORY records every trace.sample_ms, when tracing (its own thread).
+  void sample_memory();
 
-  Device& device_;
-  const Options& options_;
+  const DeviceEngineOptions options_;
   const NodeClassifier& classifier_;
-  const std::size_t granularity_;
+  EngineCore core_;
+  Turns turns_;
+  EngineParts parts_;
+  AllocationTable allocations_;
+  Groups groups_;
+  AddressSpace space_;
+  SafetyModes safety_;
+  ReloadPipeline reload_;
+  OffloadPipeline offload_;
+  PageReturn pages_;
+  JobPool job_pool_;
 
-  VaArena arena_;
-  std::unique_ptr<hostpool::HostPool> host_pool_;
-  StreamHandle copy_stream_;
-  StreamHandle reload_stream_;
-  bool started_ = false;
-  std::atomic<bool> wait_for_host_memory_{false};
-  bool serialized_ = false;
-  Turn turn_ = Turn::none;  // set_serialized: who runs now
-  std::atomic<std::uint64_t> job_thread_ns_{0};
-
-  mutable std::mutex mutex_;
-  std::condition_variable offload_cv_;  // offload worker: work queued
-  std::condition_variable reload_cv_;   // reload worker: work queued
-  std::condition_variable reload_done_cv_;  // reload completion worker: a copy is in flight
-  std::condition_variable issued_cv_;   // job threads: a reload was issued / state changed
-  bool stopping_ = false;
-  bool shut_down_ = false;     // shutdown() ran (or runs): the workers are joined once
-  bool context_lost_ = false;  // a sticky CUDA error was seen: stopping_ is set, nothing is retried
-
-  std::unordered_map<DevPtr, std::unique_ptr<Allocation>> allocations_;
-  std::map<DevPtr, std::unique_ptr<Window>> windows_;
-  std::vector<Window*> unmap_ready_;      // closed windows whose allocations are all copied
-  std::uint64_t unmap_ready_bytes_ = 0;
-  DevPtr next_window_va_ = 0;             // the end of the window the forward took last (RangeCache::take_row)
-  std::uint32_t flush_requests_ = 0;      // quiesce(): give back what is ready without waiting for more
-  std::vector<GroupPlan> plan_this_iteration_;
-  std::vector<GroupPlan> plan_last_iteration_;
-  // Per position of plan_last_iteration_: how many distinct layers' selected modules came after it
-  // in that forward pass (keep_last: a group with at least keep_last layers after it leaves at its
-  // seal, see seal()).
-  std::vector<std::uint32_t> layers_after_last_iteration_;
-  std::unordered_map<std::uint32_t, std::unique_ptr<Group>> groups_;
-  std::uint32_t next_group_id_ = 1;
-  std::vector<Group*> open_groups_;       // not yet sealed, any thread
-  std::deque<std::vector<Group*>> keep_window_;  // released layers held back by keep_last
-  std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
-  ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
-  std::deque<Allocation*> offload_queue_;
-  std::deque<Allocation*> offload_inflight_;  // being copied, in stream order
-  // D2H copies on the copy stream, oldest first (they end in this order). Until its last chunk
-  // ends, an allocation stays alive (a free only marks it); one given up with its copy's end
-  // unknown leaves its earlier chunks here with `allocation` null.
-  struct D2hChunk {
-    Allocation* allocation;
-    EventHandle done;
-    bool last;
-  };
-  std::deque<D2hChunk> d2h_chunks_;
-  std::uint32_t grant_waiters_ = 0;  // threads waiting for the copy queue to drain to map
-  std::deque<Allocation*> reload_queue_;
-  std::deque<Allocation*> reload_inflight_;
-  std::uint32_t unmapping_ = 0;          // workers between unlock and relock around VMM calls
-  std::uint32_t reload_preparing_ = 0;
-  std::uint32_t trimming_ = 0;
-  std::uint32_t offload_preparing_ = 0;
-  // Ranges the offload worker unmaps and releases: host_mapped frees, the cache when backward begins.
-  std::vector<CachedRange> deferred_releases_;
-  // Pages of offloaded windows, unmapped and kept for the cache, waiting to be mapped at new addresses.
-  struct PendingPages {
-    PhysicalHandle physical;
-    std::size_t bytes = 0;
-  };
-  std::vector<PendingPages> recycle_pending_;
-  std::atomic<bool> pool_trim_failed_{false};  // a trim failed: none for the rest of the run
-  bool map_ahead_failed_ = false;  // a map-ahead failed (out of memory...): no more until the next iteration
-  bool prefilled_ = false;         // vmm.prefill_cache ran in this iteration's backward
-  PoolWatch pool_watch_ = PoolWatch::none;
-  std::uint32_t pool_watch_looks_left_ = 0;  // the forward's watch closes after these
-  std::uint64_t pool_watch_next_ns_ = 0;     // monotonic_ns() of the next look
-  // Bytes of reload pages created in this backward that the job's pool has not given back yet
-  // (vmm.trim_job_pool_catch_up).
-  std::uint64_t pool_trim_debt_ = 0;
-  // vmm.grow_job_pool_for_head. Learned in the last iteration: how much the job's pool grew from the
-  // layers' end to backward's start (the logits, the loss, its gradient; what actpage grew it by
-  // counts as the job's), and how long after the iteration's start the layers ended. This
-  // iteration: its start, the pool's reserve at the layers' end less what actpage grew it by before
-  // (nullopt until then), what actpage grew it by, and the growth due (at 0: none).
-  std::uint64_t head_pool_growth_ = 0;
-  std::uint64_t layers_end_after_ns_ = 0;
-  std::uint64_t iteration_started_ns_ = 0;
-  std::optional<std::uint64_t> pool_base_at_layers_end_;
-  std::uint64_t layers_end_after_ns_this_iteration_ = 0;
-  std::uint64_t pool_grown_this_iteration_ = 0;
-  std::uint64_t pool_grow_at_ns_ = 0;
-  std::uint64_t pool_grow_bytes_ = 0;
-  bool pool_grow_failed_ = false;
-  // offload_drain_at_layers_end: the range holding the newest group's layer
-  // (ranges::enclosing_layers), where the forward thread waits for the copies.
-  std::atomic<ranges::PathId> drain_node_{ranges::kNoPath};
-  // offload_drain_at_backward_start: armed at the layers' end by the forward thread (kept here, so
-  // that its own allocations for the head pass by), disarmed by the wait or a new forward.
-  std::atomic<bool> backward_drain_armed_{false};
-  std::atomic<std::thread::id> backward_drain_forward_thread_{};
-  bool in_backward_ = false;
-  std::thread::id forward_thread_;
-  std::uint64_t iteration_ = 0;
-
-  RangeCache cache_;
-  std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
-  // Per position of sizes_*: the window went back within the forward (a temporary of the module).
-  std::vector<std::uint8_t> freed_in_forward_this_iteration_;
-  std::vector<std::uint8_t> freed_in_forward_last_iteration_;
-  // Per position of sizes_*: the module call it belonged to (Group::position).
-  std::vector<std::size_t> calls_this_iteration_;
-  std::vector<std::size_t> calls_last_iteration_;
-  std::vector<std::size_t> sizes_last_iteration_;
-  std::size_t cursor_ = 0;                          // candidates served so far this iteration
-  bool cache_dirty_ = false;                        // cache or demand changed: the worker trims
-  std::vector<EventHandle> free_events_;
-
-  EngineStats stats_;
   std::thread offload_thread_;
   std::thread vmm_thread_;
   std::thread reload_thread_;
   std::thread reload_completion_thread_;
-  std::thread sampler_thread_;           // MEM_SAMPLE records, when tracing
-  std::condition_variable sampler_cv_;
+  std::thread sampler_thread_;  // MEM_SAMPLE records, when tracing
 };
 
 }  // namespace actpage::engine

@@ -20,28 +20,20 @@ namespace actpage::engine {
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
-//   ranges_mapped_ahead: ranges a worker created for the cache before the job asked (vmm.map_ahead)
 //   ranges_prefilled, bytes_prefilled: ranges the VMM worker created for the next forward at the
 //     end of backward (vmm.prefill_cache), and their bytes
 //   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool (before a
-//     reload or the prefill created pages, vmm.trim_job_pool; and those below), the bytes its reserve
-//     fell by, the time they took
-//   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
-//     pool at a forward's start and through backward (vmm.trim_job_pool_at_forward_start,
-//     vmm.trim_job_pool_in_backward), the trims they made and what those gave back
-//   pool_grows, pool_grown_bytes, pool_grow_ns: growths of the job's pool the VMM worker made ahead
-//     of the head (vmm.grow_job_pool_for_head), the bytes its reserve rose by, the time they took
+//     reload or the prefill created pages, vmm.trim_job_pool; and the watch's below), the bytes its
+//     reserve fell by, the time they took
 //   pool_trim_debt_bytes: bytes reloads created that their trim of the job's pool did not give back
-//     at once (vmm.trim_job_pool_catch_up then gives them back later in backward, through the watch
-//     counters above)
+//     at once (vmm.trim_job_pool_catch_up then gives them back later in backward)
+//   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
+//     pool while it owes reloads' pages (vmm.trim_job_pool_catch_up), the trims they made and what
+//     those gave back
 //   reload_pool_waits: times a prefetch that needed new pages waited (0.5 ms at most) for the pool
 //     to give back what earlier reloads' pages were owed
-//   bytes_topped_up: ranges created for the cache with what the forward's watch gave back (with
-//     vmm.prefill_cache; counted in ranges_prefilled and bytes_prefilled too)
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
 //     time those cuMemCreate calls took
-//   reload_busy_skips: reloads that created pages while the cache held a fitting range whose frees
-//     the device had not run yet (vmm.reload_waits_for_frees false: waiting for it held reloads up)
 //   backlog_waits, backlog_wait_ns: the job's thread waited for the offload backlog to fall, at a
 //     module's end to offload_backlog_bytes or at the layers' end to nothing
 //     (offload_drain_at_layers_end), and for how long in all
@@ -81,12 +73,10 @@ namespace actpage::engine {
   X(offload_unmaps) \
   X(ranges_recycled) \
   X(recycle_grants) \
-  X(ranges_mapped_ahead) \
   X(ranges_prefilled) \
   X(bytes_prefilled) \
   X(reload_creates) \
   X(reload_create_ns) \
-  X(reload_busy_skips) \
   X(pool_trims) \
   X(pool_trimmed_bytes) \
   X(pool_trim_ns) \
@@ -94,11 +84,7 @@ namespace actpage::engine {
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
   X(pool_trim_debt_bytes) \
-  X(pool_grows) \
-  X(pool_grown_bytes) \
-  X(pool_grow_ns) \
   X(reload_pool_waits) \
-  X(bytes_topped_up) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
   X(backlog_waiters) \

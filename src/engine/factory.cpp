@@ -16,11 +16,9 @@ std::unique_ptr<AllocationHandler> create_engine(const Options& options) {
     std::vector<std::unique_ptr<device::CudaDevice>> devices;
   };
   static auto* devices = new CudaDevices;
-  const bool register_pinned = options.host_pool_pin == HostPin::register_memory;
-  auto provider = [register_pinned](int ordinal) -> Result<Device*> {
+  auto provider = [](int ordinal) -> Result<Device*> {
     auto created = device::CudaDevice::create(ordinal);
     if (!created.ok()) return created.status();
-    created.value()->set_pin_by_register(register_pinned);
     std::lock_guard<std::mutex> lock(devices->mutex);
     devices->devices.push_back(std::move(created).value());
     return static_cast<Device*>(devices->devices.back().get());

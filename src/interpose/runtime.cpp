@@ -133,7 +133,10 @@ void load_options_locked(ProcessState& state) {
   state.rank = std::max(rank, 0);
   const char* policy_path = std::getenv("ACTPAGE_POLICY");
   policy::LoadResult loaded = policy::load(policy_path != nullptr ? policy_path : "", policy::process_environment());
+  // A misspelt ACTPAGE_* variable is ignored: say so once, at the policy's log level when it loaded.
+  const std::vector<policy::PolicyError> unknown = policy::unknown_variables(policy::actpage_variable_names());
   if (!loaded.ok()) {
+    for (const policy::PolicyError& warning : unknown) ACTPAGE_LOG_WARN("{}", warning.to_string());
     for (const policy::PolicyError& error : loaded.errors) ACTPAGE_LOG_ERROR("{}", error.to_string());
     ACTPAGE_LOG_ERROR("the policy has {} error(s): actpage stays inert and the job runs without it "
                       "(`actpage check` lists them)",
@@ -142,6 +145,7 @@ void load_options_locked(ProcessState& state) {
   }
   state.options = std::move(loaded.options);
   log::configure(state.options.log_level, rank);
+  for (const policy::PolicyError& warning : unknown) ACTPAGE_LOG_WARN("{}", warning.to_string());
   if (!state.options.enabled) {
     ACTPAGE_LOG_INFO("disabled by the policy (enabled: false): every call passes through");
     return;

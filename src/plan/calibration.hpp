@@ -23,7 +23,7 @@
 
 #include "actpage/device.hpp"
 #include "actpage/status.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 
 namespace actpage::plan {
 

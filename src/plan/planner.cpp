@@ -60,6 +60,11 @@ struct Search {
     auto replayed = engine::replay_trace(trace, candidate_options(c, options.base), replay);
     if (!replayed.ok()) return replayed.status();
     const auto& r = *replayed;
+    for (const std::string& warning : r.warnings) {
+      if (std::find(result.warnings.begin(), result.warnings.end(), warning) == result.warnings.end()) {
+        result.warnings.push_back(warning);
+      }
+    }
     c.instant_peak_bytes = r.predicted_peak_bytes;
     c.peak_bytes = r.timed ? r.timing.timed_peak_bytes : r.predicted_peak_bytes;
     c.added_ns = r.timing.added_ns;

@@ -1,5 +1,5 @@
 // The planner behind `actpage plan`: searches offload policies for a recorded observe-only trace
-// with replay (engine/replay.hpp, timed by a calibration) and picks the best one for a goal.
+// with replay (replay/replay.hpp, timed by a calibration) and picks the best one for a goal.
 //
 // Candidates are built from the trace itself:
 // - module kinds: innermost range names with the layer number as '*' (trace/timeline.hpp) that
@@ -29,7 +29,7 @@
 
 #include "actpage/options.hpp"
 #include "actpage/status.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "trace/reader.hpp"
 
 namespace actpage::plan {
@@ -66,6 +66,8 @@ struct PlanResult {
   bool goal_met = false;
   std::vector<std::string> kinds;    // the module kinds offered
   std::uint32_t layers = 0;          // numbered layers found
+  // What the replays said they do not model (each once): the prediction is of the engine without it.
+  std::vector<std::string> warnings;
 };
 
 struct PlanOptions {

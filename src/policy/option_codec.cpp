@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <climits>
 #include <type_traits>
 
 #include "policy/module_matcher.hpp"
@@ -72,16 +71,6 @@ bool check_number_limits(const Field& field, std::uint64_t value, std::size_t of
     return false;
   }
   return true;
-}
-
-// "auto" or a NUMA node number.
-bool check_numa(const Field& field, std::string_view text, std::size_t offset, ErrorCollector& errors) {
-  if (text == "auto") return true;
-  const auto node = parse_count(text);
-  if (node.ok() && *node <= static_cast<std::uint64_t>(INT_MAX)) return true;
-  errors.add(field.key_path, offset, "expected \"auto\" or a NUMA node number, got " + quoted(text),
-             nearest_name(text, {"auto"}));
-  return false;
 }
 
 bool check_glob(const Field& field, const std::string& key_path, std::string_view pattern, std::size_t offset,
@@ -198,19 +187,10 @@ bool read_json_value(const JsonValue& value, const Field& field, ErrorCollector&
 }
 
 bool read_json_value(const JsonValue& value, const Field& field, ErrorCollector& errors, std::string& out) {
-  const bool numa = field.ident == "host_pool_numa";
-  if (numa && value.type == Type::unsigned_integer) {  // "numa": 1 reads as naturally as "1"
-    if (!check_numa(field, std::to_string(value.unsigned_integer), value.offset, errors)) return false;
-    out = std::to_string(value.unsigned_integer);
-    return true;
-  }
   if (value.type != Type::string) {
-    errors.add(field.key_path, value.offset,
-               (numa ? std::string("expected \"auto\" or a NUMA node number") : std::string("expected a string")) +
-                   ", got " + value.describe());
+    errors.add(field.key_path, value.offset, "expected a string, got " + value.describe());
     return false;
   }
-  if (numa && !check_numa(field, value.text, value.offset, errors)) return false;
   out = value.text;
   return true;
 }
@@ -352,13 +332,7 @@ bool read_env_value(std::string_view raw, const Field& field, ErrorCollector& er
   return read_enum_text(trimmed(raw), field, kNoOffset, errors, out);
 }
 
-bool read_env_value(std::string_view raw, const Field& field, ErrorCollector& errors, std::string& out) {
-  if (field.ident == "host_pool_numa") {
-    const std::string_view text = trimmed(raw);
-    if (!check_numa(field, text, kNoOffset, errors)) return false;
-    out = std::string(text);
-    return true;
-  }
+bool read_env_value(std::string_view raw, const Field&, ErrorCollector&, std::string& out) {
   out = std::string(raw);  // paths keep their blanks
   return true;
 }
@@ -427,11 +401,23 @@ nlohmann::ordered_json write_value(const std::vector<ModuleRule>& rules, std::st
 
 // ---- the table -----------------------------------------------------------------------------------
 
+// Each option's environment variable, generated from its key (actpage::environment_name), as
+// constants that the table points into.
+#define ACTPAGE_OPTION(ident, ctype, kind, json_key, stability, def, unit, doc)                          \
+  static_assert(std::string_view(#stability) == "stable" || std::string_view(#stability) == "experimental", \
+                #ident ": stability is stable or experimental");                                        \
+  static_assert(std::string_view(json_key) == "version" || environment_name(json_key)[0] != '\0',         \
+                #ident ": the key is too long for an environment variable name");                        \
+  constexpr auto kEnvironmentName_##ident = environment_name(json_key);
+#include "actpage/option_list.def"
+#undef ACTPAGE_OPTION
+
 std::vector<OptionCodec> make_codecs() {
   return {
-#define ACTPAGE_OPTION(ident, ctype, kind, json_key, env, def, unit, doc)                                    \
+#define ACTPAGE_OPTION(ident, ctype, kind, json_key, stability, def, unit, doc)                               \
   OptionCodec{                                                                                                \
-      OptionInfo{#ident, #kind, json_key, env, def, unit, doc},                                               \
+      OptionInfo{#ident, #kind, json_key, kEnvironmentName_##ident.data(), def, unit, doc,                   \
+                 std::string_view(#stability) == "experimental"},                                            \
       [](const JsonValue& value, const std::string& key_path, ErrorCollector& errors, Options& options) {     \
         ctype parsed{};                                                                                       \
         if (!read_json_value(value, Field{#ident, #kind, key_path}, errors, parsed)) return false;            \

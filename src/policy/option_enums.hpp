@@ -57,16 +57,6 @@ struct EnumNames<PythonHooksCall> {
       {{PythonHooksCall::hooks, "hooks"}, {PythonHooksCall::wrap, "wrap"}}};
 };
 template <>
-struct EnumNames<CopyWait> {
-  static constexpr std::array<std::pair<CopyWait, std::string_view>, 2> values{
-      {{CopyWait::block, "block"}, {CopyWait::poll, "poll"}}};
-};
-template <>
-struct EnumNames<HostPin> {
-  static constexpr std::array<std::pair<HostPin, std::string_view>, 2> values{
-      {{HostPin::host_alloc, "host_alloc"}, {HostPin::register_memory, "register"}}};
-};
-template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

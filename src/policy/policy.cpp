@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include "policy/json_document.hpp"
 #include "policy/nearest_name.hpp"
 #include "policy/option_codec.hpp"
+
+extern char** environ;
 
 namespace actpage::policy {
 namespace {
@@ -143,6 +146,31 @@ void apply_environment(const EnvLookup& env, Options& options, Origins& origins,
   }
 }
 
+constexpr std::string_view kVariablePrefix = "ACTPAGE_";
+
+// ACTPAGE_* variables that are not options, and never reported as unknown: what the library and
+// the CLI read besides options, and what the project's build, test and bench scripts read (a job
+// started from them inherits them).
+constexpr std::string_view kOtherVariables[] = {
+    "ACTPAGE_POLICY",        "ACTPAGE_LIBRARY",        "ACTPAGE_PYTHON_DIR",     "ACTPAGE_SOURCE_DIR",
+    "ACTPAGE_UPDATE_GOLDEN", "ACTPAGE_BUILD_DIR",      "ACTPAGE_BUILD_TYPE",     "ACTPAGE_JOBS",
+    "ACTPAGE_CUDA_ROOT",     "ACTPAGE_ASAN_BUILD_DIR", "ACTPAGE_TSAN_BUILD_DIR", "ACTPAGE_FUZZ_BUILD_DIR",
+    "ACTPAGE_GPU_BUILD_DIR", "ACTPAGE_BENCH_BUILD_DIR", "ACTPAGE_BENCH_MIN_TIME", "ACTPAGE_CI_TSAN",
+    "ACTPAGE_GPU_OUT",       "ACTPAGE_MAIN_OUT",       "ACTPAGE_MAIN_POLICY"};
+// Prefixes of the test harnesses' variables, and of what `actpage validate` tells the Python hook
+// package (ACTPAGE_VALIDATE_OUT, ACTPAGE_VALIDATE_DETERMINISTIC: python/actpage_hooks/_fingerprint.py).
+constexpr std::string_view kOtherPrefixes[] = {"ACTPAGE_TEST_", "ACTPAGE_TORTURE_", "ACTPAGE_VALIDATE_"};
+
+bool is_other_variable(std::string_view name) {
+  for (std::string_view other : kOtherVariables) {
+    if (name == other) return true;
+  }
+  for (std::string_view prefix : kOtherPrefixes) {
+    if (name.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
+
 // Reads a file whole; nullopt with `why` set when it cannot.
 std::optional<std::string> read_file(const std::string& path, std::string& why) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -254,6 +282,52 @@ LoadResult load_text(std::string_view text, const std::string& source_name, cons
   } catch (...) {
     return internal_error(source_name, "unknown exception");
   }
+}
+
+std::vector<PolicyError> unknown_variables(const std::vector<std::string>& names) {
+  // Compared without the prefix and in lower case, as the keys are written: a misspelt key's
+  // variable then finds its option the way a misspelt key in a file does ("ACTPAGE_TRACE" ->
+  // trace_path, not mode).
+  std::vector<std::string> keys;
+  std::vector<std::string_view> variables;
+  for (const OptionCodec& codec : option_codecs()) {
+    const std::string_view env = codec.info.env;
+    if (env.empty()) continue;
+    std::string key(env.substr(kVariablePrefix.size()));
+    std::transform(key.begin(), key.end(), key.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    keys.push_back(std::move(key));
+    variables.push_back(env);
+  }
+  const std::vector<std::string_view> candidates(keys.begin(), keys.end());
+  std::vector<PolicyError> unknown;
+  for (const std::string& name : names) {
+    if (name.rfind(kVariablePrefix, 0) != 0 || is_other_variable(name)) continue;
+    if (std::find(variables.begin(), variables.end(), name) != variables.end()) continue;
+    std::string word = name.substr(kVariablePrefix.size());
+    std::transform(word.begin(), word.end(), word.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    const std::string nearest = nearest_name(word, candidates);
+    PolicyError error;
+    error.source = name;
+    error.reason = "names no option: ignored";
+    if (!nearest.empty()) {
+      const auto at = std::find(candidates.begin(), candidates.end(), std::string_view(nearest)) - candidates.begin();
+      error.suggestion = std::string(variables[static_cast<std::size_t>(at)]);
+    }
+    unknown.push_back(std::move(error));
+  }
+  return unknown;
+}
+
+std::vector<std::string> actpage_variable_names() {
+  std::vector<std::string> names;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text = *entry;
+    if (text.rfind(kVariablePrefix, 0) != 0) continue;
+    names.emplace_back(text.substr(0, text.find('=')));
+  }
+  return names;
 }
 
 PythonHooksBackward effective_python_hooks_backward(const Options& options) {

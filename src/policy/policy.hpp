@@ -51,6 +51,16 @@ LoadResult load(const std::string& path, const EnvLookup& env);
 // Parses policy text as if it came from `source_name` (tests, `actpage check -`).
 LoadResult load_text(std::string_view text, const std::string& source_name, const EnvLookup& env);
 
+// The ACTPAGE_* variables among `names` that name no option (a misspelling, an option that was
+// deleted): one PolicyError each, its source the variable, its suggestion the nearest option's
+// variable. Variables that are not options but that actpage, its CLI or the project's build and
+// test scripts read (ACTPAGE_POLICY, ACTPAGE_BUILD_DIR, ACTPAGE_TEST_*...) are not reported.
+// `actpage check` prints them as warnings; the library logs them at start-up. They never make a
+// policy invalid: the variable is ignored.
+std::vector<PolicyError> unknown_variables(const std::vector<std::string>& names);
+// The names of this process's ACTPAGE_* environment variables, for unknown_variables().
+std::vector<std::string> actpage_variable_names();
+
 // The effective options as policy JSON (every key), as `actpage check --json` prints them.
 std::string to_json(const Options& options);
 

@@ -1,7 +1,7 @@
 // trace::time_breakdown: where each training iteration's time went, from a trace of an offloading
 // run: what held the job's thread (reload stalls, offload backlog and drain waits, its own VMM
 // calls), what the workers did meanwhile (VMM calls, pinning host memory) and how long offloads and
-// reloads were in flight. `actpage dump` prints it; docs/performance.md reads targets' misses off it.
+// reloads were in flight. `actpage dump` prints it; docs/findings.md, section 7, reads the targets' misses off it.
 //
 // Contract:
 // - Iterations are the spans between consecutive ITERATION records (sorted by time); the span after

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "actpage/options.hpp"
 #include "policy/policy.hpp"
 
 namespace {
@@ -22,10 +23,9 @@ namespace {
 const std::vector<std::string>& env_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> list;
-#define ACTPAGE_OPTION(ident, ctype, kind, json_key, env, default_value, unit, doc) \
-  if (std::string_view(env).size() != 0) list.emplace_back(env);
-#include "actpage/option_list.def"
-#undef ACTPAGE_OPTION
+    for (const actpage::OptionInfo& info : actpage::option_table()) {
+      if (*info.env != '\0') list.emplace_back(info.env);
+    }
     return list;
   }();
   return names;

@@ -381,7 +381,7 @@ FAKE_JOB = textwrap.dedent("""
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"script": script, "key": key, "args": args, "time": time.time(),
                               "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "policy": policy,
-                              "trace": os.environ.get("ACTPAGE_TRACE"), "rank": os.environ.get("RANK"),
+                              "trace": os.environ.get("ACTPAGE_TRACE_PATH"), "rank": os.environ.get("RANK"),
                               "cpus": sorted(os.sched_getaffinity(0))}) + "\\n")
     if os.environ.get("RANK", "0") == "0":
         print("ACTPAGE_RESULT " + json.dumps({
@@ -392,7 +392,7 @@ FAKE_JOB = textwrap.dedent("""
 """)
 
 # Stands in for the actpage CLI: `calibrate --quick --out F`, `run [--policy P] [--trace T] -- CMD`
-# (passes the policy on as ACTPAGE_POLICY, the trace as ACTPAGE_TRACE, as the real one does) and
+# (passes the policy on as ACTPAGE_POLICY, the trace as ACTPAGE_TRACE_PATH, as the real one does) and
 # `dump --json T`. FAKE_CALIBRATE_FAILS makes calibrate fail.
 FAKE_ACTPAGE = textwrap.dedent("""
     import json, os, sys
@@ -411,7 +411,7 @@ FAKE_ACTPAGE = textwrap.dedent("""
     assert args[0] == "run", args
     args = args[1:]
     while args[0] != "--":
-        os.environ["ACTPAGE_POLICY" if args[0] == "--policy" else "ACTPAGE_TRACE"] = args[1]
+        os.environ["ACTPAGE_POLICY" if args[0] == "--policy" else "ACTPAGE_TRACE_PATH"] = args[1]
         args = args[2:]
     os.environ["FAKE_UNDER_ACTPAGE"] = "1"
     os.execvp(args[1], args[1:])

@@ -364,7 +364,7 @@ class EndToEndTest(unittest.TestCase):
             trace = os.path.join(scratch, "job.trace")
             env = clean_environment({
                 "LD_PRELOAD": library, "NVTX_INJECTION64_PATH": library, "LD_LIBRARY_PATH": fake_path,
-                "PYTHONPATH": PYTHON_DIR, "ACTPAGE_TRACE": trace, "ACTPAGE_PYTHON_HOOKS": "on",
+                "PYTHONPATH": PYTHON_DIR, "ACTPAGE_TRACE_PATH": trace, "ACTPAGE_PYTHON_HOOKS": "on",
                 "ACTPAGE_PYTHON_HOOKS_BACKWARD": "none"})  # no markers: every wrapped module in C
             job = subprocess.run([PYTHON, "-c", E2E_JOB], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  universal_newlines=True, timeout=240)

@@ -1,5 +1,6 @@
 // actpage check [POLICY|-] [--json]: validates a policy together with the ACTPAGE_* environment, the
-// way libactpage will read it at start-up, and prints the effective options or every error.
+// way libactpage will read it at start-up, and prints the effective options or every error, after a
+// warning for each ACTPAGE_* variable that names no option.
 #include <algorithm>
 #include <iostream>
 #include <iterator>
@@ -59,6 +60,10 @@ int check(const CheckArgs& args, std::ostream& out, std::ostream& err) {
     result = policy::load_text(text, "<stdin>", env);
   } else {
     result = policy::load(args.policy_path, env);
+  }
+  // A misspelt variable is ignored: say so, whether the policy is good or not.
+  for (const policy::PolicyError& unknown : policy::unknown_variables(policy::actpage_variable_names())) {
+    err << "warning: " << unknown.to_string() << '\n';
   }
   if (!result.ok()) {
     for (const policy::PolicyError& error : result.errors) err << error.to_string() << '\n';

@@ -1,9 +1,11 @@
 // actpage options [--markdown]: every option with its policy key, environment variable, default,
-// unit and description, from option_table() (that is, option_list.def). --markdown prints the
-// README's table; a test keeps README.md in step with it.
+// unit and description, from option_table() (that is, option_list.def): the stable ones, then the
+// experimental ones under a heading that says so. --markdown prints the README's two tables; a test
+// keeps README.md in step with it.
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actpage/options.hpp"
 #include "commands.hpp"
@@ -52,27 +54,54 @@ std::string markdown_unit(std::string_view unit) {
 
 std::string shown_default(std::string_view text) { return text.empty() ? std::string("\"\"") : std::string(text); }
 
-void print_markdown(std::ostream& out) {
+// The options of one stability, in table order.
+std::vector<const OptionInfo*> options_where(bool experimental) {
+  std::vector<const OptionInfo*> chosen;
+  for (const OptionInfo& info : option_table()) {
+    if (info.experimental == experimental) chosen.push_back(&info);
+  }
+  return chosen;
+}
+
+std::string experimental_heading() {
+  return "Experimental options: tuning knobs kept to measure with. By " + std::string(kExperimentalDecideBy) +
+         " each becomes a stable option, a constant in the code, or goes; do not build on them.";
+}
+
+void print_markdown_table(std::ostream& out, const std::vector<const OptionInfo*>& infos) {
   out << "| Option | Environment variable | Default | Unit / values | Description |\n";
   out << "| --- | --- | --- | --- | --- |\n";
-  for (const OptionInfo& info : option_table()) {
-    const std::string_view env = info.env;
-    out << "| " << markdown_code(info.json_key) << " | " << (env.empty() ? std::string("(none)") : markdown_code(env))
-        << " | " << markdown_code(shown_default(info.default_text)) << " | " << markdown_unit(info.unit) << " | "
-        << markdown_text(info.doc) << " |\n";
+  for (const OptionInfo* info : infos) {
+    const std::string_view env = info->env;
+    out << "| " << markdown_code(info->json_key) << " | " << (env.empty() ? std::string("(none)") : markdown_code(env))
+        << " | " << markdown_code(shown_default(info->default_text)) << " | " << markdown_unit(info->unit) << " | "
+        << markdown_text(info->doc) << " |\n";
+  }
+}
+
+void print_markdown(std::ostream& out) {
+  print_markdown_table(out, options_where(false));
+  out << '\n' << markdown_text(experimental_heading()) << "\n\n";
+  print_markdown_table(out, options_where(true));
+}
+
+void print_plain_list(std::ostream& out, const std::vector<const OptionInfo*>& infos) {
+  for (const OptionInfo* info : infos) {
+    const std::string_view env = info->env;
+    const std::string_view unit = info->unit;
+    out << info->json_key << '\n';
+    if (info->experimental) out << "    experimental: decided by " << kExperimentalDecideBy << '\n';
+    out << "    default: " << shown_default(info->default_text);
+    if (!unit.empty()) out << "    unit: " << unit;
+    out << "    environment: " << (env.empty() ? std::string_view("(none)") : env) << '\n';
+    out << "    " << info->doc << "\n\n";
   }
 }
 
 void print_plain(std::ostream& out) {
-  for (const OptionInfo& info : option_table()) {
-    const std::string_view env = info.env;
-    const std::string_view unit = info.unit;
-    out << info.json_key << '\n';
-    out << "    default: " << shown_default(info.default_text);
-    if (!unit.empty()) out << "    unit: " << unit;
-    out << "    environment: " << (env.empty() ? std::string_view("(none)") : env) << '\n';
-    out << "    " << info.doc << "\n\n";
-  }
+  print_plain_list(out, options_where(false));
+  out << experimental_heading() << "\n\n";
+  print_plain_list(out, options_where(true));
 }
 
 }  // namespace

@@ -124,7 +124,8 @@ int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
           {"predicted_stall_ns", c.stall_ns},
           {"predicted_gpu_wait_ns", c.gpu_wait_ns},
           {"offloaded_bytes", c.offloaded_bytes}}},
-        {"evaluated", tried}};
+        {"evaluated", tried},
+        {"warnings", p.warnings}};
     out << report.dump(2) << "\n";
     return p.goal_met ? 0 : 3;
   }
@@ -149,6 +150,7 @@ int plan(const PlanArgs& args, std::ostream& out, std::ostream& err) {
   out << "waits:        job's thread " << trace::format_duration(c.stall_ns) << ", its GPU "
       << trace::format_duration(c.gpu_wait_ns) << " for reloads; offloaded " << format_bytes(c.offloaded_bytes)
       << " over the trace\n";
+  for (const auto& warning : p.warnings) out << "note: " << warning << "\n";
   return p.goal_met ? 0 : 3;
 }
 

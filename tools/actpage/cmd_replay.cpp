@@ -10,7 +10,7 @@
 #include "commands.hpp"
 #include "trace/report.hpp"
 #include "common/units.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "policy/policy.hpp"
 #include "trace/reader.hpp"
 

@@ -4,7 +4,7 @@
 //    are all printed and the job is not started (exit 1).
 // 2. The job's environment: LD_PRELOAD gets libactpage.so in front of the user's value,
 //    NVTX_INJECTION64_PATH names it (unless the user chose another injection library: kept, with a
-//    warning), ACTPAGE_POLICY (absolute) and ACTPAGE_TRACE pass the options on, PYTHONPATH gets the
+//    warning), ACTPAGE_POLICY (absolute) and ACTPAGE_TRACE_PATH pass the options on, PYTHONPATH gets the
 //    Python hook package in front, and PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync when
 //    that is compatible with what the user set (interpose/alloc_conf.hpp). Children of the job (torchrun
 //    workers, data-loader workers) inherit all of it.
@@ -370,7 +370,7 @@ int run(const RunArgs& args, std::ostream& err) {
   }
 
   if (!policy_path.empty()) env.set("ACTPAGE_POLICY", absolute_path(policy_path));
-  if (!args.trace_path.empty()) env.set("ACTPAGE_TRACE", absolute_path(args.trace_path));
+  if (!args.trace_path.empty()) env.set("ACTPAGE_TRACE_PATH", absolute_path(args.trace_path));
 
   if (!found.python_dir.empty()) {
     const auto user_pythonpath = env.get("PYTHONPATH");

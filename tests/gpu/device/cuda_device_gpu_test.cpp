@@ -124,53 +124,6 @@ TEST_F(CudaGpu, TrimmingTheJobsPoolGivesItsUnusedReserveBack) {
   EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
 }
 
-TEST_F(CudaGpu, GrowingTheJobsPoolLeavesAReserveTheJobsStreamTakes) {
-  // vmm.grow_job_pool_for_head: actpage grows the pool on a stream of its own; the job's allocations
-  // of about that size on the job's stream (here the legacy stream) must then take the reserve, the
-  // pool not growing again.
-  JobPool job;
-  ASSERT_EQ(job.open(device_->device()), "");
-  auto alloc_async = job.alloc_async;
-  auto free_async = job.free_async;
-  auto synchronize = job.synchronize;
-  (void)device_->trim_job_pool(std::size_t{1} << 40);  // start from no reserve
-  auto stream = device_->create_stream(0);
-  ACTPAGE_ASSERT_OK(stream);
-  const std::size_t bytes = 512 * MiB;
-  const auto started = std::chrono::steady_clock::now();
-  auto grown = device_->grow_job_pool(bytes, *stream);
-  const double grow_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  ACTPAGE_ASSERT_OK(grown);
-  auto usage = device_->job_pool_usage();
-  ACTPAGE_ASSERT_OK(usage);
-  std::printf("grew the pool by %zu MiB in %.2f ms: %llu MiB reserved, %llu MiB used\n", *grown / MiB, grow_ms,
-              static_cast<unsigned long long>(usage->reserved_bytes / MiB),
-              static_cast<unsigned long long>(usage->used_bytes / MiB));
-  EXPECT_GE(*grown, bytes);
-  EXPECT_GE(usage->reserved_bytes - usage->used_bytes, bytes);
-  // Asked again, the pool has a free block that large: no growth.
-  auto again = device_->grow_job_pool(bytes, *stream);
-  ACTPAGE_ASSERT_OK(again);
-  EXPECT_EQ(*again, 0u);
-  // The job: two allocations of half of it on its own stream, from the reserve.
-  CUdeviceptr first = 0, second = 0;
-  const auto job_started = std::chrono::steady_clock::now();
-  ASSERT_EQ(alloc_async(&first, bytes / 2, nullptr), CUDA_SUCCESS);
-  ASSERT_EQ(alloc_async(&second, bytes / 2, nullptr), CUDA_SUCCESS);
-  const double job_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - job_started).count();
-  auto during = device_->job_pool_usage();
-  ACTPAGE_ASSERT_OK(during);
-  std::printf("the job's two allocations took %.3f ms: %llu MiB reserved\n", job_ms,
-              static_cast<unsigned long long>(during->reserved_bytes / MiB));
-  EXPECT_EQ(during->reserved_bytes, usage->reserved_bytes);  // taken from the reserve, not grown
-  ASSERT_EQ(free_async(first, nullptr), CUDA_SUCCESS);
-  ASSERT_EQ(free_async(second, nullptr), CUDA_SUCCESS);
-  ASSERT_EQ(synchronize(nullptr), CUDA_SUCCESS);
-  (void)device_->trim_job_pool(std::size_t{1} << 40);
-  ACTPAGE_EXPECT_OK(device_->destroy_stream(*stream));
-  EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
-}
-
 TEST_F(CudaGpu, AnotherThreadWorksAfterBindThread) {
   const std::size_t g = device_->granularity();
   Status outcome;

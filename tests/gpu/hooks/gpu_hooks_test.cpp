@@ -47,7 +47,7 @@ TEST_F(GpuHooks, EveryHookedCallIsTracedExactlyOnceWithItsRangeAndItsRealResult)
       {{"LD_PRELOAD", kLibrary.string()},
        {"NVTX_INJECTION64_PATH", kLibrary.string()},
        {"ACTPAGE_MODE", "observe"},
-       {"ACTPAGE_TRACE", (dir / "gpu-%p.trace").string()}},
+       {"ACTPAGE_TRACE_PATH", (dir / "gpu-%p.trace").string()}},
       /*keep_library_path=*/true);
   ASSERT_EQ(outcome.code, 0) << outcome.err;
 

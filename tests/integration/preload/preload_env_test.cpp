@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "actpage/options.hpp"
 #include "process_runner.hpp"
 #include "trace/reader.hpp"
 
@@ -57,7 +58,7 @@ class PreloadEnvTest : public ::testing::Test {
             {"NVTX_INJECTION64_PATH", kLibrary.string()},
             {"LD_LIBRARY_PATH", kFakeCudartDir + ":" + kFakeCudaDir},
             {"ACTPAGE_MODE", "observe"},
-            {"ACTPAGE_TRACE", (dir_ / "run-%p.trace").string()}};
+            {"ACTPAGE_TRACE_PATH", (dir_ / "run-%p.trace").string()}};
   }
   Outcome run_active(const std::map<std::string, std::string>& env) {
     return testing::run_process(dir_, {kProgram.string(), "active", (dir_ / "active.txt").string()}, env);
@@ -68,22 +69,21 @@ class PreloadEnvTest : public ::testing::Test {
   const fs::path& dir_ = scratch_.path();
 };
 
-// A value each kind of option rejects (option_list.def); strings other than the NUMA node accept
-// anything, and the trace path is tested on its own below.
+// A value each kind of option rejects (option_list.def); strings accept anything, and the trace
+// path is tested on its own below.
 std::vector<std::pair<std::string, std::string>> bad_environment() {
   std::vector<std::pair<std::string, std::string>> list;
-  auto bad_value = [](std::string_view kind, std::string_view env) -> std::string {
+  auto bad_value = [](std::string_view kind) -> std::string {
     if (kind == "boolean") return "maybe";
     if (kind == "count") return "-1";
     if (kind == "size") return "lots";
     if (kind == "enumeration") return "bogus";
     if (kind == "globs" || kind == "rules") return "[";
-    if (env == "ACTPAGE_HOST_POOL_NUMA") return "bogus";
     return {};
   };
-#define ACTPAGE_OPTION(ident, ctype, kind, json_key, env, default_value, unit, doc)  \
-  if (std::string_view(env).size() != 0 && !bad_value(#kind, env).empty()) {           \
-    list.emplace_back(env, bad_value(#kind, env));                                     \
+#define ACTPAGE_OPTION(ident, ctype, kind, json_key, stability, default_value, unit, doc)    \
+  if (const auto env = environment_name(json_key); env[0] != '\0' && !bad_value(#kind).empty()) { \
+    list.emplace_back(env.data(), bad_value(#kind));                                         \
   }
 #include "actpage/option_list.def"
 #undef ACTPAGE_OPTION
@@ -105,6 +105,24 @@ TEST_F(PreloadEnvTest, EveryVariableWithABadValueIsNamedAndTheJobRunsWithoutActp
     EXPECT_NE(outcome.err.find("inert"), std::string::npos) << outcome.err;
     EXPECT_TRUE(trace_files_in(dir_).empty());
   }
+}
+
+TEST_F(PreloadEnvTest, AVariableThatNamesNoOptionIsNamedWithTheNearestAndTheJobRunsWithActpage) {
+  // A misspelt option, and an option that was deleted: each is ignored with a warning that names
+  // it (and the option it was probably meant to be); actpage itself starts.
+  auto env = preloaded_env();
+  env["ACTPAGE_KEEP_LAS"] = "1";
+  env["ACTPAGE_COPY_AT_RELEASE"] = "true";
+  env["ACTPAGE_POLICY"] = "";  // not an option, and no warning
+  const Outcome outcome = run_active(env);
+  ASSERT_EQ(outcome.code, 0) << outcome.err;
+  EXPECT_EQ(active_text(), "1 0 allocated");  // active (not inert), its own call works
+  EXPECT_NE(outcome.err.find("ACTPAGE_KEEP_LAS: names no option: ignored (did you mean 'ACTPAGE_KEEP_LAST'?)"),
+            std::string::npos)
+      << outcome.err;
+  EXPECT_NE(outcome.err.find("ACTPAGE_COPY_AT_RELEASE: names no option"), std::string::npos) << outcome.err;
+  EXPECT_EQ(outcome.err.find("ACTPAGE_POLICY"), std::string::npos) << outcome.err;
+  EXPECT_EQ(outcome.err.find("inert"), std::string::npos) << outcome.err;
 }
 
 TEST_F(PreloadEnvTest, APolicyPathThatIsNotAReadableFileIsNamedAndTheJobRunsWithoutActpage) {
@@ -172,7 +190,7 @@ TEST_F(PreloadEnvTest, JobsThatNeverTouchCudaRunUnchanged) {
 
 TEST_F(PreloadEnvTest, ATraceOnAFullDiskIsReportedOnceAndTheJobRunsToTheEnd) {
   auto env = preloaded_env();
-  env["ACTPAGE_TRACE"] = "/dev/full";
+  env["ACTPAGE_TRACE_PATH"] = "/dev/full";
   const Outcome outcome = testing::run_process(dir_, {kProgram.string(), "loop", "0.3"}, env);
   ASSERT_EQ(outcome.code, 0) << outcome.err;
   EXPECT_EQ(outcome.out, "running\n");
@@ -183,7 +201,7 @@ TEST_F(PreloadEnvTest, ATraceOnAFullDiskIsReportedOnceAndTheJobRunsToTheEnd) {
 
 TEST_F(PreloadEnvTest, ATraceInAMissingFolderIsReportedAndTheJobRunsWithoutIt) {
   auto env = preloaded_env();
-  env["ACTPAGE_TRACE"] = (dir_ / "no" / "such" / "folder" / "run.trace").string();
+  env["ACTPAGE_TRACE_PATH"] = (dir_ / "no" / "such" / "folder" / "run.trace").string();
   const Outcome outcome = run_active(env);
   ASSERT_EQ(outcome.code, 0) << outcome.err;
   EXPECT_NE(active_text().find("allocated"), std::string::npos);
@@ -220,7 +238,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 
 TEST_F(PreloadEnvTest, AJobKilledWithSigkillWhileTracingLeavesAReadableTrace) {
   auto env = preloaded_env();
-  env["ACTPAGE_TRACE"] = (dir_ / "killed.trace").string();
+  env["ACTPAGE_TRACE_PATH"] = (dir_ / "killed.trace").string();
   env["ACTPAGE_TRACE_BUFFER_BYTES"] = "64KiB";  // the writer drains often: much is on disk
   const fs::path out = dir_ / "out.txt";
   const pid_t pid = spawn({kProgram.string(), "loop", "30"}, env, out);

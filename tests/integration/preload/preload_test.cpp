@@ -65,7 +65,7 @@ class PreloadTest : public ::testing::Test {
             {"NVTX_INJECTION64_PATH", kLibrary.string()},
             {"LD_LIBRARY_PATH", kFakeCudartDir + ":" + kFakeCudaDir},
             {"ACTPAGE_MODE", "observe"},
-            {"ACTPAGE_TRACE", (dir_ / "run-%p.trace").string()}};
+            {"ACTPAGE_TRACE_PATH", (dir_ / "run-%p.trace").string()}};
   }
 
   trace::TraceFile read_trace(const fs::path& path) {

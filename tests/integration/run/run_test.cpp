@@ -162,7 +162,7 @@ TEST_F(ActpageRun, SetsTheJobEnvironment) {
   EXPECT_EQ(env["PYTHONPATH"], fs::canonical(kPythonDir).string());
   EXPECT_EQ(env["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync");
   EXPECT_EQ(env.count("ACTPAGE_POLICY"), 0u);
-  EXPECT_EQ(env.count("ACTPAGE_TRACE"), 0u);
+  EXPECT_EQ(env.count("ACTPAGE_TRACE_PATH"), 0u);
   EXPECT_TRUE(fs::is_regular_file(kPythonDir / "sitecustomize.py"));
 }
 
@@ -181,7 +181,7 @@ TEST_F(ActpageRun, PassesPolicyAndTraceAsAbsolutePaths) {
   write("policy.json", "{\"version\": 1}\n");
   auto env = job_env({}, {"--policy", "policy.json", "--trace", "job-%p.trace"});
   EXPECT_EQ(env["ACTPAGE_POLICY"], (fs::canonical(dir_) / "policy.json").string());
-  EXPECT_EQ(env["ACTPAGE_TRACE"], (fs::canonical(dir_) / "job-%p.trace").string());
+  EXPECT_EQ(env["ACTPAGE_TRACE_PATH"], (fs::canonical(dir_) / "job-%p.trace").string());
 }
 
 TEST_F(ActpageRun, KeepsAnotherNvtxInjectionLibraryAndWarns) {

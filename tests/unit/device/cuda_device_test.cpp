@@ -327,43 +327,13 @@ TEST_F(FakeDriver, PinnedMemoryIsHostAllocatedByDefault) {
   auto pinned = device->alloc_pinned(4 * MiB);
   ACTPAGE_ASSERT_OK(pinned);
   EXPECT_EQ(calls("cuMemHostAlloc"), 1);
-  EXPECT_EQ(calls("cuMemHostRegister"), 0);
   ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
   EXPECT_EQ(calls("cuMemFreeHost"), 1);
 }
 
-TEST_F(FakeDriver, PinnedMemoryIsRegisteredTouchedMemoryAndUndoneOnFree) {
+TEST_F(FakeDriver, AFailedHostAllocIsNamedWithItsSize) {
   auto device = make_device();
   ASSERT_NE(device, nullptr);
-  device->set_pin_by_register(true);
-  auto registered = control<int (*)(void*)>("fake_cuda_host_registered");
-  auto pinned = device->alloc_pinned(6 * MiB);
-  ACTPAGE_ASSERT_OK(pinned);
-  EXPECT_EQ(calls("cuMemHostRegister"), 1);
-  EXPECT_EQ(calls("cuMemHostAlloc"), 0);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(*pinned) % (2 * MiB), 0u) << "not aligned for huge pages";
-  EXPECT_EQ(registered(*pinned), 1);
-  std::memset(*pinned, 0x5a, 6 * MiB);  // the whole block is ordinary writable memory
-  ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
-  EXPECT_EQ(calls("cuMemHostUnregister"), 1);
-  EXPECT_EQ(calls("cuMemFreeHost"), 0);
-  EXPECT_EQ(registered(*pinned), 0);
-}
-
-TEST_F(FakeDriver, PinnedMemoryFallsBackToHostAllocWhenTheRegisterFails) {
-  auto device = make_device();
-  ASSERT_NE(device, nullptr);
-  device->set_pin_by_register(true);
-  fail("cuMemHostRegister", CUDA_ERROR_NOT_SUPPORTED);
-  auto pinned = device->alloc_pinned(4 * MiB);
-  ACTPAGE_ASSERT_OK(pinned);
-  EXPECT_EQ(calls("cuMemHostAlloc"), 1);
-  ACTPAGE_EXPECT_OK(device->free_pinned(*pinned));
-  EXPECT_EQ(calls("cuMemFreeHost"), 1);
-  EXPECT_EQ(calls("cuMemHostUnregister"), 0);
-
-  // Both ways failing: the host-alloc error, named.
-  fail("cuMemHostRegister", CUDA_ERROR_NOT_SUPPORTED);
   fail("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY);
   auto failed = device->alloc_pinned(4 * MiB);
   ASSERT_FALSE(failed.ok());
@@ -371,19 +341,6 @@ TEST_F(FakeDriver, PinnedMemoryFallsBackToHostAllocWhenTheRegisterFails) {
   EXPECT_NE(failed.status().message().find("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
       << failed.status().message();
   EXPECT_NE(failed.status().message().find("4 MiB of pinned host memory"), std::string::npos) << failed.status().message();
-}
-
-TEST_F(FakeDriver, AFailedUnregisterIsReportedAndLeavesTheMemoryMapped) {
-  auto device = make_device();
-  ASSERT_NE(device, nullptr);
-  device->set_pin_by_register(true);
-  auto pinned = device->alloc_pinned(2 * MiB);
-  ACTPAGE_ASSERT_OK(pinned);
-  fail("cuMemHostUnregister", CUDA_ERROR_INVALID_VALUE);
-  Status status = device->free_pinned(*pinned);
-  EXPECT_FALSE(status.ok());
-  EXPECT_NE(status.message().find("cuMemHostUnregister: CUDA_ERROR_INVALID_VALUE"), std::string::npos) << status.message();
-  static_cast<volatile char*>(*pinned)[0] = 1;  // still mapped: writing does not fault
 }
 
 TEST_F(FakeDriver, EventQueryNotReadyIsNotReady) {
@@ -468,38 +425,6 @@ TEST_F(FakeDriver, TrimmingTheJobsPoolGivesBackWholeUnusedBlocksUpToTheAsk) {
   trimmed = device->trim_job_pool(64 * MiB);
   ASSERT_FALSE(trimmed.ok());
   EXPECT_NE(trimmed.status().message().find("cuDeviceGetMemPool"), std::string::npos);
-}
-
-TEST_F(FakeDriver, GrowingTheJobsPoolAllocatesABlockFromItAndFreesItAtOnce) {
-  auto device = make_device();
-  ASSERT_NE(device, nullptr);
-  auto stream = device->create_stream(0);
-  ACTPAGE_ASSERT_OK(stream);
-  auto set_pool = control<void (*)(unsigned long long, unsigned long long)>("fake_cuda_set_pool");
-  auto reserved = control<unsigned long long (*)()>("fake_cuda_pool_reserved");
-  // 256 MiB reserved, 200 MiB in use: a 100 MiB block does not fit in the 56 MiB unused, so the pool
-  // grows by whole 32 MiB blocks (to 320 MiB), and keeps them once the block is freed.
-  set_pool(256 * MiB, 200 * MiB);
-  auto grown = device->grow_job_pool(100 * MiB, *stream);
-  ACTPAGE_ASSERT_OK(grown);
-  EXPECT_EQ(*grown, 64 * MiB);
-  EXPECT_EQ(reserved(), 320 * MiB);
-  EXPECT_EQ(calls("cuMemAllocFromPoolAsync"), 1);
-  EXPECT_EQ(calls("cuMemFreeAsync"), 1);
-  // A block the unused reserve holds grows nothing.
-  grown = device->grow_job_pool(100 * MiB, *stream);
-  ACTPAGE_ASSERT_OK(grown);
-  EXPECT_EQ(*grown, 0u);
-  EXPECT_EQ(reserved(), 320 * MiB);
-  // Failures carry the call and what was being done.
-  fail("cuMemAllocFromPoolAsync", CUDA_ERROR_OUT_OF_MEMORY);
-  grown = device->grow_job_pool(512 * MiB, *stream);
-  ASSERT_FALSE(grown.ok());
-  EXPECT_NE(grown.status().message().find("cuMemAllocFromPoolAsync: CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
-      << grown.status().message();
-  EXPECT_NE(grown.status().message().find("growing the memory pool of"), std::string::npos);
-  EXPECT_EQ(reserved(), 320 * MiB);
-  (void)device->destroy_stream(*stream);
 }
 
 }  // namespace

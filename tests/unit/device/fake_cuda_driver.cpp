@@ -42,7 +42,6 @@ struct State {
   std::size_t pool_used = 0;
   std::size_t pool_block = std::size_t{32} << 20;
   std::size_t last_trim_keep = 0;
-  std::map<CUdeviceptr, std::size_t> pool_allocations;  // cuMemAllocFromPoolAsync's, by address
 };
 
 State& state() {
@@ -240,29 +239,6 @@ CUresult CUDAAPI fake_cuMemPoolTrimTo(CUmemoryPool, size_t keep) {
   while (s.pool_reserved >= keep && s.pool_reserved >= s.pool_used + s.pool_block) s.pool_reserved -= s.pool_block;
   return CUDA_SUCCESS;
 }
-// Serves from the reserve's unused bytes, else grows it by whole blocks (as the real pool grows).
-CUresult CUDAAPI fake_cuMemAllocFromPoolAsync(CUdeviceptr* ptr, size_t bytes, CUmemoryPool, CUstream) {
-  FAKE_ENTER("cuMemAllocFromPoolAsync");
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.pool_used += bytes;
-  while (s.pool_reserved < s.pool_used) s.pool_reserved += s.pool_block;
-  *ptr = s.next_va;
-  s.next_va += (bytes + s.pool_block - 1) / s.pool_block * s.pool_block;
-  s.pool_allocations[*ptr] = bytes;
-  return CUDA_SUCCESS;
-}
-// The bytes go back to the pool's unused reserve; the reserve stays (trims give it back).
-CUresult CUDAAPI fake_cuMemFreeAsync(CUdeviceptr ptr, CUstream) {
-  FAKE_ENTER("cuMemFreeAsync");
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = s.pool_allocations.find(ptr);
-  if (it == s.pool_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
-  s.pool_used -= it->second;
-  s.pool_allocations.erase(it);
-  return CUDA_SUCCESS;
-}
 CUresult CUDAAPI fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int) {
   FAKE_ENTER("cuMemHostAlloc");
   *ptr = std::malloc(bytes);
@@ -272,25 +248,6 @@ CUresult CUDAAPI fake_cuMemFreeHost(void* ptr) {
   FAKE_ENTER("cuMemFreeHost");
   std::free(ptr);
   return CUDA_SUCCESS;
-}
-// Registered host ranges (pointer -> bytes): a second register of the same pointer, or an
-// unregister of one never registered, fails as the driver does.
-std::map<void*, std::size_t>& registered_host() {
-  static auto* ranges = new std::map<void*, std::size_t>;
-  return *ranges;
-}
-CUresult CUDAAPI fake_cuMemHostRegister(void* ptr, size_t bytes, unsigned int flags) {
-  FAKE_ENTER("cuMemHostRegister");
-  if (ptr == nullptr || bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(state().mutex);
-  if (!registered_host().emplace(ptr, bytes).second) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  static_cast<volatile char*>(ptr)[bytes - 1] = static_cast<volatile char*>(ptr)[bytes - 1];  // must be mapped
-  return CUDA_SUCCESS;
-}
-CUresult CUDAAPI fake_cuMemHostUnregister(void* ptr) {
-  FAKE_ENTER("cuMemHostUnregister");
-  std::lock_guard<std::mutex> lock(state().mutex);
-  return registered_host().erase(ptr) == 1 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 CUresult CUDAAPI fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int) {
   FAKE_ENTER("cuStreamCreateWithPriority");
@@ -392,12 +349,8 @@ const Entry kEntries[] = {
     {"cuDeviceGetMemPool", reinterpret_cast<void*>(&fake_cuDeviceGetMemPool)},
     {"cuMemPoolGetAttribute", reinterpret_cast<void*>(&fake_cuMemPoolGetAttribute)},
     {"cuMemPoolTrimTo", reinterpret_cast<void*>(&fake_cuMemPoolTrimTo)},
-    {"cuMemAllocFromPoolAsync", reinterpret_cast<void*>(&fake_cuMemAllocFromPoolAsync)},
-    {"cuMemFreeAsync", reinterpret_cast<void*>(&fake_cuMemFreeAsync)},
     {"cuMemHostAlloc", reinterpret_cast<void*>(&fake_cuMemHostAlloc)},
     {"cuMemFreeHost", reinterpret_cast<void*>(&fake_cuMemFreeHost)},
-    {"cuMemHostRegister", reinterpret_cast<void*>(&fake_cuMemHostRegister)},
-    {"cuMemHostUnregister", reinterpret_cast<void*>(&fake_cuMemHostUnregister)},
     {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&fake_cuStreamCreateWithPriority)},
     {"cuStreamDestroy", reinterpret_cast<void*>(&fake_cuStreamDestroy)},
     {"cuStreamWaitEvent", reinterpret_cast<void*>(&fake_cuStreamWaitEvent)},
@@ -458,7 +411,6 @@ FAKE_EXPORT void fake_cuda_reset() {
   s.pool_reserved = 0;
   s.pool_used = 0;
   s.last_trim_keep = 0;
-  s.pool_allocations.clear();
   current_context = nullptr;
 }
 // `name` fails with `result` for the next `times` calls (-1: always). cuMemCreate of host NUMA
@@ -470,10 +422,6 @@ FAKE_EXPORT void fake_cuda_fail(const char* name, int result, int times) {
 FAKE_EXPORT void fake_cuda_hide(const char* name) {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().hidden.insert(name);
-}
-FAKE_EXPORT int fake_cuda_host_registered(void* ptr) {
-  std::lock_guard<std::mutex> lock(state().mutex);
-  return registered_host().count(ptr) == 1 ? 1 : 0;
 }
 FAKE_EXPORT int fake_cuda_calls(const char* name) {
   std::lock_guard<std::mutex> lock(state().mutex);

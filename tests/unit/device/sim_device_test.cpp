@@ -178,6 +178,54 @@ TEST(SimDevice, StreamRunsItsOperationsInFifoOrder) {
   ACTPAGE_EXPECT_OK(device.destroy_stream(*stream));
 }
 
+TEST(SimDevice, HeldCopiesToTheHostWaitUntilReleasedAndOtherStreamsGoOn) {
+  SimDevice device(small_config());
+  const Mapped mapped = map_new(device, kGranularity);
+  std::vector<std::uint8_t> data(256, 0x5a);
+  ACTPAGE_ASSERT_OK(device.write(mapped.va, data.data(), data.size()));
+  auto copies = device.create_stream(0);
+  auto job = device.create_stream(0);
+  ACTPAGE_ASSERT_OK(copies);
+  ACTPAGE_ASSERT_OK(job);
+  device.hold_copies_to_host();
+  std::vector<std::uint8_t> host(data.size(), 0);
+  ACTPAGE_ASSERT_OK(device.copy_to_host(host.data(), mapped.va, host.size(), *copies));
+  std::atomic<bool> ran{false};
+  ACTPAGE_ASSERT_OK(device.launch(*copies, [&] { ran = true; }));  // queued behind the held copy
+  // The copy reaches the front of its stream and waits there; the job's stream is not held.
+  while (device.copies_to_host_held() == 0) std::this_thread::yield();
+  std::atomic<bool> job_ran{false};
+  ACTPAGE_ASSERT_OK(device.launch(*job, [&] { job_ran = true; }));
+  device.synchronize_stream(*job);
+  EXPECT_TRUE(job_ran);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(host, std::vector<std::uint8_t>(data.size(), 0));  // nothing copied yet
+  device.release_copies_to_host();
+  device.synchronize();
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(host, data);
+  EXPECT_EQ(device.copies_to_host_held(), 0u);
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*copies));
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*job));
+  unmap_all(device, mapped, kGranularity);
+}
+
+TEST(SimDevice, AHeldCopyIsReleasedWhenTheDeviceGoes) {
+  std::vector<std::uint8_t> host(64, 0);
+  {
+    SimDevice device(small_config());
+    const Mapped mapped = map_new(device, kGranularity);
+    std::vector<std::uint8_t> data(64, 0x33);
+    ACTPAGE_ASSERT_OK(device.write(mapped.va, data.data(), data.size()));
+    auto stream = device.create_stream(0);
+    ACTPAGE_ASSERT_OK(stream);
+    device.hold_copies_to_host();
+    ACTPAGE_ASSERT_OK(device.copy_to_host(host.data(), mapped.va, host.size(), *stream));
+    while (device.copies_to_host_held() == 0) std::this_thread::yield();
+  }  // the destructor releases the hold and lets the stream finish
+  EXPECT_EQ(host, std::vector<std::uint8_t>(64, 0x33));
+}
+
 TEST(SimDevice, StreamWaitEventBlocksTheStreamUntilTheRecordCompletes) {
   SimDevice device(small_config());
   auto producer = device.create_stream(0);

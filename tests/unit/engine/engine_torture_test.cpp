@@ -37,6 +37,9 @@ struct TortureTotals {
 TortureTotals run_case(std::uint64_t seed, bool small = false) {
   std::mt19937_64 rng(seed);
   auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  // The draw of an option that was deleted: made and dropped, so that every seed picks the other
+  // options (and the model) as it did when it was recorded.
+  auto skip = [&](std::uint64_t lo, std::uint64_t hi) { (void)pick(lo, hi); };
 
   Options options = Options::defaults();
   options.mode = Mode::offload;
@@ -58,8 +61,8 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   }
   // Policies that release early: at the module's own range end (the job then reads outputs
   // before the range closes, as a model whose residual add lies inside the module would).
-  options.vmm_group_windows = pick(0, 1) == 1;
-  options.vmm_unmap_batch_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : 2 * kMiB) : 0;
+  skip(0, 1);                           // vmm.group_windows
+  if (pick(0, 2) == 0) skip(1, 16);     // vmm.unmap_batch_bytes
   options.release_after = ReleaseAfter::enclosing_range;
   if (!small && pick(0, 3) == 0) options.release_after = ReleaseAfter::range_end;
   const bool early = options.release_after == ReleaseAfter::range_end;
@@ -70,42 +73,37 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   }
   options.vmm_grant_when_idle = pick(0, 1) == 1;
   options.copy_chunk_bytes = pick(0, 2) == 0 ? 0 : pick(1, 8) * (small ? 64 * kKiB : kMiB);
-  options.vmm_map_ahead = pick(0, 1) == 1;
-  options.vmm_reload_waits_for_frees = pick(0, 1) == 1;
-  options.prefetch_at_backward_start = pick(0, 1) == 1;
+  skip(0, 1);  // vmm.map_ahead
+  skip(0, 1);  // vmm.reload_waits_for_frees (now always)
+  skip(0, 1);  // prefetch.at_backward_start
   options.vmm_trim_job_pool = pick(0, 1) == 1;
   options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
   options.vmm_prefill_cache = pick(0, 1) == 1;
   options.offload_drain_at_layers_end = pick(0, 2) == 0;
-  options.vmm_trim_job_pool_at_layers_end = pick(0, 2) == 0;
+  skip(0, 2);  // vmm.trim_job_pool_at_layers_end
   options.copy_chunks_queued = pick(1, 4);
-  options.copy_at_release = pick(0, 1) == 1;
-  options.vmm_recycle_holds_copies = pick(0, 1) == 1;
-  options.vmm_trim_job_pool_at_forward_start = pick(0, 2) == 0;
-  options.vmm_trim_job_pool_in_backward = pick(0, 2) == 0;
-  options.vmm_job_pool_slack_bytes = pick(0, 2) * (small ? 64 * kKiB : 4 * kMiB);
-  options.copy_wait = pick(0, 1) == 1 ? CopyWait::poll : CopyWait::block;
+  skip(0, 1);  // copy_at_release
+  skip(0, 1);  // vmm.recycle_holds_copies (now always)
+  // vmm.trim_job_pool_at_forward_start and vmm.trim_job_pool_in_backward: they also decided whether
+  // the case has a job's pool (below).
+  const bool watched_at_forward_start = pick(0, 2) == 0;
+  const bool watched_in_backward = pick(0, 2) == 0;
+  const bool watched_pool = watched_at_forward_start || watched_in_backward;
+  skip(0, 2);  // vmm.job_pool_slack_bytes
+  skip(0, 1);  // copy_wait
   options.vmm_trim_job_pool_catch_up = pick(0, 1) == 1;
-  options.vmm_unmap_by_group = pick(0, 1) == 1;
-  options.vmm_grow_job_pool_for_head = pick(0, 1) == 1;
+  skip(0, 1);  // vmm.unmap_by_group
+  skip(0, 1);  // vmm.grow_job_pool_for_head
   options.offload_drain_at_backward_start = pick(0, 2) == 0;  // last: the earlier picks of every seed stay as they were
 
   if (std::getenv("ACTPAGE_TEST_VERBOSE")) {
     // Every engine option the case picked, to replay a failure with the same settings.
-    std::fprintf(stderr, "seed %llu: windows %d batch %llu chunk %llu grant_idle %d ahead %d waits_for_frees %d backward_start %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu at_release %d recycle_holds %d trim_at_layers_end %d trim_at_forward_start %d trim_in_backward %d slack %llu copy_wait %s catch_up %d unmap_by_group %d grow_for_head %d drain_at_backward_start %d\n",
-                 static_cast<unsigned long long>(seed), options.vmm_group_windows ? 1 : 0,
-                 (unsigned long long)options.vmm_unmap_batch_bytes, (unsigned long long)options.copy_chunk_bytes,
-                 options.vmm_grant_when_idle ? 1 : 0, options.vmm_map_ahead ? 1 : 0,
-                 options.vmm_reload_waits_for_frees ? 1 : 0, options.prefetch_at_backward_start ? 1 : 0,
-                 options.vmm_trim_job_pool ? 1 : 0, (unsigned long long)options.offload_backlog_bytes,
-                 options.vmm_prefill_cache ? 1 : 0, options.offload_drain_at_layers_end ? 1 : 0,
-                 (unsigned long long)options.copy_chunks_queued, options.copy_at_release ? 1 : 0,
-                 options.vmm_recycle_holds_copies ? 1 : 0, options.vmm_trim_job_pool_at_layers_end ? 1 : 0,
-                 options.vmm_trim_job_pool_at_forward_start ? 1 : 0, options.vmm_trim_job_pool_in_backward ? 1 : 0,
-                 (unsigned long long)options.vmm_job_pool_slack_bytes,
-                 options.copy_wait == CopyWait::poll ? "poll" : "block", options.vmm_trim_job_pool_catch_up ? 1 : 0,
-                 options.vmm_unmap_by_group ? 1 : 0, options.vmm_grow_job_pool_for_head ? 1 : 0,
-                 options.offload_drain_at_backward_start ? 1 : 0);
+    std::fprintf(stderr, "seed %llu: chunk %llu grant_idle %d trim %d backlog %llu prefill %d drain %d chunks_queued %llu catch_up %d drain_at_backward_start %d\n",
+                 static_cast<unsigned long long>(seed), (unsigned long long)options.copy_chunk_bytes,
+                 options.vmm_grant_when_idle ? 1 : 0, options.vmm_trim_job_pool ? 1 : 0,
+                 (unsigned long long)options.offload_backlog_bytes, options.vmm_prefill_cache ? 1 : 0,
+                 options.offload_drain_at_layers_end ? 1 : 0, (unsigned long long)options.copy_chunks_queued,
+                 options.vmm_trim_job_pool_catch_up ? 1 : 0, options.offload_drain_at_backward_start ? 1 : 0);
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,
                  (unsigned long long)options.keep_last, (unsigned long long)options.max_inflight_copies,
@@ -120,8 +118,8 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   if (small) config.granularity = 64 * kKiB;
   SimDevice device(config);
   // The job's own pool, partly unused, for the trims to give back (vmm.trim_job_pool, and the
-  // watches, which trim only beyond the slack and 64 MiB).
-  if (options.vmm_trim_job_pool || options.vmm_trim_job_pool_at_forward_start || options.vmm_trim_job_pool_in_backward) {
+  // catch-up's watch).
+  if (options.vmm_trim_job_pool || watched_pool) {
     const std::uint64_t reserved = pick(0, 256) * kMiB;
     device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
   }
@@ -264,8 +262,8 @@ TortureTotals run_threaded_case(std::uint64_t seed) {
   config.granularity = 64 * kKiB;
   SimDevice device(config);
   // The job's own pool, partly unused, for the trims to give back (vmm.trim_job_pool, and the
-  // watches, which trim only beyond the slack and 64 MiB).
-  if (options.vmm_trim_job_pool || options.vmm_trim_job_pool_at_forward_start || options.vmm_trim_job_pool_in_backward) {
+  // catch-up's watch).
+  if (options.vmm_trim_job_pool) {
     const std::uint64_t reserved = pick(0, 256) * kMiB;
     device.set_job_pool(reserved, reserved / 4 * pick(0, 4));
   }

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "commands.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "plan/calibration.hpp"
 #include "trace/reader.hpp"
 #include "trace/builder.hpp"
@@ -89,6 +89,32 @@ TEST(Replay, ObservePolicyPredictsNoSaving) {
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result->predicted_peak_bytes, result->baseline_peak_bytes);
   EXPECT_EQ(result->stats.allocations_served, 0u);
+}
+
+TEST(Replay, WhatItDoesNotModelItSays) {
+  // A prediction must never differ silently from the engine that runs: each option the replay turns
+  // off is named in its result (and `actpage replay` prints it); none without them.
+  auto bytes = four_layer_step().bytes();
+  auto trace = trace::read_trace_bytes(bytes);
+  ASSERT_TRUE(trace.ok());
+  auto plain = replay_trace(*trace, mlp_policy());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->warnings.empty());
+  Options options = mlp_policy();
+  options.vmm_prefill_cache = true;
+  options.offload_backlog_bytes = kMiB;
+  options.offload_drain_at_layers_end = true;
+  options.offload_drain_at_backward_start = true;
+  auto result = replay_trace(*trace, options);
+  ASSERT_TRUE(result.ok());
+  std::string all;
+  for (const std::string& warning : result->warnings) all += warning + "\n";
+  for (const char* key : {"vmm.prefill_cache", "offload_backlog_bytes", "offload_drain_at_layers_end",
+                          "offload_drain_at_backward_start"}) {
+    EXPECT_NE(all.find(std::string(key) + " is set but not modelled"), std::string::npos) << key << "\n" << all;
+  }
+  // What it predicts is the engine without them: the same as the plain policy's.
+  EXPECT_EQ(result->predicted_peak_bytes, plain->predicted_peak_bytes);
 }
 
 TEST(Replay, KeepLastRaisesThePeak) {

@@ -1,4 +1,4 @@
-// The time model of replay (engine/replay.hpp) on small synthetic traces whose expected figures
+// The time model of replay (replay/replay.hpp) on small synthetic traces whose expected figures
 // are computed by hand from the model's rules: copies at a flat bandwidth, queued per direction and
 // capped in flight; a reload needed at its module's backward marker (the job's thread waits for its
 // issue, its GPU for its end); offloads overtaken by their reload cancelled; unmaps holding the
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "common/units.hpp"
-#include "engine/replay.hpp"
+#include "replay/replay.hpp"
 #include "trace/builder.hpp"
 #include "trace/reader.hpp"
 #include "trace/timeline.hpp"

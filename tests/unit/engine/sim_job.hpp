@@ -149,8 +149,9 @@ class SimJob {
     if (tensor.owned) {
       engine_.free(tensor.va, stream_, false);
     } else {
-      // The job's allocator frees in stream order too; here we simply wait for the stream.
-      device_.synchronize();
+      // The job's allocator frees in stream order too; here we simply wait for the job's stream
+      // (only it: actpage's copy streams may be held by the test, SimDevice::hold_copies_to_host).
+      device_.synchronize_stream(stream_);
       passthrough_.free(tensor.va, tensor.bytes);
     }
   }

@@ -228,6 +228,26 @@ TEST(Planner, ASlowdownBudgetGetsTheLowestPeakWithinIt) {
   }
 }
 
+TEST(Planner, WhatItsReplaysDoNotModelItSaysOnce) {
+  // A base policy with the prefill and a drain: every replay turns them off, and the plan says so
+  // (once each), rather than predict another engine than the one that runs silently.
+  const trace::TraceFile file = planning_trace();
+  const engine::CostModel costs = test_costs();
+  PlanOptions options = small_options(costs);
+  Goal goal;
+  goal.target_peak_bytes = 120 * MiB;
+  auto plain = plan(file, goal, options);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_TRUE(plain->warnings.empty());
+  options.base.vmm_prefill_cache = true;
+  options.base.offload_drain_at_layers_end = true;
+  auto planned = plan(file, goal, options);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  ASSERT_EQ(planned->warnings.size(), 2u);
+  EXPECT_NE(planned->warnings[0].find("vmm.prefill_cache is set but not modelled"), std::string::npos);
+  EXPECT_NE(planned->warnings[1].find("offload_drain_at_layers_end is set but not modelled"), std::string::npos);
+}
+
 TEST(Planner, ATraceWithoutBackwardMarkersIsAnErrorSayingHowToRecordOne) {
   const engine::CostModel costs = test_costs();
   Goal goal;

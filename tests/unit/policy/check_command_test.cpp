@@ -105,6 +105,38 @@ TEST_F(CheckCommand, EnvironmentOverridesAreShownWithTheirVariable) {
   EXPECT_EQ(rows.at("host_pool.bytes"), std::make_pair(std::string("4GiB"), std::string("ACTPAGE_HOST_POOL_BYTES")));
 }
 
+TEST_F(CheckCommand, AVariableThatNamesNoOptionIsAWarningWithTheNearestName) {
+  // A misspelt or deleted option's variable is ignored: `check` says so (on stderr) and still
+  // succeeds; the variables actpage's tools read that are not options pass silently.
+  setenv("ACTPAGE_KEEP_LAS", "1", 1);
+  setenv("ACTPAGE_TRACE", "x.trace", 1);  // trace.path's variable before it followed the rule
+  setenv("ACTPAGE_POLICY", "unused.json", 1);
+  const Output result = run_check({kDataDir + "good-policy.json", false});
+  unsetenv("ACTPAGE_KEEP_LAS");
+  unsetenv("ACTPAGE_TRACE");
+  unsetenv("ACTPAGE_POLICY");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.err,
+              HasSubstr("warning: ACTPAGE_KEEP_LAS: names no option: ignored (did you mean 'ACTPAGE_KEEP_LAST'?)\n"));
+  EXPECT_THAT(result.err, HasSubstr("warning: ACTPAGE_TRACE: names no option: ignored (did you mean "
+                                    "'ACTPAGE_TRACE_PATH'?)\n"));
+  EXPECT_THAT(result.err, ::testing::Not(HasSubstr("ACTPAGE_POLICY")));
+  EXPECT_EQ(table_rows(result.out).at("keep_last"), std::make_pair(std::string("1"), kDataDir + "good-policy.json"));
+}
+
+TEST(UnknownVariables, NameTheNearestOptionAndSkipTheToolsOwnVariables) {
+  const std::vector<policy::PolicyError> unknown = policy::unknown_variables(
+      {"ACTPAGE_MIN_BYTE", "ACTPAGE_MIN_BYTES", "ACTPAGE_VMM_CACHEBYTES", "ACTPAGE_BUILD_DIR", "ACTPAGE_TEST_CLI",
+       "ACTPAGE_TORTURE_SEEDS", "ACTPAGE_VALIDATE_OUT", "ACTPAGE_ZZZZZZZZZZZZZZZZZZ", "PATH"});
+  ASSERT_EQ(unknown.size(), 3u);
+  EXPECT_EQ(unknown[0].source, "ACTPAGE_MIN_BYTE");
+  EXPECT_EQ(unknown[0].suggestion, "ACTPAGE_MIN_BYTES");
+  EXPECT_EQ(unknown[1].suggestion, "ACTPAGE_VMM_CACHE_BYTES");
+  EXPECT_EQ(unknown[2].source, "ACTPAGE_ZZZZZZZZZZZZZZZZZZ");
+  EXPECT_EQ(unknown[2].suggestion, "");
+  EXPECT_EQ(unknown[2].to_string(), "ACTPAGE_ZZZZZZZZZZZZZZZZZZ: names no option: ignored");
+}
+
 TEST_F(CheckCommand, NoPolicyChecksDefaultsAndEnvironment) {
   Output result = run_check({"", false});
   EXPECT_EQ(result.exit_code, 0);

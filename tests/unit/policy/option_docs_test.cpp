@@ -72,24 +72,54 @@ std::vector<std::string> cells_of(const std::string& row) {
   return cells;
 }
 
-TEST(OptionsCommand, MarkdownHasOneRowPerOption) {
+TEST(OptionsCommand, MarkdownHasATableOfStableOptionsThenOneOfExperimentalOnes) {
   const std::vector<std::string> lines = lines_of(options_output(true));
   const auto& table = option_table();
-  ASSERT_EQ(lines.size(), table.size() + 2);
-  EXPECT_EQ(lines[0], "| Option | Environment variable | Default | Unit / values | Description |");
-  EXPECT_EQ(lines[1], "| --- | --- | --- | --- | --- |");
+  const std::string header = "| Option | Environment variable | Default | Unit / values | Description |";
+  std::vector<std::string> rows;
+  std::size_t headers = 0;
+  std::size_t experimental_heading = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i] == header) {
+      ++headers;
+      ASSERT_LT(i + 1, lines.size());
+      EXPECT_EQ(lines[i + 1], "| --- | --- | --- | --- | --- |");
+      ++i;
+    } else if (lines[i].rfind("| `", 0) == 0) {
+      rows.push_back(lines[i]);
+    } else if (lines[i].rfind("Experimental options:", 0) == 0) {
+      experimental_heading = i;
+      EXPECT_THAT(lines[i], HasSubstr(std::string(kExperimentalDecideBy)));
+    }
+  }
+  EXPECT_EQ(headers, 2u);
+  ASSERT_EQ(rows.size(), table.size());
   for (std::size_t i = 0; i < table.size(); ++i) {
-    const std::vector<std::string> cells = cells_of(lines[i + 2]);
-    ASSERT_EQ(cells.size(), 5u) << lines[i + 2];
+    const std::vector<std::string> cells = cells_of(rows[i]);
+    ASSERT_EQ(cells.size(), 5u) << rows[i];
     EXPECT_EQ(cells[0], "`" + std::string(table[i].json_key) + "`");
     EXPECT_EQ(cells[1], *table[i].env ? "`" + std::string(table[i].env) + "`" : std::string("(none)"));
     const std::string default_text = *table[i].default_text ? table[i].default_text : "\"\"";
     EXPECT_EQ(cells[2], "`" + default_text + "`");
+    // The experimental ones come after their heading, the stable ones before it.
+    const auto at = std::find(lines.begin(), lines.end(), rows[i]) - lines.begin();
+    EXPECT_EQ(static_cast<std::size_t>(at) > experimental_heading, table[i].experimental) << table[i].json_key;
   }
   // Markdown-sensitive characters of the docs are escaped: "<module path>" is not an HTML tag.
   const std::string text = options_output(true);
   EXPECT_THAT(text, HasSubstr("&lt;module path&gt;.backward"));
   EXPECT_THAT(text, HasSubstr("`observe`, `offload`"));
+}
+
+TEST(OptionsCommand, PlainMarksTheExperimentalOptions) {
+  const std::string text = options_output(false);
+  for (const OptionInfo& info : option_table()) {
+    EXPECT_EQ(text.find(std::string(info.json_key) + "\n    experimental: decided by " +
+                        std::string(kExperimentalDecideBy) + "\n") != std::string::npos,
+              info.experimental)
+        << info.json_key;
+  }
+  EXPECT_THAT(text, HasSubstr("Experimental options:"));
 }
 
 TEST(Readme, OptionsSectionIsTheGeneratedTable) {

@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ using ::testing::HasSubstr;
 
 // Every field of two Options, compared one by one (Options has no operator==).
 void expect_same_options(const Options& a, const Options& b) {
-#define ACTPAGE_OPTION(ident, ctype, kind, json_key, env, def, unit, doc) \
+#define ACTPAGE_OPTION(ident, ctype, kind, json_key, stability, def, unit, doc) \
   EXPECT_TRUE(a.ident == b.ident) << "field " #ident;
 #include "actpage/option_list.def"
 #undef ACTPAGE_OPTION
@@ -103,10 +104,6 @@ KindSamples samples_for(const OptionInfo& info) {
             "expected one of " + std::string(info.unit) + ", got \"bogus\"", "bogus", "expected one of"};
   }
   if (kind == "string") {
-    if (ident == "host_pool_numa") {
-      return {"1", "\"1\"", "0", "\"0\"", "\"node1\"", "expected \"auto\" or a NUMA node number", "node1",
-              "expected \"auto\" or a NUMA node number"};
-    }
     return {"\"run-%p.trace\"", "\"run-%p.trace\"", "env-%r.trace", "\"env-%r.trace\"", "true",
             "expected a string, got true", "", ""};
   }
@@ -133,11 +130,35 @@ TEST(OptionTable, FollowsOptionListDef) {
     EXPECT_TRUE(kind == "boolean" || kind == "count" || kind == "size" || kind == "enumeration" || kind == "string" ||
                 kind == "globs" || kind == "rules")
         << info.json_key << " has kind " << kind;
-    const std::string_view env = info.env;
-    if (!env.empty()) {
-      EXPECT_EQ(env.substr(0, 8), "ACTPAGE_") << info.json_key;
+    // Every environment name follows the one rule, generated from the key.
+    std::string expected;
+    if (std::string_view(info.json_key) != "version") {
+      expected = "ACTPAGE_";
+      for (const char c : std::string_view(info.json_key)) {
+        expected += c == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      }
+    }
+    EXPECT_EQ(std::string(info.env), expected) << info.json_key;
+  }
+  EXPECT_EQ(std::string(environment_name("host_pool.bytes").data()), "ACTPAGE_HOST_POOL_BYTES");
+  EXPECT_EQ(std::string(environment_name("trace.path").data()), "ACTPAGE_TRACE_PATH");
+  EXPECT_EQ(std::string(environment_name("version").data()), "");
+}
+
+TEST(OptionTable, ListsTheStableOptionsFirstAndAShortExperimentalList) {
+  std::size_t stable = 0;
+  std::size_t experimental = 0;
+  for (const OptionInfo& info : option_table()) {
+    if (info.experimental) {
+      ++experimental;
+    } else {
+      EXPECT_EQ(experimental, 0u) << info.json_key << ": a stable option after the experimental ones";
+      ++stable;
     }
   }
+  EXPECT_LE(stable, 30u);
+  EXPECT_LE(experimental, 8u);
+  EXPECT_GT(experimental, 0u);
 }
 
 TEST(Defaults, AreTheValuesOfOptionListDef) {
@@ -153,7 +174,6 @@ TEST(Defaults, AreTheValuesOfOptionListDef) {
   EXPECT_EQ(defaults.max_inflight_copies, 8u);
   EXPECT_EQ(defaults.host_pool_bytes, 32ull << 30);
   EXPECT_EQ(defaults.host_pool_slab_bytes, 256ull << 20);
-  EXPECT_EQ(defaults.host_pool_numa, "auto");
   EXPECT_EQ(defaults.stray_access, StrayAccess::fault);
   EXPECT_EQ(defaults.vmm_arena_bytes, 1ull << 40);
   EXPECT_EQ(defaults.backward_ranges, std::vector<std::string>{"*.backward"});
@@ -316,7 +336,7 @@ TEST(Load, EnvironmentBooleansAndSizes) {
   EXPECT_EQ(load("", fake_env({{"ACTPAGE_HOST_POOL_BYTES", "1536"}})).options.host_pool_bytes, 1536u);
   EXPECT_FALSE(load("", fake_env({{"ACTPAGE_HOST_POOL_BYTES", ""}})).ok());
   EXPECT_FALSE(load("", fake_env({{"ACTPAGE_KEEP_LAST", "2.0"}})).ok());
-  EXPECT_EQ(load("", fake_env({{"ACTPAGE_TRACE", ""}})).options.trace_path, "");
+  EXPECT_EQ(load("", fake_env({{"ACTPAGE_TRACE_PATH", ""}})).options.trace_path, "");
 }
 
 TEST(Load, BackwardGlobsNeedExactlyOneStar) {
@@ -412,7 +432,7 @@ INSTANTIATE_TEST_SUITE_P(
         UnknownKeyCase{R"({"version": 1, "modlues": []})", "modlues", "modules", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "hostpool": {}})", "hostpool", "host_pool", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "host_pool": {"byts": "1GiB"}})", "host_pool.byts", "bytes",
-                       "host_pool takes bytes, slab_bytes, prealloc_bytes, pin, numa"},
+                       "host_pool takes bytes, prealloc_bytes, slab_bytes"},
         UnknownKeyCase{R"({"version": 1, "trace": {"pth": "x"}})", "trace.pth", "path", "unknown key"},
         UnknownKeyCase{R"({"version": 1, "ahead_bytes": "1GiB"})", "ahead_bytes", "prefetch.ahead_bytes",
                        "unknown key"},
@@ -524,7 +544,7 @@ TEST(Load, RejectsDocumentsThatAreNotPolicies) {
   ASSERT_EQ(result.errors.size(), 1u);
   EXPECT_EQ(result.errors[0].key_path, "host_pool");
   EXPECT_EQ(result.errors[0].reason,
-            "expected an object with keys bytes, slab_bytes, prealloc_bytes, pin, numa, got the string \"32GiB\"");
+            "expected an object with keys bytes, prealloc_bytes, slab_bytes, got the string \"32GiB\"");
 
   result = load_policy("");
   ASSERT_EQ(result.errors.size(), 1u);
@@ -608,7 +628,7 @@ TEST(ToJson, RoundTripsEveryOptionChanged) {
   }
   text += R"(, "modules": [{"match": ["*.mlp", "x\\*"], "offload": false, "min_bytes": 1500}, {"match": "b"}],
              "prefetch": {"ahead_bytes": 12345}, "host_pool": {"bytes": "1.5GiB", "slab_bytes": "64MiB",
-             "prealloc_bytes": 0, "numa": 1}, "vmm": {"cache_bytes": "1GB", "arena_bytes": "2TiB"},
+             "prealloc_bytes": 0}, "vmm": {"cache_bytes": "1GB", "arena_bytes": "2TiB"},
              "trace": {"path": "t-%p-%r.trace", "sample_ms": 0, "buffer_bytes": 4096}, "log": {"level": "debug"}})";
   const LoadResult first = load_policy(text);
   ASSERT_TRUE(first.ok()) << all_errors(first);
@@ -693,12 +713,6 @@ TEST(EnumNames, MatchTheUnitTextOfOptionListDef) {
     }
     if (ident == "python_hooks_call") {
       EXPECT_EQ(enum_choices<PythonHooksCall>(), info.unit);
-    }
-    if (ident == "copy_wait") {
-      EXPECT_EQ(enum_choices<CopyWait>(), info.unit);
-    }
-    if (ident == "host_pool_pin") {
-      EXPECT_EQ(enum_choices<HostPin>(), info.unit);
     }
     if (ident == "log_level") {
       EXPECT_EQ(enum_choices<LogLevel>(), info.unit);

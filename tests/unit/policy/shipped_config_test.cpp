@@ -138,7 +138,7 @@ void expect_llama_near_free(const std::string& name, int last, bool serves_last_
 TEST(ShippedConfig, LlamaNearFreeMovesSixLayersBeforeTheLoss) {
   // Six MLPs (2.06 GiB), whose copies end before the layers do on the H100 (the drain then waits for
   // nothing), the range cache prefilled, and reload pages paid for by the job's pool in backward
-  // (docs/performance.md, session 15: 1.90 against 1.34 GiB at the same x1.026). Layer 15's MLP is
+  // (session 15 on the H100: 1.90 against 1.34 GiB at the same x1.026; docs/findings.md, section 4). Layer 15's MLP is
   // served and kept: backward frees it first, and the first reload maps its pages instead of new
   // ones on top of the job's pool (session 20: reload page creations 75 to 16 in 16 steps). The drain
   // waits where backward begins: the head's forward runs while the last copies finish (session 22:

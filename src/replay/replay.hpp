@@ -1,6 +1,6 @@
-// Replay: runs a recorded trace's allocations, frees and ranges through an Engine on a SimDevice,
-// and predicts what a policy would do to the traced job's device memory and, given a CostModel,
-// to its time.
+// Replay (src/replay): runs a recorded trace's allocations, frees and ranges through an Engine on a
+// SimDevice, and predicts what a policy would do to the traced job's device memory and, given a
+// CostModel, to its time.
 //
 // Each traced thread is replayed on a thread of its own (range stacks are per thread, and the engine
 // tells forward from backward recomputation by thread), one event at a time in the trace's time
@@ -21,7 +21,7 @@
 // - An offload copy runs on one D2H copy engine in issue order, at the calibrated bandwidth for its
 //   size, once the GPU has run the module that made the data; at most max_inflight_copies are
 //   issued at a time. The offload worker then unmaps its pages, one unmap after another.
-// - cuMemUnmap while the job's kernels run holds the job's thread (docs/performance.md): each unmap
+// - cuMemUnmap while the job's kernels run holds the job's thread (docs/findings.md, section 2): each unmap
 //   holds it for CostModel::unmap_job_penalty_ns from when the unmap begins, unless the thread was
 //   waiting anyway (a stall, a synchronisation). An unmap of pages the job freed (the range cache,
 //   reload pages) first waits until the GPU has passed that free. Create/map calls on the job's

@@ -1,0 +1,207 @@
+#include "engine/address_space.hpp"
+
+#include "common/clock.hpp"
+#include "common/log.hpp"
+#include "common/units.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
+#include "engine/offload_pipeline.hpp"
+#include "engine/page_return.hpp"
+
+namespace actpage::engine {
+
+Status AddressSpace::reserve() { return arena_.init(parts_.core.device, options_.arena_bytes); }
+
+void AddressSpace::release_windows() {
+  EngineCore& core = parts_.core;
+  for (auto& [va, window] : windows_) {
+    if (window->mapped) {
+      (void)core.device.unmap(window->va, window->bytes);
+      (void)core.device.release_physical(window->physical);
+    }
+    for (const FreePoint& point : window->free_points) core.recycle_event(point.event);
+    arena_.release(window->va, window->bytes);
+  }
+  windows_.clear();
+}
+
+void AddressSpace::release_cache() {
+  EngineCore& core = parts_.core;
+  for (const CachedRange& range : cache_.take_all()) {
+    for (const FreePoint& point : range.free_points) (void)core.device.synchronize_event(point.event);
+    (void)core.device.unmap(range.va, range.mapped_bytes);
+    (void)core.device.release_physical(range.physical);
+    arena_.release(range.va, range.mapped_bytes);
+    for (const FreePoint& point : range.free_points) core.recycle_event(point.event);
+  }
+  core.stats.cached_bytes = 0;
+}
+
+void AddressSpace::release_arena() {
+  if (Status status = arena_.shutdown(); !status.ok()) ACTPAGE_LOG_WARN("{}", status.message());
+}
+
+Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  auto window = std::make_unique<Window>();
+  // The oldest cached range of the best size.
+  if (auto cached = take_cached(mapped_bytes)) {
+    window->va = cached->va;
+    window->bytes = cached->mapped_bytes;
+    window->physical = cached->physical;
+    // The range was freed in stream order: work on another stream must not touch it before those
+    // points. On the same stream, order is already implied.
+    bool ordered = true;
+    for (const FreePoint& point : cached->free_points) {
+      if (point.stream == stream) continue;
+      if (Status status = core.device.stream_wait_event(stream, point.event); !status.ok()) {
+        core.note_failure("ordering a reused range after its free", status);
+        ordered = false;
+        break;
+      }
+    }
+    if (!ordered) {
+      put_cached(*cached);
+      return nullptr;
+    }
+    // The points stay with the window: should it be given back before anything else ran on their
+    // streams, its unmap must still wait for them.
+    window->free_points = std::move(cached->free_points);
+  } else {
+    auto va = arena_.acquire(mapped_bytes);
+    if (!va) {
+      ACTPAGE_WARN_ONCE("engine.arena_full",
+                        "the {} of address space reserved for offloadable allocations is used up; "
+                        "further activations stay with the job's allocator (raise vmm.arena_bytes)",
+                        format_bytes(options_.arena_bytes));
+      return nullptr;
+    }
+    // Cache miss: create and map on the job's thread. The steady state of a training loop finds
+    // its sizes in the cache; this is the first iteration, or a new size. Granting access waits for
+    // a running device-to-host copy (up to ~1 ms): the copy queue drains first.
+    const std::uint64_t started = monotonic_ns();
+    lock.unlock();
+    auto physical = core.device.create_physical(mapped_bytes, MemoryLocation::device);
+    Status mapped_status;
+    bool left_mapped = false;  // the grant and the undoing unmap both failed: the address stays taken
+    if (physical.ok()) mapped_status = core.device.map_without_access(*va, mapped_bytes, *physical);
+    if (physical.ok() && mapped_status.ok()) {
+      mapped_status = parts_.offload.grant_with_copies_held(*va, mapped_bytes, lock);
+      if (!mapped_status.ok()) left_mapped = !core.device.unmap(*va, mapped_bytes).ok();
+    }
+    if (physical.ok() && !mapped_status.ok()) (void)core.device.release_physical(*physical);
+    const std::uint64_t took = monotonic_ns() - started;
+    lock.lock();
+    core.stats.job_thread_vmm_calls += 2;
+    if (!physical.ok() || !mapped_status.ok()) {
+      if (!left_mapped) arena_.release(*va, mapped_bytes);
+      const Status& status = physical.ok() ? mapped_status : physical.status();
+      // Out of memory: the job's own allocator gets the request and reports its own error.
+      if (status.code() != ErrorCode::out_of_memory) core.note_failure("mapping an offloadable allocation", status);
+      return nullptr;
+    }
+    core.events.mapped(*va, mapped_bytes, took);
+    window->va = *va;
+    window->bytes = mapped_bytes;
+    window->physical = *physical;
+  }
+  window->mapped = true;
+  sizes_this_iteration_.push_back(window->bytes);
+  ++cursor_;
+  core.stats.live_owned_bytes += window->bytes;
+  Window* raw = window.get();
+  windows_.emplace(raw->va, std::move(window));
+  return raw;
+}
+
+void AddressSpace::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
+  // While the window is being given back, the VMM worker waits on copies of these events without
+  // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both
+  // then (they are recycled with the window's list).
+  for (FreePoint& point : window.free_points) {
+    if (point.stream == stream && !window.unmapping) {
+      parts_.core.recycle_event(point.event);  // the newer point on the same stream comes later
+      point.event = event;
+      return;
+    }
+  }
+  window.free_points.push_back(FreePoint{stream, event});
+}
+
+void AddressSpace::retire_window(Window& window) {
+  EngineCore& core = parts_.core;
+  parts_.pages.unqueue(window);
+  core.stats.live_owned_bytes -= window.bytes;
+  if (window.mapped) {
+    put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
+  } else {
+    // Pages already given back (offloaded in fault mode): only the address space returns, once the
+    // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
+    for (const FreePoint& point : window.free_points) core.recycle_event(point.event);
+    core.stats.offloaded_bytes_now -= window.bytes;
+    arena_.release(window.va, window.bytes);
+  }
+  windows_.erase(window.va);  // destroys `window`
+}
+
+std::optional<CachedRange> AddressSpace::take_cached(std::size_t mapped_bytes) {
+  auto range = cache_.take(mapped_bytes);
+  parts_.core.stats.cached_bytes = cache_.bytes();
+  return range;
+}
+
+void AddressSpace::put_cached(const CachedRange& range) {
+  cache_.put(range);
+  parts_.core.stats.cached_bytes = cache_.bytes();
+  dirty_ = true;
+  parts_.core.work_cv.notify_all();  // the worker gives back what the demand does not need
+}
+
+std::vector<CachedRange> AddressSpace::take_all_cached() {
+  std::vector<CachedRange> all = cache_.take_all();
+  parts_.core.stats.cached_bytes = cache_.bytes();
+  return all;
+}
+
+std::vector<CachedRange> AddressSpace::take_surplus() {
+  std::vector<CachedRange> surplus = cache_.surplus(demand(), options_.cache_bytes);
+  parts_.core.stats.cached_bytes = cache_.bytes();
+  return surplus;
+}
+
+bool AddressSpace::keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const {
+  if (!cache_.wants(bytes, wanted, options_.cache_bytes, held.count[bytes], held.bytes)) return false;
+  held.add(bytes);
+  return true;
+}
+
+std::vector<std::size_t> AddressSpace::demanded_sizes() const {
+  const bool in_backward = parts_.groups.in_backward();
+  std::vector<std::size_t> sizes;
+  const std::vector<std::size_t>& sequence = in_backward ? sizes_this_iteration_ : sizes_last_iteration_;
+  std::uint64_t bytes = 0;
+  for (std::size_t at = in_backward ? 0 : cursor_; at < sequence.size(); ++at) {
+    if (bytes + sequence[at] > options_.cache_bytes) break;
+    bytes += sequence[at];
+    sizes.push_back(sequence[at]);
+  }
+  return sizes;
+}
+
+RangeCache::Demand AddressSpace::demand() const {
+  RangeCache::Demand wanted;
+  for (std::size_t size : demanded_sizes()) ++wanted[size];
+  return wanted;
+}
+
+bool AddressSpace::next_allocation_misses() const {
+  return cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_]);
+}
+
+void AddressSpace::forward_begins() {
+  if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
+  sizes_this_iteration_.clear();
+  cursor_ = 0;
+}
+
+}  // namespace actpage::engine

@@ -1,0 +1,119 @@
+// AddressSpace: where a device engine's allocations live, and the mapped ranges it keeps for reuse.
+//
+// Contract:
+// - Every allocation actpage serves lives in a Window (allocation.hpp) carved from one reserved
+//   arena (vmm.arena_bytes); owns() answers without the lock.
+// - new_window() serves from the range cache (no VMM call: the steady state of a training loop),
+//   else creates and maps pages on the calling thread; a reused range is ordered after the frees
+//   that put it in the cache (rule 5: its free points go with it). A retired window's mapped pages
+//   go to the cache; unmapped ones give only their address back.
+// - How much the cache keeps is set by demand(): the sizes the rest of this forward pass will ask
+//   for, learned from the last one (in backward: the next forward's first ones), within
+//   vmm.cache_bytes. A change to the cache or the demand marks it dirty, and the VMM worker
+//   (PageReturn) trims it then.
+// - Everything with the engine's lock held; new_window() releases it around the driver calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "engine/allocation.hpp"
+#include "engine/engine_parts.hpp"
+#include "engine/range_cache.hpp"
+#include "engine/va_arena.hpp"
+
+namespace actpage::engine {
+
+struct AddressSpaceOptions {
+  std::uint64_t arena_bytes = 0;  // vmm.arena_bytes
+  std::uint64_t cache_bytes = 0;  // vmm.cache_bytes
+};
+
+// Pages kept for the cache outside it (waiting to be mapped at a cache address): they count
+// against the demand as if in the cache.
+struct HeldForCache {
+  std::unordered_map<std::size_t, std::size_t> count;  // by mapped size
+  std::uint64_t bytes = 0;
+  void add(std::size_t size) {
+    ++count[size];
+    bytes += size;
+  }
+};
+
+class AddressSpace {
+ public:
+  AddressSpace(EngineParts& parts, AddressSpaceOptions options) : parts_(parts), options_(options) {}
+
+  // Reserves the arena (start()).
+  Status reserve();
+  // Unmaps and releases every window (shutdown(): nothing runs any more).
+  void release_windows();
+  // Unmaps and releases every cached range (shutdown(), after release_windows()), then the arena
+  // (last: nothing may be mapped in it any more).
+  void release_cache();
+  void release_arena();
+  bool owns(DevPtr ptr) const noexcept { return arena_.contains(ptr); }
+  // Addresses for what is not a window (host_mapped staging, recycled and prefilled spans).
+  VaArena& arena() { return arena_; }
+
+  // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
+  // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
+  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
+  // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
+  void retire_window(Window& window);
+  // Forgets a window whose address and pages went elsewhere (host_mapped: its host copy).
+  void forget_window(Window& window) { windows_.erase(window.va); }
+  // The job freed an allocation of `window` on `stream` at `event` (rule 5).
+  void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
+
+  // The oldest cached range of the best size (whoever takes it orders after its free points).
+  std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
+  void put_cached(const CachedRange& range);
+  // Everything cached (backward begins; a reload that found no memory).
+  std::vector<CachedRange> take_all_cached();
+  // The cached ranges the demand does not need, and all beyond vmm.cache_bytes.
+  std::vector<CachedRange> take_surplus();
+  bool has_cached(std::size_t mapped_bytes) const { return cache_.has(mapped_bytes); }
+  std::size_t cached_count(std::size_t mapped_bytes) const { return cache_.count(mapped_bytes); }
+  std::uint64_t cached_bytes() const { return cache_.bytes(); }
+  // Whether pages of `bytes` are worth keeping for the cache with `held` kept already; if so,
+  // counts them in `held`.
+  bool keep_for_cache(std::size_t bytes, const RangeCache::Demand& wanted, HeldForCache& held) const;
+  // The cache or the demand changed since the VMM worker last trimmed; take_dirty() clears it.
+  void mark_dirty() { dirty_ = true; }
+  bool dirty() const { return dirty_; }
+  bool take_dirty() { return std::exchange(dirty_, false); }
+
+  // The sizes the next allocations are expected to ask for: the rest of the last iteration's
+  // forward sequence (in backward: the start of the next forward), within vmm.cache_bytes.
+  RangeCache::Demand demand() const;
+  // The same sizes in the order the forward asks for them.
+  std::vector<std::size_t> demanded_sizes() const;
+  // Whether the job's next allocation (as the last forward made it) would find no cached range.
+  bool next_allocation_misses() const;
+  // Whether this forward pass has served any candidate yet.
+  bool served_this_iteration() const { return !sizes_this_iteration_.empty(); }
+  // A forward pass begins: this one's sizes become the last one's.
+  void forward_begins();
+
+ private:
+  EngineParts& parts_;
+  const AddressSpaceOptions options_;
+  VaArena arena_;
+  std::map<DevPtr, std::unique_ptr<Window>> windows_;
+  RangeCache cache_;
+  std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
+  std::vector<std::size_t> sizes_last_iteration_;
+  std::size_t cursor_ = 0;                          // candidates served so far this iteration
+  bool dirty_ = false;                              // cache or demand changed: the worker trims
+};
+
+}  // namespace actpage::engine

@@ -1,0 +1,88 @@
+// The records a device engine keeps of what it serves: allocations, the windows their pages live
+// in, and the groups (module calls) they belong to.
+//
+// Contract: plain data. Every field is read and written with the engine's lock held
+// (EngineCore::mutex); a worker that releases the lock around a device call marks what it works on
+// first (Window::unmapping, PageState::offloading/reloading), and the others leave it alone. An
+// allocation lives from its allocate() until it is disposed of (AllocationTable): a free by the job
+// while a copy of ours touches it only marks it (Allocation::freed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "engine/page_state.hpp"
+#include "engine/range_cache.hpp"
+#include "hostpool/host_pool.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine {
+
+struct Allocation;
+struct Group;
+
+// A mapped device range that an allocation is served from: the unit of mapping and unmapping.
+// Each window holds one allocation (its list is empty once the job freed it); adjacent windows
+// ready together go back in one unmap.
+struct Window {
+  DevPtr va = 0;
+  std::size_t bytes = 0;          // mapped size, a multiple of the granularity
+  PhysicalHandle physical;        // valid while mapped
+  bool mapped = false;            // device pages are behind the range now
+  std::vector<Allocation*> allocations;  // live ones
+  std::uint32_t copied = 0;       // of those, copied to the host and waiting for the unmap
+  bool unmap_queued = false;      // in PageReturn's ready list
+  bool unmapping = false;         // the VMM worker is unmapping it now (lock released)
+  std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
+};
+
+struct Allocation {
+  DevPtr va = 0;
+  std::size_t bytes = 0;         // what the job asked for: what is copied
+  StreamHandle stream;           // the allocating stream (where forward reads and backward waits)
+  Window* window = nullptr;      // where its pages are
+  std::optional<hostpool::HostBlock> host;
+  PageState state = PageState::resident;
+  Group* group = nullptr;
+  bool freed = false;            // the job freed it while a copy was in flight
+  bool wanted_back = false;      // backward asked for it while its D2H copy was in flight
+  bool reload_queued = false;
+  bool reload_urgent = false;
+  PhysicalHandle host_physical;  // host_mapped: the host-located copy
+  bool has_host_physical = false;
+  DevPtr staging = 0;            // host_mapped: where a copy's other side is mapped meanwhile
+  EventHandle copy_event;        // H2D completion, valid while a reload copy is in flight
+  bool has_copy_event = false;
+  std::size_t copy_issued = 0;   // offload: bytes whose D2H copy is on the stream
+  bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
+  bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
+  std::uint64_t copy_started_ns = 0;
+};
+
+// All candidates made during one call of a selected module on one thread (docs/engine.md).
+struct Group {
+  std::uint32_t id = 0;
+  ranges::PathId selected = ranges::kNoPath;
+  ranges::PathId release_node = ranges::kNoPath;  // popping it seals the group
+  ranges::PathId layer_node = ranges::kNoPath;    // groups sharing it form one keep_last layer
+  std::thread::id thread;
+  std::uint64_t iteration = 0;
+  std::size_t position = 0;                       // index in this iteration's forward order
+  std::uint64_t forward_pass = 0;                 // the creating thread's forward call (0: unknown)
+  std::vector<Allocation*> allocations;           // live ones
+  std::vector<ranges::NameId> names;              // selected range's name and its parent's
+  std::vector<std::pair<StreamHandle, EventHandle>> release_events;
+  bool sealed = false;
+};
+
+using CachedRange = RangeCache::Range;
+
+// It stays on the device (no copy of it is made, or the one made is dropped).
+inline void keep_resident(Allocation& allocation) { allocation.state = PageState::resident; }
+
+}  // namespace actpage::engine

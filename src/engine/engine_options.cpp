@@ -1,0 +1,37 @@
+#include "engine/engine_options.hpp"
+
+namespace actpage::engine {
+
+DeviceEngineOptions device_engine_options(const Options& options) {
+  DeviceEngineOptions parts;
+  parts.front.offload_backlog_bytes = options.offload_backlog_bytes;
+  parts.front.drain_at_layers_end = options.offload_drain_at_layers_end;
+  parts.front.drain_at_backward_start = options.offload_drain_at_backward_start;
+  parts.front.trace_sample_ms = options.trace_sample_ms;
+  parts.groups.release_after = options.release_after;
+  parts.groups.keep_last = options.keep_last;
+  parts.groups.offload = options.mode == Mode::offload;
+  parts.groups.drain_at_layers_end = options.offload_drain_at_layers_end;
+  parts.groups.drain_at_backward_start = options.offload_drain_at_backward_start;
+  parts.space.arena_bytes = options.vmm_arena_bytes;
+  parts.space.cache_bytes = options.vmm_cache_bytes;
+  parts.offload.max_inflight_copies = options.max_inflight_copies;
+  parts.offload.copy_chunk_bytes = options.copy_chunk_bytes;
+  parts.offload.copy_chunks_queued = options.copy_chunks_queued;
+  parts.offload.grant_when_idle = options.vmm_grant_when_idle;
+  parts.reload.max_inflight_copies = options.max_inflight_copies;
+  parts.reload.prefetch_ahead_bytes = options.prefetch_ahead_bytes;
+  parts.pages.grant_when_idle = options.vmm_grant_when_idle;
+  parts.pages.prefill_cache = options.vmm_prefill_cache;
+  parts.pages.cache_bytes = options.vmm_cache_bytes;
+  parts.pages.trim_job_pool = options.vmm_trim_job_pool;
+  parts.job_pool.trim = options.vmm_trim_job_pool;
+  parts.job_pool.catch_up = options.vmm_trim_job_pool_catch_up;
+  parts.stray_access = options.stray_access;
+  parts.host_pool.budget_bytes = options.host_pool_bytes;
+  parts.host_pool.slab_bytes = options.host_pool_slab_bytes;
+  parts.host_pool.prealloc_bytes = options.host_pool_prealloc_bytes;
+  return parts;
+}
+
+}  // namespace actpage::engine

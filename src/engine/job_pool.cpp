@@ -1,0 +1,163 @@
+#include "engine/job_pool.hpp"
+
+#include <algorithm>
+
+#include "common/clock.hpp"
+#include "common/log.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
+#include "engine/turns.hpp"
+
+namespace actpage::engine {
+namespace {
+
+// How often an open watch looks at the job's pool: each look is two cuMemPoolGetAttribute calls.
+constexpr std::uint64_t kWatchIntervalNs = 1'000'000;
+// A look trims only once this much of the debt (or all of it, if less) can go: each trim is a
+// driver call that waits for the device, and what the pool reports unused may not be trimmable yet
+// (the pool reports freed bytes as unused before the device has run the frees).
+constexpr std::uint64_t kWatchMinTrimBytes = std::uint64_t{64} << 20;
+// The watch waits this much longer after a trim that gave back next to nothing.
+constexpr std::uint64_t kDebtBackoffNs = 3'000'000;
+
+}  // namespace
+
+std::optional<JobPool::Trim> JobPool::trim_by(std::size_t bytes) {
+  if (failed_.load(std::memory_order_relaxed)) return std::nullopt;
+  const std::uint64_t started = monotonic_ns();
+  Result<std::size_t> trimmed = parts_.core.device.trim_job_pool(bytes);
+  return Trim{std::move(trimmed), monotonic_ns() - started};
+}
+
+void JobPool::record(const Trim& trim) {
+  EngineCore& core = parts_.core;
+  if (trim.trimmed.ok()) {
+    ++core.stats.pool_trims;
+    core.stats.pool_trimmed_bytes += *trim.trimmed;
+    core.stats.pool_trim_ns += trim.ns;
+  } else if (!failed_.exchange(true)) {
+    // Not the job's data at stake, only the saving: carry on without trims.
+    ACTPAGE_LOG_WARN("device {}: trimming the job's memory pool failed, no more trims this run: {}",
+                     core.device.ordinal(), trim.trimmed.status().message());
+  }
+}
+
+Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
+  EngineCore& core = parts_.core;
+  // The job's cudaMallocAsync pool keeps the reserve it grew to at its peak (torch never lets it
+  // shrink), and backward has freed much of it by now: pages created here would stack on top of
+  // that reserve. Giving the pool's unused bytes back first keeps device memory in use flat; the
+  // pool grows back in the next forward pass, when these pages have been given back or recycled.
+  const std::optional<Trim> trim = options_.trim ? trim_by(bytes) : std::nullopt;
+  // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
+  // may wait 10-16 ms for the job's queued work (docs/findings.md, section 4).
+  const std::uint64_t started = monotonic_ns();
+  Result<PhysicalHandle> created = core.device.create_physical(bytes, MemoryLocation::device);
+  const std::uint64_t create_ns = monotonic_ns() - started;
+  std::lock_guard<std::mutex> guard(core.mutex);
+  ++core.stats.reload_creates;
+  core.stats.reload_create_ns += create_ns;
+  if (trim) record(*trim);
+  if (options_.catch_up && parts_.groups.in_backward() && created.ok() && trim && trim->trimmed.ok() &&
+      *trim->trimmed < bytes) {
+    // The pool's unused bytes here are mostly backward's first frees, not yet run by the device,
+    // or in blocks that still hold live tensors: it gives them back a few layers later.
+    const std::uint64_t shortfall = bytes - *trim->trimmed;
+    debt_ += shortfall;
+    core.stats.pool_trim_debt_bytes += shortfall;
+    if (!watch_open_) open_watch();
+  }
+  return created;
+}
+
+bool JobPool::holds_back_new_pages() const {
+  // Never while serialized (a replay must not depend on time) or stopping: nothing would end it.
+  return options_.catch_up && options_.trim && !parts_.turns.serialized() && !parts_.core.stopping && debt_ > 0;
+}
+
+void JobPool::backward_begins() { debt_ = 0; }
+
+void JobPool::forward_begins() {
+  // The pool grows back in this forward: nothing more to give back for backward's reloads.
+  debt_ = 0;
+  watch_open_ = false;
+}
+
+void JobPool::pay_debt(std::unique_lock<std::mutex>& lock) {
+  if (debt_ == 0) return;
+  const std::uint64_t debt = debt_;
+  debt_ = 0;
+  watch_open_ = false;
+  ++busy_;
+  lock.unlock();
+  const std::optional<Trim> trim = trim_by(debt);
+  lock.lock();
+  --busy_;
+  if (trim) record(*trim);
+}
+
+void JobPool::open_watch() {
+  watch_open_ = !failed_.load(std::memory_order_relaxed);
+  next_look_ns_ = 0;  // the first look at once
+  if (watch_open_) parts_.core.work_cv.notify_all();
+}
+
+std::optional<std::uint64_t> JobPool::next_look_ns() const {
+  if (!watch_open_) return std::nullopt;
+  return next_look_ns_;
+}
+
+bool JobPool::look_due() const {
+  if (!watch_open_) return false;
+  return parts_.turns.serialized() || monotonic_ns() >= next_look_ns_;
+}
+
+void JobPool::look(std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  if (parts_.turns.serialized()) watch_open_ = false;  // a replay must not depend on time: one look
+  const std::uint64_t debt = debt_;  // read under the lock; paid below, under it again
+  // A trim is worth a driver call only once this much of the debt can go.
+  const std::uint64_t useful = std::min(debt, kWatchMinTrimBytes);
+  ++busy_;  // quiesce() waits for the look to end
+  lock.unlock();
+  Result<PoolUsage> usage = core.device.job_pool_usage();
+  std::optional<Trim> trim;
+  if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
+    const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;
+    // Only the debt, and only once a useful part of it can go.
+    if (debt > 0 && unused >= useful) trim = trim_by(std::min(debt, unused));
+  }
+  lock.lock();
+  --busy_;
+  next_look_ns_ = monotonic_ns() + kWatchIntervalNs;
+  if (trim && trim->trimmed.ok() && *trim->trimmed < useful) {
+    // The pool reported bytes unused that it could not give back: frees the device has not run
+    // yet. Each trim waits for the device and holds the job's driver calls meanwhile: give the
+    // device a few layers' worth of time before the next.
+    next_look_ns_ += kDebtBackoffNs;
+  }
+  ++core.stats.pool_watch_polls;
+  if (!usage.ok()) {
+    // trim_job_pool reads the same attributes first: it would fail too.
+    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool cannot be read, no more trims this run: {}",
+                      core.device.ordinal(), usage.status().message());
+    failed_.store(true, std::memory_order_relaxed);
+    watch_open_ = false;
+    return;
+  }
+  if (!trim) return;
+  record(*trim);
+  if (!trim->trimmed.ok()) {
+    watch_open_ = false;
+    return;
+  }
+  ++core.stats.pool_watch_trims;
+  core.stats.pool_watch_trimmed_bytes += *trim->trimmed;
+  debt_ -= std::min<std::uint64_t>(debt_, *trim->trimmed);
+  if (debt_ == 0) {
+    core.reload_cv.notify_all();  // prefetches held back for it may go
+    watch_open_ = false;
+  }
+}
+
+}  // namespace actpage::engine

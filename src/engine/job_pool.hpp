@@ -1,0 +1,85 @@
+// JobPool: the adaptor over the job's own stream-ordered pool (cudaMallocAsync's), which keeps the
+// reserve it grew to at its peak for good.
+//
+// Contract:
+// - vmm.trim_job_pool: before the engine creates device pages (a reload's, the prefill's), it gives
+//   as many bytes of the pool's unused reserve back to the driver (trim_by, cuMemPoolTrimTo), so
+//   that the new pages take the reserve's place instead of adding to device memory in use. A
+//   failed trim warns once and ends trimming for the run (only the saving is at stake).
+// - vmm.trim_job_pool_catch_up: what a reload's trim could not give back (at backward's start the
+//   pool's unused bytes are mostly frees the device has not run yet) is owed; while it is, a watch
+//   looks at the pool every millisecond (3 ms after a trim that gave nothing) on the VMM worker and
+//   trims it by the debt, no more; prefetches that would create pages wait for it (holds_back...).
+//   The debt is forgotten when a forward or a backward begins (the pool grows back in forward).
+// - Driver calls run without the engine's lock; everything else with it held.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+
+#include "actpage/device.hpp"
+#include "actpage/options.hpp"
+#include "engine/engine_parts.hpp"
+
+namespace actpage::engine {
+
+struct JobPoolOptions {
+  bool trim = true;       // vmm.trim_job_pool
+  bool catch_up = false;  // vmm.trim_job_pool_catch_up
+};
+
+class JobPool {
+ public:
+  JobPool(EngineParts& parts, JobPoolOptions options) : parts_(parts), options_(options) {}
+
+  // What a trim gave back, and how long it took.
+  struct Trim {
+    Result<std::size_t> trimmed;
+    std::uint64_t ns = 0;
+  };
+  // Trims the pool by `bytes`; nullopt once a trim has failed (none for the rest of the run).
+  // Without the engine's lock.
+  std::optional<Trim> trim_by(std::size_t bytes);
+  // Counts a trim; the first failure warns and stops later trims. Lock held.
+  void record(const Trim& trim);
+  // Creates device pages for a reload, first trimming the pool by as much (vmm.trim_job_pool); what
+  // the trim fell short by is owed (catch-up). Called without the engine's lock; takes it.
+  Result<PhysicalHandle> create_reload_pages(std::size_t bytes);
+  // Whether prefetches that need new pages wait now: the pool owes earlier reloads' pages. Lock held.
+  bool holds_back_new_pages() const;
+  // Backward begins: nothing is owed yet. A forward begins: nothing is owed any more, and the watch
+  // closes (the pool grows back in forward). Lock held.
+  void backward_begins();
+  void forward_begins();
+  // The prefill at backward's end: backward has freed its activations, so the pool can give back
+  // what the reloads' pages still owe it before the optimizer step and the next forward's ranges.
+  // Lock held; unlocks around the trim.
+  void pay_debt(std::unique_lock<std::mutex>& lock);
+
+  // The watch, on the VMM worker: whether a look is due, when the next one is (nullopt: no watch),
+  // and the look itself (unlocks around the driver calls; serialized, a watch looks once).
+  bool look_due() const;
+  std::optional<std::uint64_t> next_look_ns() const;
+  void look(std::unique_lock<std::mutex>& lock);
+
+  // No driver call of this part is under way (quiesce()).
+  bool idle() const { return busy_ == 0; }
+  bool trims() const { return options_.trim; }
+
+ private:
+  void open_watch();
+
+  EngineParts& parts_;
+  const JobPoolOptions options_;
+  std::atomic<bool> failed_{false};  // a trim failed: none for the rest of the run
+  bool watch_open_ = false;          // the VMM worker looks at the pool
+  std::uint64_t next_look_ns_ = 0;   // monotonic_ns() of the next look
+  // Bytes of reload pages created in this backward that the pool has not given back yet.
+  std::uint64_t debt_ = 0;
+  std::uint32_t busy_ = 0;  // driver calls under way without the lock
+};
+
+}  // namespace actpage::engine

@@ -1,0 +1,113 @@
+// PageReturn: giving a device engine's pages back, on its VMM worker.
+//
+// Contract:
+// - The VMM worker (run()) makes the calls that may wait (for a job's free, for the device) and so
+//   must not hold up the copy stream: it unmaps the pages of copied windows (queue_unmap; adjacent
+//   windows in one call, after their free points: rules 2 and 5), keeps those the forward pass will
+//   ask for again (the demand, AddressSpace) and maps them at fresh cache addresses when no offload
+//   copy runs (recycling: one span, one grant), trims the cache to the demand, releases the ranges
+//   given to it (defer_release: host_mapped frees, the cache when backward begins), and looks at
+//   the job's pool when JobPool's watch is due.
+// - vmm.prefill_cache: once backward has freed every activation actpage served, it maps the next
+//   forward's demand in one span with one grant (no more bytes than a trim of the job's pool gave
+//   back, with vmm.trim_job_pool), so that the forward maps and grants nothing while its copies run.
+// - Everything with the engine's lock held; the worker releases it around the driver calls only,
+//   with what it works on marked (Window::unmapping, its own busy count for quiesce()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "engine/allocation.hpp"
+#include "engine/engine_parts.hpp"
+
+namespace actpage::engine {
+
+struct PageReturnOptions {
+  bool grant_when_idle = true;  // vmm.grant_when_idle: recycles wait for an idle copy stream
+  bool prefill_cache = false;   // vmm.prefill_cache
+  std::uint64_t cache_bytes = 0;  // vmm.cache_bytes
+  bool trim_job_pool = true;    // vmm.trim_job_pool: the prefill creates no more than a trim gave
+};
+
+class PageReturn {
+ public:
+  PageReturn(EngineParts& parts, PageReturnOptions options) : parts_(parts), options_(options) {}
+
+  // The VMM worker's loop, until the engine stops.
+  void run();
+  // Whether the worker has work now (its wait's condition, stopping aside).
+  bool has_work() const;
+  // Nothing queued, kept or under way (quiesce()).
+  bool idle() const;
+
+  // Every live allocation of the window is copied: queue its pages to be given back.
+  void queue_unmap(Window& window);
+  // The window's pages stay (backward took it back, or it is retired).
+  void unqueue(Window& window);
+  bool unmaps_queued() const { return !ready_.empty(); }
+  // Copied pages are kept to be mapped at a cache address (new copies then wait when the job's next
+  // allocation needs them: OffloadPipeline).
+  bool recycling() const { return !recycle_pending_.empty(); }
+  // The worker unmaps and releases `range` (after its free points).
+  void defer_release(CachedRange range);
+  // Gives back the cached ranges the demand does not need (all of them when `everything`). Unlocks.
+  void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
+  // A forward pass begins: the next backward may prefill again.
+  void forward_begins() { prefilled_ = false; }
+  // shutdown(): what is queued or kept goes back to the driver.
+  void release_all();
+
+ private:
+  // Pages of offloaded windows, unmapped and kept for the cache, waiting to be mapped at new addresses.
+  struct PendingPages {
+    PhysicalHandle physical;
+    std::size_t bytes = 0;
+  };
+  struct MappedRanges {
+    std::size_t mapped = 0;  // ranges put in the cache (a prefix of the sizes asked for)
+    std::uint64_t bytes = 0;
+  };
+
+  // Gives back the pages of the windows in ready_, adjacent ones in one call. Unlocks.
+  void unmap_ready_windows(std::unique_lock<std::mutex>& lock);
+  // Whether the pending pages should be recycled now: no offload copy runs (granting access then
+  // costs ~0.1 ms instead of up to ~1 ms), or the job's next allocation would miss the cache.
+  bool recycle_due() const;
+  // Maps the pages in recycle_pending_ at fresh addresses of one span, granting access once, and
+  // puts them in the cache (in backward, or when mapping fails, gives them back). Unlocks.
+  void recycle_pending_pages(std::unique_lock<std::mutex>& lock);
+  // Gives back the kept pages that the rest of the forward no longer asks for. Unlocks.
+  void release_unwanted_pending(std::unique_lock<std::mutex>& lock);
+  void note_recycle_pending();  // stats.recycle_pending_bytes (and its peak) from recycle_pending_
+  // vmm.prefill_cache: backward has freed every activation actpage served (so none comes back to
+  // the cache) and the cache has not been filled this backward.
+  bool prefill_due() const;
+  // The demand (the next forward's first allocations within vmm.cache_bytes) less what the cache has.
+  std::vector<std::size_t> prefill_sizes() const;
+  // Creates and maps those ranges for the cache (unlocks): the next forward pass then takes its
+  // ranges from the cache and makes no grant while its offload copies run.
+  void prefill_cache(std::unique_lock<std::mutex>& lock);
+  // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
+  // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
+  // pool by their total and creates only as many bytes as it gave back (the sizes in order, up to
+  // the first that no longer fits). Stops at the first failure and gives back what came after.
+  // Unlocks.
+  MappedRanges map_fresh_ranges(const std::vector<std::size_t>& sizes, bool trim_job_pool,
+                                std::unique_lock<std::mutex>& lock);
+  // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
+  void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
+
+  EngineParts& parts_;
+  const PageReturnOptions options_;
+  std::vector<Window*> ready_;                  // windows whose allocations are all copied
+  std::vector<PendingPages> recycle_pending_;
+  std::vector<CachedRange> deferred_releases_;  // host_mapped frees, the cache when backward begins
+  bool prefilled_ = false;                      // the prefill ran in this iteration's backward
+  std::uint32_t busy_ = 0;                      // driver calls under way without the lock
+};
+
+}  // namespace actpage::engine

@@ -1,0 +1,342 @@
+#include "engine/reload_pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "common/clock.hpp"
+#include "common/log.hpp"
+#include "common/units.hpp"
+#include "engine/address_space.hpp"
+#include "engine/allocation_table.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/groups.hpp"
+#include "engine/job_pool.hpp"
+#include "engine/offload_pipeline.hpp"
+#include "engine/page_return.hpp"
+#include "engine/safety_modes.hpp"
+#include "engine/turns.hpp"
+
+namespace actpage::engine {
+
+Status ReloadPipeline::create_stream() {
+  // Reloads are on the critical path of backward; give their stream the higher priority.
+  auto stream = parts_.core.create_stream(-1, "actpage's H2D copy stream");
+  if (!stream.ok()) return stream.status();
+  stream_ = *stream;
+  return {};
+}
+
+void ReloadPipeline::destroy_stream() { (void)parts_.core.device.destroy_stream(stream_); }
+
+void ReloadPipeline::queue_after_offload(Allocation& allocation) {
+  if (allocation.reload_urgent) {
+    queue_.push_front(&allocation);
+  } else {
+    queue_.push_back(&allocation);
+  }
+  parts_.core.reload_cv.notify_one();
+}
+
+void ReloadPipeline::drop(Allocation& allocation) { std::erase(queue_, &allocation); }
+
+void ReloadPipeline::bring_back(const std::vector<std::pair<DevPtr, const Allocation*>>& needed,
+                                ranges::PathId waited_for, std::uint32_t waited_group,
+                                std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  const bool host_mapped = parts_.safety.host_mapped();
+  auto ready = [&] {
+    if (core.stopping) return true;
+    for (const auto& [va, seen] : needed) {
+      Allocation* allocation = parts_.allocations.alive(va, seen);
+      if (allocation == nullptr) continue;
+      switch (allocation->state) {
+        case PageState::offloaded:
+          // host_mapped: the host copy is at the address; if its reload failed, reading it there
+          // is slow but right.
+          if (host_mapped && !allocation->reload_queued) break;
+          return false;
+        case PageState::pending:
+        case PageState::unmapping:
+          return false;
+        case PageState::offloading:
+          if (!allocation->wanted_back) return false;
+          break;
+        case PageState::reloading:
+          // The worker marks it reloading while it maps pages back; the copy is not issued yet.
+          // host_mapped swaps the mapping after the copy: nothing to wait on but the end.
+          if (!allocation->has_copy_event || host_mapped) return false;
+          break;
+        default:
+          break;
+      }
+    }
+    return true;
+  };
+  if (!ready()) {
+    const std::uint64_t start = monotonic_ns();
+    parts_.turns.wait_yielding(lock, core.issued_cv, ready);
+    const std::uint64_t waited = monotonic_ns() - start;
+    ++core.stats.stalls;
+    core.stats.stall_ns += waited;
+    core.events.stalled(waited, waited_for, waited_group);
+  }
+  for (const auto& [va, seen] : needed) {
+    Allocation* allocation = parts_.allocations.alive(va, seen);
+    if (allocation == nullptr) continue;
+    if (allocation->state == PageState::reloading && allocation->has_copy_event) {
+      if (Status status = core.device.stream_wait_event(allocation->stream, allocation->copy_event); !status.ok()) {
+        // The job must not run ahead of the copy: wait for it on this thread instead.
+        core.note_failure("ordering the job's stream after a reload", status);
+        EventHandle event = allocation->copy_event;
+        lock.unlock();
+        (void)core.device.synchronize_event(event);
+        lock.lock();
+      }
+    }
+  }
+}
+
+bool ReloadPipeline::has_work() const {
+  return !queue_.empty() && inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
+}
+
+void ReloadPipeline::request(Allocation& allocation, bool urgent) {
+  EngineCore& core = parts_.core;
+  switch (allocation.state) {
+    case PageState::resident:
+    case PageState::reloading:
+      return;
+    case PageState::released:
+      keep_resident(allocation);
+      return;
+    case PageState::pending:
+      parts_.offload.cancel(allocation);
+      keep_resident(allocation);
+      ++core.stats.offloads_cancelled;
+      return;
+    case PageState::offloading:
+      if (parts_.safety.poison()) {
+        allocation.reload_queued = true;  // the copy is followed by a poison fill: reload after it
+        allocation.reload_urgent = allocation.reload_urgent || urgent;
+      } else {
+        allocation.wanted_back = true;  // the data never left: keep the pages when the copy ends
+      }
+      return;
+    case PageState::unmapping:
+      if (!allocation.window->unmapping) {
+        // Copied, but its window's pages are still there: the data never left. Keep it.
+        Window& window = *allocation.window;
+        parts_.pages.unqueue(window);
+        --window.copied;
+        if (allocation.host) core.host_pool->free(*allocation.host);
+        allocation.host.reset();
+        keep_resident(allocation);
+        ++core.stats.offloads_cancelled;
+        return;
+      }
+      allocation.reload_queued = true;
+      allocation.reload_urgent = allocation.reload_urgent || urgent;
+      return;
+    case PageState::offloaded:
+      if (allocation.reload_queued) {
+        if (urgent) {
+          std::erase(queue_, &allocation);
+          queue_.push_front(&allocation);
+          allocation.reload_urgent = true;
+          core.reload_cv.notify_one();  // the worker may be holding this prefetch back (reload_waits_for_pool)
+        }
+        return;
+      }
+      allocation.reload_queued = true;
+      if (urgent) {
+        allocation.reload_urgent = true;
+        queue_.push_front(&allocation);
+      } else {
+        queue_.push_back(&allocation);
+      }
+      core.reload_cv.notify_one();
+      return;
+  }
+}
+
+void ReloadPipeline::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
+  std::uint64_t budget = 0;
+  for (Group* group : parts_.groups.before(position, forward_pass)) {
+    for (Allocation* allocation : group->allocations) {
+      if (allocation->state == PageState::resident || allocation->state == PageState::reloading) continue;
+      budget += allocation->bytes;
+      if (budget > options_.prefetch_ahead_bytes) return;
+      request(*allocation, /*urgent=*/false);
+    }
+  }
+}
+
+bool ReloadPipeline::waits_for_pool(const Allocation& allocation) const {
+  EngineCore& core = parts_.core;
+  // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give
+  // anything back before backward asks, and nothing else would end the wait.
+  return parts_.groups.in_backward() && core.settling == 0 && !allocation.reload_urgent && parts_.job_pool.holds_back_new_pages() &&
+         !parts_.space.has_cached(allocation.window->bytes);
+}
+
+void ReloadPipeline::run() {
+  EngineCore& core = parts_.core;
+  if (Status status = core.device.bind_thread(); !status.ok()) core.note_failure("binding the reload worker", status);
+  std::unique_lock<std::mutex> lock(core.mutex);
+  while (true) {
+    core.reload_cv.wait(lock, [&] { return core.stopping || (has_work() && parts_.turns.may_run(Turns::Turn::reload)); });
+    if (core.stopping) break;
+    const Turns::Scope turn(parts_.turns, Turns::Turn::reload);
+    Allocation* allocation = queue_.front();
+    queue_.pop_front();
+    if (allocation->state != PageState::offloaded) {
+      allocation->reload_queued = false;
+      continue;
+    }
+    if (allocation->has_host_physical) {
+      parts_.safety.reload(*allocation, lock);
+      continue;
+    }
+    Window& window = *allocation->window;
+    if (!window.mapped && waits_for_pool(*allocation)) {
+      // A prefetch that would create pages while the job's pool still owes the reloads before it
+      // (vmm.trim_job_pool_catch_up): its pages would add to device memory in use where backward's
+      // peak is. It waits until the pool has given that back, or until backward asks for it.
+      queue_.push_front(allocation);
+      ++core.stats.reload_pool_waits;
+      core.reload_cv.wait_for(lock, std::chrono::microseconds(500));
+      continue;
+    }
+    if (!window.mapped) {
+      // Map fresh pages at the window's address (VMM calls on this worker, not the job's thread):
+      // every allocation of the window gets its pages back at once; each is then copied back.
+      ++busy_;
+      allocation->state = PageState::reloading;  // no one else touches it meanwhile
+      const DevPtr va = window.va;
+      const std::size_t bytes = window.bytes;
+      // Pages the job freed in this backward are the first choice (this worker waits for the device
+      // to run their frees): no new memory while backward gives memory back (the job's own
+      // allocator cannot reuse what sits in our cache).
+      std::optional<CachedRange> recycled = parts_.space.take_cached(bytes);
+      lock.unlock();
+      const std::uint64_t started = monotonic_ns();
+      Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
+      Status status;
+      if (recycled) {
+        for (const FreePoint& point : recycled->free_points) (void)core.device.synchronize_event(point.event);
+        status = core.device.unmap(recycled->va, recycled->mapped_bytes);
+        if (status.ok()) {
+          physical = recycled->physical;
+          status = core.device.map(va, bytes, recycled->physical);
+          if (!status.ok()) (void)core.device.release_physical(recycled->physical);
+        }
+      } else {
+        physical = parts_.job_pool.create_reload_pages(bytes);
+        status = physical.ok() ? core.device.map(va, bytes, *physical) : physical.status();
+        if (physical.ok() && !status.ok()) (void)core.device.release_physical(*physical);
+      }
+      const std::uint64_t took = monotonic_ns() - started;
+      lock.lock();
+      if (recycled) {
+        for (const FreePoint& point : recycled->free_points) core.recycle_event(point.event);
+        // The old address is free again unless its unmap failed (then it stays, leaked, unused).
+        if (physical.ok()) parts_.space.arena().release(recycled->va, recycled->mapped_bytes);
+      }
+      --busy_;
+      core.stats.worker_vmm_calls += 2;
+      if (!status.ok()) {
+        // The data exists only on the host: we must get it back. Make room and try again, unless
+        // the context is lost (then nothing comes back, and the loop ends on core.stopping).
+        allocation->state = PageState::offloaded;
+        queue_.push_front(allocation);
+        if (status.code() == ErrorCode::context_lost) {
+          core.note_failure("mapping pages for a reload", status);
+          continue;
+        }
+        ACTPAGE_LOG_WARN("reloading {} at {:#x}: {}; retrying after releasing cached ranges",
+                         format_bytes(bytes), va, status.message());
+        parts_.pages.trim_cache(lock, /*everything=*/true);
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        lock.lock();
+        continue;
+      }
+      core.events.mapped(va, bytes, took);
+      window.physical = *physical;
+      window.mapped = true;
+      core.stats.offloaded_bytes_now -= bytes;
+    }
+    EventHandle done = core.acquire_event();
+    // One copy per piece of the host block (a scattered block, HostPool), the event after the last.
+    Status status = allocation->host->for_each_run(0, allocation->bytes, [&](std::byte* host, std::size_t at,
+                                                                            std::size_t run) {
+      return core.device.copy_to_device(allocation->va + at, host, run, stream_);
+    });
+    if (status.ok()) status = core.device.record_event(done, stream_);
+    if (!status.ok()) {
+      core.recycle_event(done);
+      allocation->state = PageState::offloaded;
+      core.note_failure("issuing a reload copy", status);
+      queue_.push_front(allocation);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+      continue;
+    }
+    allocation->copy_event = done;
+    allocation->has_copy_event = true;
+    allocation->copy_started_ns = monotonic_ns();
+    allocation->state = PageState::reloading;
+    allocation->reload_queued = false;
+    allocation->reload_urgent = false;
+    inflight_.push_back(allocation);
+    core.events.reload_began(allocation->va, allocation->bytes,
+               allocation->group ? allocation->group->selected : 0, allocation->group ? allocation->group->id : 0);
+    core.issued_cv.notify_all();
+    core.reload_done_cv.notify_one();
+  }
+}
+
+void ReloadPipeline::run_completion() {
+  EngineCore& core = parts_.core;
+  if (Status status = core.device.bind_thread(); !status.ok()) core.note_failure("binding the reload worker", status);
+  std::unique_lock<std::mutex> lock(core.mutex);
+  while (true) {
+    core.reload_done_cv.wait(lock, [&] {
+      return core.stopping || (completion_has_work() && parts_.turns.may_run(Turns::Turn::reload_completion));
+    });
+    if (inflight_.empty()) {
+      if (core.stopping) break;
+      continue;
+    }
+    const Turns::Scope turn(parts_.turns, Turns::Turn::reload_completion);
+    Allocation* allocation = inflight_.front();
+    const EventHandle done = allocation->copy_event;
+    lock.unlock();
+    Status status = core.device.synchronize_event(done);
+    lock.lock();
+    inflight_.pop_front();
+    if (!status.ok()) core.note_failure("a reload copy", status);  // nothing better to do: the job's stream waited on it
+    finish(*allocation);
+    core.reload_cv.notify_one();
+    core.issued_cv.notify_all();
+  }
+}
+
+void ReloadPipeline::finish(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  core.recycle_event(allocation.copy_event);
+  allocation.has_copy_event = false;
+  if (allocation.host) core.host_pool->free(*allocation.host);
+  allocation.host.reset();
+  allocation.state = PageState::resident;
+  ++core.stats.reloads_completed;
+  core.stats.bytes_reloaded += allocation.bytes;
+  core.events.reload_ended(allocation.va, allocation.bytes,
+             allocation.group ? allocation.group->selected : 0, allocation.group ? allocation.group->id : 0);
+  if (allocation.freed) parts_.allocations.dispose(allocation);
+}
+
+}  // namespace actpage::engine

@@ -1,0 +1,287 @@
+// The parts of a device engine on their own (engine_parts.hpp), each against its contract, with no
+// worker thread running: a test calls a part as its worker or a job's thread would, with the
+// engine's lock held where the part's contract says so. The engine as a whole: engine_test.cpp.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "active_trace_file.hpp"
+#include "device/sim_device.hpp"
+#include "engine/address_space.hpp"
+#include "engine/allocation_table.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/engine_events.hpp"
+#include "engine/engine_options.hpp"
+#include "engine/engine_parts.hpp"
+#include "engine/groups.hpp"
+#include "engine/job_pool.hpp"
+#include "engine/offload_pipeline.hpp"
+#include "engine/page_return.hpp"
+#include "engine/reload_pipeline.hpp"
+#include "engine/safety_modes.hpp"
+#include "engine/turns.hpp"
+#include "sim_job.hpp"
+
+namespace actpage::engine {
+namespace {
+
+using device::SimDevice;
+using device::SimDeviceConfig;
+using testing::ActiveTraceFile;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+
+SimDeviceConfig quiet_device() {
+  SimDeviceConfig config;
+  config.capacity_bytes = 8 * kGiB;
+  config.require_bind_thread = false;
+  return config;
+}
+
+// Every part of one device engine, as DeviceEngine puts them together, and started as its start()
+// does, but with no worker: the test is every thread.
+struct Parts {
+  explicit Parts(const Options& options)
+      : device(quiet_device()),
+        engine_options(device_engine_options(options)),
+        core(device),
+        turns(core),
+        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety},
+        allocations(parts),
+        groups(parts, engine_options.groups),
+        space(parts, engine_options.space),
+        safety(parts, engine_options.stray_access),
+        reload(parts, engine_options.reload),
+        offload(parts, engine_options.offload),
+        pages(parts, engine_options.pages),
+        job_pool(parts, engine_options.job_pool) {
+    turns.set_next([] { return Turns::Turn::none; });
+    EXPECT_TRUE(space.reserve().ok());
+    EXPECT_TRUE(offload.create_stream().ok());
+    EXPECT_TRUE(reload.create_stream().ok());
+    job_stream = *device.create_stream(0);
+  }
+  ~Parts() {
+    std::lock_guard<std::mutex> lock(core.mutex);
+    space.release_windows();
+    space.release_cache();
+    core.destroy_events();
+    offload.destroy_stream();
+    reload.destroy_stream();
+    (void)device.destroy_stream(job_stream);
+    space.release_arena();
+  }
+
+  SimDevice device;
+  const DeviceEngineOptions engine_options;
+  EngineCore core;
+  Turns turns;
+  EngineParts parts;
+  AllocationTable allocations;
+  Groups groups;
+  AddressSpace space;
+  SafetyModes safety;
+  ReloadPipeline reload;
+  OffloadPipeline offload;
+  PageReturn pages;
+  JobPool job_pool;
+  StreamHandle job_stream;
+};
+
+TEST(EngineEvents, EachRecordSaysWhatHappenedOnWhichDevice) {
+  ActiveTraceFile trace_file("events");
+  const EngineEvents events(3);
+  events.offload_began(0x1000, 4096, 7, 9);
+  events.offload_ended(0x1000, 4096, 7, 9);
+  events.reload_began(0x1000, 4096, 7, 9);
+  events.reload_ended(0x1000, 4096, 7, 9);
+  events.mapped(0x200000, 2 * kMiB, 1234);
+  events.unmapped(0x200000, 2 * kMiB, 567);
+  events.stalled(500, 7, 9);
+  events.waited_for_copies(100, /*drain=*/true);
+  events.waited_for_copies(50, /*drain=*/false);
+  events.iteration_began(2);
+  events.memory_sampled(MemInfo{kGiB, 8 * kGiB}, PoolUsage{3 * kMiB, kMiB}, 5 * kMiB, 6 * kMiB);
+  events.memory_sampled(MemInfo{kGiB, 8 * kGiB}, std::nullopt, 0, 0);
+  auto file = trace_file.read();
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  ASSERT_EQ(file->pages.size(), 4u);
+  const std::vector<trace::RecordType> page_types{trace::RecordType::offload_begin, trace::RecordType::offload_end,
+                                                  trace::RecordType::reload_begin, trace::RecordType::reload_end};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(file->pages[i].type, page_types[i]);
+    EXPECT_EQ(file->pages[i].data.ptr, 0x1000u);
+    EXPECT_EQ(file->pages[i].data.bytes, 4096u);
+    EXPECT_EQ(file->pages[i].data.path_id, 7u);
+    EXPECT_EQ(file->pages[i].data.group, 9u);
+  }
+  ASSERT_EQ(file->vmm.size(), 2u);
+  EXPECT_EQ(file->vmm[0].type, trace::RecordType::map);
+  EXPECT_EQ(file->vmm[0].data.duration_ns, 1234u);
+  EXPECT_EQ(file->vmm[0].data.device, 3);
+  EXPECT_EQ(file->vmm[1].type, trace::RecordType::unmap);
+  EXPECT_EQ(file->vmm[1].data.bytes, 2 * kMiB);
+  ASSERT_EQ(file->stalls.size(), 1u);
+  EXPECT_EQ(file->stalls[0].data.wait_ns, 500u);
+  EXPECT_EQ(file->stalls[0].data.path_id, 7u);
+  ASSERT_EQ(file->waits.size(), 2u);
+  EXPECT_EQ(file->waits[0].data.kind, trace::kWaitDrain);
+  EXPECT_EQ(file->waits[1].data.kind, trace::kWaitBacklog);
+  ASSERT_EQ(file->iterations.size(), 1u);
+  EXPECT_EQ(file->iterations[0].data.index, 2u);
+  ASSERT_EQ(file->mem_samples.size(), 2u);
+  EXPECT_EQ(file->mem_samples[0].data.device, 3);
+  ASSERT_EQ(file->engine_memory.size(), 2u);
+  EXPECT_EQ(file->engine_memory[0].data.flags, trace::kEngineMemoryPoolKnown);
+  EXPECT_EQ(file->engine_memory[0].data.job_pool_reserved, 3 * kMiB);
+  EXPECT_EQ(file->engine_memory[0].data.resident_bytes, 5 * kMiB);
+  EXPECT_EQ(file->engine_memory[0].data.cached_bytes, 6 * kMiB);
+  EXPECT_EQ(file->engine_memory[1].data.flags, 0u);
+}
+
+TEST(EngineEvents, WithoutATraceNothingIsWrittenAndNothingFails) {
+  ASSERT_FALSE(EngineEvents::tracing());
+  EXPECT_FALSE(EngineEvents::sampling());
+  const EngineEvents events(0);
+  events.offload_began(0x1000, 4096, 1, 1);
+  events.memory_sampled(MemInfo{1, 2}, std::nullopt, 0, 0);
+}
+
+TEST(Turns, SerializedAJobsCallWaitsForIdleWorkersAndTheWorkersGoInTheirOrder) {
+  SimDevice device(quiet_device());
+  EngineCore core(device);
+  Turns turns(core);
+  Turns::Turn next = Turns::Turn::none;
+  turns.set_next([&] { return next; });
+  // Off: everyone may run, always.
+  EXPECT_TRUE(turns.may_run(Turns::Turn::offload));
+  EXPECT_TRUE(turns.idle());
+  turns.set_serialized(true);
+  std::unique_lock<std::mutex> lock(core.mutex);
+  next = Turns::Turn::vmm;
+  EXPECT_TRUE(turns.may_run(Turns::Turn::vmm));
+  EXPECT_FALSE(turns.may_run(Turns::Turn::offload));  // the VMM worker comes first
+  EXPECT_FALSE(turns.idle());
+  {
+    const Turns::Scope vmm(turns, Turns::Turn::vmm);
+    next = Turns::Turn::offload;
+    EXPECT_FALSE(turns.may_run(Turns::Turn::offload));  // the VMM worker holds the turn
+  }
+  EXPECT_TRUE(turns.may_run(Turns::Turn::offload));  // its turn ended: the next worker's
+  next = Turns::Turn::none;
+  EXPECT_TRUE(turns.idle());
+  turns.take_job_turn(lock);  // returns at once: no worker has work
+  EXPECT_FALSE(turns.may_run(Turns::Turn::reload));  // the job's call holds the turn
+}
+
+TEST(JobPool, ACatchUpTrimsWhatAReloadsTrimCouldNotGiveBackAndNoMore) {
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = true;
+  options.vmm_trim_job_pool_catch_up = true;
+  Parts parts(options);
+  parts.device.set_job_pool(3 * kGiB, 3 * kGiB);  // backward's start: nothing unused yet
+  {
+    std::lock_guard<std::mutex> lock(parts.core.mutex);
+    parts.groups.backward_begins();
+    EXPECT_FALSE(parts.job_pool.holds_back_new_pages());
+  }
+  auto pages = parts.job_pool.create_reload_pages(4 * kMiB);  // without the lock, as the reload worker
+  ASSERT_TRUE(pages.ok());
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  EXPECT_EQ(parts.core.stats.pool_trim_debt_bytes, 4 * kMiB);  // the trim gave nothing: all owed
+  EXPECT_TRUE(parts.job_pool.holds_back_new_pages());  // prefetches that need pages wait for it
+  ASSERT_TRUE(parts.job_pool.look_due());
+  parts.device.set_job_pool(3 * kGiB, 2 * kGiB);  // backward freed 1 GiB
+  parts.job_pool.look(lock);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 3 * kGiB - 4 * kMiB);  // the debt, no more
+  EXPECT_EQ(parts.core.stats.pool_watch_trims, 1u);
+  EXPECT_FALSE(parts.job_pool.holds_back_new_pages());
+  EXPECT_FALSE(parts.job_pool.next_look_ns().has_value());  // paid: the watch closed
+  EXPECT_TRUE(parts.job_pool.idle());
+  lock.unlock();
+  (void)parts.device.release_physical(*pages);
+}
+
+TEST(JobPool, WithoutTheCatchUpNothingIsOwed) {
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = true;
+  options.vmm_trim_job_pool_catch_up = false;
+  Parts parts(options);
+  parts.device.set_job_pool(3 * kGiB, 3 * kGiB - kMiB);  // 1 MiB unused
+  {
+    std::lock_guard<std::mutex> lock(parts.core.mutex);
+    parts.groups.backward_begins();
+  }
+  auto pages = parts.job_pool.create_reload_pages(4 * kMiB);
+  ASSERT_TRUE(pages.ok());
+  std::lock_guard<std::mutex> lock(parts.core.mutex);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 3 * kGiB - kMiB);  // what was unused went
+  EXPECT_EQ(parts.core.stats.pool_trimmed_bytes, kMiB);
+  EXPECT_EQ(parts.core.stats.pool_trim_debt_bytes, 0u);
+  EXPECT_FALSE(parts.job_pool.look_due());
+  (void)parts.device.release_physical(*pages);
+}
+
+TEST(AddressSpace, AMissMapsOnTheCallersThreadAndARetiredWindowServesTheNextOneWithoutAVmmCall) {
+  Parts parts(testing::small_offload_options());
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  Window* first = parts.space.new_window(4 * kMiB, parts.job_stream, lock);
+  ASSERT_NE(first, nullptr);
+  EXPECT_TRUE(parts.space.owns(first->va));
+  EXPECT_EQ(parts.core.stats.job_thread_vmm_calls, 2u);  // create + map, on this thread
+  EXPECT_EQ(parts.core.stats.live_owned_bytes, 4 * kMiB);
+  const DevPtr va = first->va;
+  parts.space.retire_window(*first);  // its pages go to the cache
+  EXPECT_EQ(parts.space.cached_bytes(), 4 * kMiB);
+  EXPECT_TRUE(parts.space.dirty());  // the VMM worker trims it to the demand
+  parts.space.forward_begins();
+  // The last forward asked for one 4 MiB range: the demand keeps it.
+  EXPECT_EQ(parts.space.demand(), (RangeCache::Demand{{4 * kMiB, 1}}));
+  EXPECT_TRUE(parts.space.take_surplus().empty());
+  Window* second = parts.space.new_window(4 * kMiB, parts.job_stream, lock);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->va, va);
+  EXPECT_EQ(parts.core.stats.job_thread_vmm_calls, 2u);  // no VMM call this time
+  EXPECT_EQ(parts.space.cached_bytes(), 0u);
+  EXPECT_FALSE(parts.space.next_allocation_misses());
+  parts.space.retire_window(*second);
+}
+
+TEST(AllocationTable, AFreeOfAResidentAllocationDisposesOfItAndCachesItsRangeAfterItsStreamPoint) {
+  Options options = testing::small_offload_options();
+  Parts parts(options);
+  auto& registry = ranges::Registry::instance();
+  const ranges::PathId model = registry.child(ranges::kNoPath, registry.intern_name("parts_model"));
+  const ranges::PathId mlp = registry.child(model, registry.intern_name("parts_model.mlp"));
+  NodeVerdict verdict;
+  verdict.candidate = true;
+  verdict.selected = mlp;
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  const auto thread = std::this_thread::get_id();
+  ASSERT_TRUE(parts.groups.enter_forward(thread));
+  Group* group = parts.groups.open_group_for(verdict, thread);
+  Window* window = parts.space.new_window(2 * kMiB, parts.job_stream, lock);
+  ASSERT_NE(window, nullptr);
+  Allocation& allocation = parts.allocations.add(2 * kMiB, parts.job_stream, *window, *group);
+  const DevPtr va = allocation.va;
+  EXPECT_EQ(parts.allocations.alive(va, &allocation), &allocation);
+  parts.allocations.free(va, parts.job_stream, lock);
+  EXPECT_TRUE(parts.allocations.empty());
+  EXPECT_EQ(parts.allocations.alive(va, &allocation), nullptr);
+  // The range went to the cache, with the free's stream point: taken on another stream, the
+  // taker's stream waits for it (rule 5).
+  auto cached = parts.space.take_cached(2 * kMiB);
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->va, va);
+  ASSERT_EQ(cached->free_points.size(), 1u);
+  EXPECT_EQ(cached->free_points[0].stream, parts.job_stream);
+  parts.space.put_cached(*cached);
+  EXPECT_EQ(parts.groups.open_count(), 1u);  // the group stays open until its range ends
+}
+
+}  // namespace
+}  // namespace actpage::engine
