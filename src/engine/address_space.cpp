@@ -114,6 +114,13 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
   return raw;
 }
 
+Window* AddressSpace::window_containing(DevPtr address) {
+  auto after = windows_.upper_bound(address);
+  if (after == windows_.begin()) return nullptr;
+  Window& window = *std::prev(after)->second;
+  return address < window.va + window.bytes ? &window : nullptr;
+}
+
 void AddressSpace::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
   // While the window is being given back, the VMM worker waits on copies of these events without
   // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both
