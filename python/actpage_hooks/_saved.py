@@ -5,6 +5,9 @@ forward (inside the module ranges of the module that saved it), and an unpack ho
 thread when backward is about to read it. These hooks tell libactpage.so both, by the address of
 the tensor's storage (the allocation the library served):
 
+  installed()            once, before the hooks are pushed: the library answers whether it uses them
+                         (an offload engine runs); when it does not, they are left out (they would
+                         only cost time);
   saved(address)         the allocation is read by backward: only such allocations are worth moving,
                          and the module saving it now reads it in forward, so its pages may not leave
                          before that module ends;
@@ -51,12 +54,15 @@ def _current_stream_function(torch):
 
 
 class LibrarySink:
-    """The library's entry points (include/actpage/c_api.h), or None from `find()` without them."""
+    """The library's entry points (include/actpage/c_api.h), or None from `find()` without them.
+    A sink may leave out `installed` (tests): it is then taken to want the hooks."""
 
-    def __init__(self, saved, unpacking, wait):
+    def __init__(self, saved, unpacking, wait, installed=None):
         self.saved = saved
         self.unpacking = unpacking
         self.wait = wait
+        if installed is not None:
+            self.installed = installed
 
     @classmethod
     def find(cls):
@@ -64,12 +70,13 @@ class LibrarySink:
 
         from . import _mode
 
+        installed = _mode._process_symbol("actpage_saved_tensor_hooks_installed", ctypes.c_int, [])
         saved = _mode._process_symbol("actpage_tensor_saved", None, [ctypes.c_ulonglong])
         unpacking = _mode._process_symbol("actpage_tensor_unpacking", ctypes.c_int, [ctypes.c_ulonglong])
         wait = _mode._process_symbol("actpage_tensor_wait", None, [ctypes.c_ulonglong, ctypes.c_ulonglong])
-        if saved is None or unpacking is None or wait is None:
+        if installed is None or saved is None or unpacking is None or wait is None:
             return None
-        return cls(saved, unpacking, wait)
+        return cls(saved, unpacking, wait, installed)
 
 
 class SavedTensorHooks:
@@ -125,15 +132,32 @@ class SavedTensorHooks:
             self._pushed = False
 
 
+def supported(torch_module):
+    """Whether this torch has default saved-tensor hooks (1.10 and later)."""
+    return hasattr(getattr(torch_module._C, "_autograd", None), "_push_saved_tensors_default_hooks")
+
+
 def install(sink=None, torch_module=None):
-    """Installs the hooks over `sink` (default: the library's entry points; without them, nothing
-    is installed and None is returned). Idempotent."""
+    """Installs the hooks over `sink` (default: the library's entry points) and returns them, or
+    None when there is nothing to tell: no library entry points, a library that does not use them
+    (its installed() answers 0: observe mode), or a torch without default saved-tensor hooks.
+    Idempotent."""
     global _installed
     with _lock:
         if _installed is not None:
             return _installed
         sink = LibrarySink.find() if sink is None else sink
         if sink is None:
+            return None
+        if torch_module is None:
+            import torch as torch_module
+        if not supported(torch_module):
+            _log.debug("saved-tensor hooks: torch %s has no default hooks; backward is not watched"
+                       % (getattr(torch_module, "__version__", "?"),))
+            return None
+        notify = getattr(sink, "installed", None)
+        if notify is not None and not notify():
+            _log.debug("saved-tensor hooks: the library does not use them (not offloading)")
             return None
         _installed = SavedTensorHooks(sink, torch_module).install()
         return _installed

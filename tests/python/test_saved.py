@@ -12,7 +12,8 @@ import helpers  # noqa: F401  (puts the package on sys.path)
 
 import torch
 
-from actpage_hooks import _saved
+import actpage_hooks
+from actpage_hooks import _mode, _saved
 
 
 class RecordingSink:
@@ -158,7 +159,23 @@ class DefaultHooksTest(unittest.TestCase):
         self.assertEqual(self.hooks.saved_count, packed_before)
 
 
+class NotifiedSink(RecordingSink):
+    """A library that is told the hooks are installed and answers whether it uses them."""
+
+    def __init__(self, uses_them):
+        super().__init__()
+        self.uses_them = uses_them
+
+    def installed(self):
+        self.events.append(("installed",))
+        return 1 if self.uses_them else 0
+
+
 class InstallTest(unittest.TestCase):
+    def tearDown(self):
+        _saved.uninstall()
+        actpage_hooks.uninstall()
+
     def test_nothing_is_installed_without_the_librarys_entry_points(self):
         self.assertIsNone(_saved.LibrarySink.find())  # no libactpage.so in this process
         self.assertIsNone(_saved.install(torch_module=torch))
@@ -167,9 +184,48 @@ class InstallTest(unittest.TestCase):
     def test_install_over_a_sink_is_idempotent_and_removable(self):
         sink = RecordingSink()
         first = _saved.install(sink, torch)
-        self.addCleanup(_saved.uninstall)
         self.assertIs(_saved.install(RecordingSink(), torch), first)
         _saved.uninstall()
+        self.assertIsNone(_saved.installed())
+
+    def test_the_library_is_told_once_before_the_hooks_are_pushed(self):
+        sink = NotifiedSink(uses_them=True)
+        hooks = _saved.install(sink, torch)
+        self.assertIsNotNone(hooks)
+        self.assertIs(_saved.install(sink, torch), hooks)
+        self.assertEqual(sink.events, [("installed",)])
+        x = torch.randn(3, requires_grad=True)
+        torch.exp(x).sum().backward()  # pushed: exp's result went through pack (a CPU tensor: not told)
+        self.assertEqual(hooks.saved_count, 0)
+
+    def test_a_library_that_does_not_use_them_gets_no_hooks(self):
+        # Observe mode: the library has no engine, the hooks would only cost time.
+        sink = NotifiedSink(uses_them=False)
+        self.assertIsNone(_saved.install(sink, torch))
+        self.assertIsNone(_saved.installed())
+        self.assertEqual(sink.events, [("installed",)])
+
+    def test_a_torch_without_default_saved_tensor_hooks_gets_none(self):
+        class OldTorch:
+            class _C:
+                class _autograd:
+                    pass
+
+        sink = NotifiedSink(uses_them=True)
+        self.assertIsNone(_saved.install(sink, OldTorch))
+        self.assertEqual(sink.events, [])  # not even told
+
+    def test_they_come_with_the_module_hooks_only(self):
+        sink = NotifiedSink(uses_them=True)
+        self.assertIsNone(actpage_hooks.install_saved_tensor_hooks(torch, sink))  # python_hooks off
+        self.assertEqual(sink.events, [])
+        recorder = helpers.RangeRecorder()
+        actpage_hooks.install(mode=_mode.ON, push=recorder.push, pop=recorder.pop)
+        self.assertIsNotNone(actpage_hooks.install_saved_tensor_hooks(torch, sink))
+        self.assertIs(_saved.installed().__class__, _saved.SavedTensorHooks)
+
+    def test_torch_imported_without_the_library_installs_no_saved_tensor_hooks(self):
+        actpage_hooks.on_torch_imported(torch)  # no libactpage.so here: python_hooks resolve to off
         self.assertIsNone(_saved.installed())
 
 
