@@ -49,8 +49,9 @@ void SavedTensors::saved(DevPtr address, std::unique_lock<std::mutex>& lock) {
   // Before the seal the release point has not been given yet: it comes after this module's reads.
   if (group == nullptr || !group->sealed) return;
   if (parts_.groups.in_backward() || pages_left(*allocation)) {
-    // A recomputation in backward, or a module of forward reading pages that left: the op that
-    // packs it is enqueued after this returns, so bringing it back now is in time.
+    // A recomputation in backward, or a module of forward reading pages that left: an op packs
+    // its input before it is enqueued, so bringing it back now (the allocating stream waits for
+    // the copy) is in time for it.
     if (allocation->state == PageState::resident) return;
     ++core.stats.saved_brought_back;
     bring_back(*allocation, lock);
