@@ -143,10 +143,15 @@ void AddressSpace::retire_window(Window& window) {
     put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
   } else {
     // Pages already given back (offloaded in fault mode): only the address space returns, once the
-    // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
-    for (const FreePoint& point : window.free_points) core.recycle_event(point.event);
+    // job's last use of it is done (rule 5). Nothing is mapped there, but a new allocation maps its
+    // pages at host time: a read the job enqueued before the free would see them instead of
+    // faulting. So the VMM worker gives the address back once the frees have passed.
     core.stats.offloaded_bytes_now -= window.bytes;
-    arena_.release(window.va, window.bytes);
+    if (window.free_points.empty()) {
+      arena_.release(window.va, window.bytes);
+    } else {
+      parts_.pages.release_address_after_frees(window.va, window.bytes, std::move(window.free_points));
+    }
   }
   windows_.erase(window.va);  // destroys `window`
 }

@@ -587,6 +587,38 @@ TEST(SavedTensors, AnAddressWhosePagesLeftFaultsUntilItsOwnReloadWhateverElseCom
   EXPECT_EQ(job.failed(), failed_before + 1);
 }
 
+TEST(SavedTensors, AReadEnqueuedBeforeTheFreeOfAnOffloadedAddressFaultsEvenIfANewAllocationComesRightAfter) {
+  // The job reads an offloaded tensor (a stray read: no marker, no unpack), frees it, and allocates
+  // another of its size at once, while the device has not run the read yet. The new allocation
+  // maps its pages at host time: at the freed address, the read would see them instead of faulting.
+  Rig rig(residual_options(ReleaseAfter::enclosing_range, 0, StrayAccess::fault));
+  SimJob& job = *rig.job;
+  const std::vector<Tensor> away = forward_one_module(rig, 1);
+  rig.engine.quiesce();
+  ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 4 * kMiB);
+  auto gate = rig.device.hold_stream(rig.stream);  // the device runs nothing of the job's meanwhile
+  ASSERT_TRUE(gate.ok());
+  job.check(away[0]);
+  job.free(away[0]);
+  job.push("layer1.1");
+  job.push("layer1.1.bn3");
+  const Tensor next = job.allocate(3 * kMiB);
+  job.write(next);
+  job.pop();
+  job.pop();
+  EXPECT_NE(next.va, away[0].va) << "the freed address was mapped again before its free had run";
+  ASSERT_TRUE(rig.device.release_stream(*gate).ok());
+  rig.device.synchronize_stream(rig.stream);
+  EXPECT_EQ(job.failed(), 1u);  // the stray read faulted
+  EXPECT_EQ(job.mismatches(), 0u) << "the stray read saw another allocation's pages";
+  job.check(next);
+  job.free(next);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(job.failed(), 1u);
+  EXPECT_EQ(job.mismatches(), 0u);
+}
+
 TEST(SavedTensors, WithoutTheUnpackTheNextBlocksBackwardReadFaultsInsteadOfReadingOtherData) {
   // The bug of issue 35 under stray_access fault, without the safety net: backward reads a block's
   // output (the head's, the next block's conv1) before the block's marker brings it back.
