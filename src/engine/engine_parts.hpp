@@ -17,6 +17,7 @@ class OffloadPipeline;
 class PageReturn;
 class ReloadPipeline;
 class SafetyModes;
+class SavedTensors;
 class Turns;
 
 struct EngineParts {
@@ -30,6 +31,7 @@ struct EngineParts {
   PageReturn& pages;
   JobPool& job_pool;
   SafetyModes& safety;
+  SavedTensors& saved;
 };
 
 }  // namespace actpage::engine

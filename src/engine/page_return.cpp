@@ -16,8 +16,8 @@
 namespace actpage::engine {
 
 bool PageReturn::has_work() const {
-  return parts_.space.dirty() || !deferred_releases_.empty() || !ready_.empty() || recycle_due() || prefill_due() ||
-         parts_.job_pool.look_due();
+  return parts_.space.dirty() || !deferred_releases_.empty() || !addresses_after_frees_.empty() || !ready_.empty() ||
+         recycle_due() || prefill_due() || parts_.job_pool.look_due();
 }
 
 void PageReturn::queue_unmap(Window& window) {
@@ -55,6 +55,7 @@ void PageReturn::run() {
       deferred_releases_.pop_back();
       release_range(lock, range);
     }
+    if (!addresses_after_frees_.empty()) release_addresses(lock);
     if (!ready_.empty()) unmap_ready_windows(lock);
     if (recycle_due()) {
       recycle_pending_pages(lock);
@@ -478,8 +479,32 @@ void PageReturn::release_range(std::unique_lock<std::mutex>& lock, const CachedR
   parts_.space.arena().release(range.va, range.mapped_bytes);
 }
 
+void PageReturn::release_address_after_frees(DevPtr va, std::size_t bytes, std::vector<FreePoint> free_points) {
+  addresses_after_frees_.push_back(AddressAfterFrees{va, bytes, std::move(free_points)});
+  parts_.core.work_cv.notify_all();
+}
+
+void PageReturn::release_addresses(std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  std::vector<AddressAfterFrees> batch = std::move(addresses_after_frees_);
+  addresses_after_frees_.clear();
+  ++busy_;
+  lock.unlock();
+  for (const AddressAfterFrees& address : batch) {
+    for (const FreePoint& point : address.free_points) (void)core.device.synchronize_event(point.event);
+  }
+  lock.lock();
+  --busy_;
+  for (const AddressAfterFrees& address : batch) {
+    for (const FreePoint& point : address.free_points) core.recycle_event(point.event);
+    parts_.space.arena().release(address.va, address.bytes);
+  }
+  core.issued_cv.notify_all();
+}
+
 bool PageReturn::idle() const {
-  return busy_ == 0 && deferred_releases_.empty() && ready_.empty() && recycle_pending_.empty() && !prefill_due();
+  return busy_ == 0 && deferred_releases_.empty() && addresses_after_frees_.empty() && ready_.empty() &&
+         recycle_pending_.empty() && !prefill_due();
 }
 
 void PageReturn::unqueue(Window& window) {
@@ -495,6 +520,12 @@ void PageReturn::defer_release(CachedRange range) {
 
 void PageReturn::release_all() {
   ready_.clear();
+  // Shutdown: the streams are drained, the frees have passed.
+  for (const AddressAfterFrees& address : addresses_after_frees_) {
+    for (const FreePoint& point : address.free_points) parts_.core.recycle_event(point.event);
+    parts_.space.arena().release(address.va, address.bytes);
+  }
+  addresses_after_frees_.clear();
   for (const PendingPages& pages : recycle_pending_) (void)parts_.core.device.release_physical(pages.physical);
   recycle_pending_.clear();
   note_recycle_pending();

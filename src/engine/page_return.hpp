@@ -6,8 +6,9 @@
 //   windows in one call, after their free points: rules 2 and 5), keeps those the forward pass will
 //   ask for again (the demand, AddressSpace) and maps them at fresh cache addresses when no offload
 //   copy runs (recycling: one span, one grant), trims the cache to the demand, releases the ranges
-//   given to it (defer_release: host_mapped frees, the cache when backward begins), and looks at
-//   the job's pool when JobPool's watch is due.
+//   given to it (defer_release: host_mapped frees, the cache when backward begins), gives the
+//   addresses of freed windows whose pages had left back to the arena once the frees have passed
+//   (release_address_after_frees), and looks at the job's pool when JobPool's watch is due.
 // - vmm.prefill_cache: once backward has freed every activation actpage served, it maps the next
 //   forward's demand in one span with one grant (no more bytes than a trim of the job's pool gave
 //   back, with vmm.trim_job_pool), so that the forward maps and grants nothing while its copies run.
@@ -54,6 +55,10 @@ class PageReturn {
   bool recycling() const { return !recycle_pending_.empty(); }
   // The worker unmaps and releases `range` (after its free points).
   void defer_release(CachedRange range);
+  // The address of a freed window whose pages had left: the worker gives it back to the arena once
+  // the job's frees (`free_points`) have passed on the device. Until then nothing is mapped there,
+  // so a read the job enqueued before its free faults instead of seeing a newer allocation's pages.
+  void release_address_after_frees(DevPtr va, std::size_t bytes, std::vector<FreePoint> free_points);
   // Gives back the cached ranges the demand does not need (all of them when `everything`). Unlocks.
   void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
   // A forward pass begins: the next backward may prefill again.
@@ -100,12 +105,21 @@ class PageReturn {
                                 std::unique_lock<std::mutex>& lock);
   // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
   void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
+  // An address of a window with no pages, and the frees it waits for.
+  struct AddressAfterFrees {
+    DevPtr va = 0;
+    std::size_t bytes = 0;
+    std::vector<FreePoint> free_points;
+  };
+  // Gives the waiting addresses back to the arena once their frees have passed. Unlocks.
+  void release_addresses(std::unique_lock<std::mutex>& lock);
 
   EngineParts& parts_;
   const PageReturnOptions options_;
   std::vector<Window*> ready_;                  // windows whose allocations are all copied
   std::vector<PendingPages> recycle_pending_;
   std::vector<CachedRange> deferred_releases_;  // host_mapped frees, the cache when backward begins
+  std::vector<AddressAfterFrees> addresses_after_frees_;
   bool prefilled_ = false;                      // the prefill ran in this iteration's backward
   std::uint32_t busy_ = 0;                      // driver calls under way without the lock
 };

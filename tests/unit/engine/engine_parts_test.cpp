@@ -22,6 +22,7 @@
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
+#include "engine/saved_tensors.hpp"
 #include "engine/turns.hpp"
 #include "sim_job.hpp"
 
@@ -50,7 +51,7 @@ struct Parts {
         engine_options(device_engine_options(options)),
         core(device),
         turns(core),
-        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety},
+        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved},
         allocations(parts),
         groups(parts, engine_options.groups),
         space(parts, engine_options.space),
@@ -58,7 +59,8 @@ struct Parts {
         reload(parts, engine_options.reload),
         offload(parts, engine_options.offload),
         pages(parts, engine_options.pages),
-        job_pool(parts, engine_options.job_pool) {
+        job_pool(parts, engine_options.job_pool),
+        saved(parts) {
     turns.set_next([] { return Turns::Turn::none; });
     EXPECT_TRUE(space.reserve().ok());
     EXPECT_TRUE(offload.create_stream().ok());
@@ -89,6 +91,7 @@ struct Parts {
   OffloadPipeline offload;
   PageReturn pages;
   JobPool job_pool;
+  SavedTensors saved;
   StreamHandle job_stream;
 };
 
