@@ -4,10 +4,11 @@
 // unpacking() and wait() on autograd's thread when backward is about to read it.
 //
 // Contract:
-// - Off until installed() (the Python side says so once, when it installs the hooks): then the rules
-//   below hold; before, none does and the engine works from ranges alone (jobs with Megatron/TE
-//   ranges only, the C++ tests). Addresses are looked up as "the served allocation containing it";
-//   one not served here is ignored (unpacking() answers false).
+// - Off until installed() (the Python side says so once, when it installs the hooks): before, packs
+//   are ignored and seals release every member, so the engine works from ranges alone (jobs with
+//   Megatron/TE ranges only, the C++ tests); unpacking() and wait() answer either way (a safety
+//   net). Addresses are looked up as "the served allocation containing it"; one not served here is
+//   ignored (unpacking() answers false).
 // - Candidates: at its group's seal (sealed()), a member not saved yet stays resident
 //   (kept_unsaved): a temporary, moving it is pure cost. It stays so for good unless a pack later in
 //   the same forward names it (the output of a selected module that the next module saves).
