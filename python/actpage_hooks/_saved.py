@@ -6,18 +6,18 @@ thread when backward is about to read it. These hooks tell libactpage.so both, b
 the tensor's storage (the allocation the library served):
 
   installed()            once, before the hooks are pushed: the library answers whether it uses them
-                         (an offload engine runs); when it does not, they are left out (they would
-                         only cost time);
+                         (an offload engine runs and the policy selects a module); when it does not,
+                         they are left out (they would only cost time);
   saved(address)         the allocation is read by backward: only such allocations are worth moving,
                          and the module saving it now reads it in forward, so its pages may not leave
-                         before that module ends;
-  unpacking(address)     backward is about to read it: True when its pages are not (yet) back for
+                         before that module ends. It answers whether the library serves the address;
+  unpacking(address)     (only for those) backward is about to read it: True when its pages are not (yet) back for
                          sure, and then
   wait(address, stream)  the library brings it back now if it is not on its way, and makes `stream`
                          (the stream the reading op runs on) wait for it. A reload that comes late
                          costs time, never a wrong value.
 
-pack returns (tensor.detach(), its version), never the tensor itself: an output saved by its own
+pack returns (tensor.detach(), its version, whether the library serves it), never the tensor itself: an output saved by its own
 grad_fn (exp, relu's result) would then hold itself through the graph, a cycle that nothing frees
 (seen on torch 1.13: alive after the graph and a gc.collect()). And autograd does not check a hooked
 saved tensor for in-place changes (torch 1.13 computed wrong gradients, silently, with hooks that
@@ -71,7 +71,7 @@ class LibrarySink:
         from . import _mode
 
         installed = _mode._process_symbol("actpage_saved_tensor_hooks_installed", ctypes.c_int, [])
-        saved = _mode._process_symbol("actpage_tensor_saved", None, [ctypes.c_ulonglong])
+        saved = _mode._process_symbol("actpage_tensor_saved", ctypes.c_int, [ctypes.c_ulonglong])
         unpacking = _mode._process_symbol("actpage_tensor_unpacking", ctypes.c_int, [ctypes.c_ulonglong])
         wait = _mode._process_symbol("actpage_tensor_wait", None, [ctypes.c_ulonglong, ctypes.c_ulonglong])
         if installed is None or saved is None or unpacking is None or wait is None:
@@ -94,16 +94,17 @@ class SavedTensorHooks:
         self.waits = 0
 
     def pack(self, tensor):
+        ours = False
         try:
             if tensor.is_cuda:
-                self._sink.saved(self._address(tensor))
+                ours = bool(self._sink.saved(self._address(tensor)))
                 self.saved_count += 1
         except Exception as error:
             _log.warn_once("saved-pack", "saved-tensor hook: %r" % (error,))
-        return tensor.detach(), tensor._version
+        return tensor.detach(), tensor._version, ours
 
     def unpack(self, packed):
-        tensor, version = packed
+        tensor, version, ours = packed
         if tensor._version != version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace "
@@ -111,7 +112,7 @@ class SavedTensorHooks:
                 "saved-tensor hooks, as autograd checks it without hooks)"
                 % (tensor.type(), list(tensor.shape), tensor._version, version))
         try:
-            if tensor.is_cuda:
+            if ours:  # a tensor the library does not serve is none of its business: no call
                 address = self._address(tensor)
                 if self._sink.unpacking(address):
                     self._sink.wait(address, self._stream(tensor.device.index))

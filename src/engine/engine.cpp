@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "common/clock.hpp"
@@ -96,6 +98,11 @@ DeviceEngine* Engine::owner_of(DevPtr ptr) {
 }
 
 bool Engine::saved_tensor_hooks_installed() noexcept {
+  // A policy that selects no module offloads nothing: the hooks would cost every saved tensor a
+  // call for nothing (a job under `actpage run` with no policy must run as it does alone).
+  const bool selects_a_module = std::any_of(options_.modules.begin(), options_.modules.end(),
+                                            [](const ModuleRule& rule) { return rule.offload; });
+  if (!selects_a_module) return false;
   std::lock_guard<std::mutex> lock(create_mutex_);
   saved_tensor_hooks_ = true;
   for_each_device([](DeviceEngine& engine) { engine.saved_tensor_hooks_installed(); });

@@ -432,11 +432,12 @@ int saved_tensor_hooks_installed() noexcept {
   return handler->saved_tensor_hooks_installed() ? 1 : 0;
 }
 
-void tensor_saved(std::uint64_t address) noexcept {
-  if (engine::AllocationHandler* handler = active_handler(); handler != nullptr && handler->owns(address)) {
-    ReentryGuard guard;
-    handler->tensor_saved(address);
-  }
+int tensor_saved(std::uint64_t address) noexcept {
+  engine::AllocationHandler* handler = active_handler();
+  if (handler == nullptr || !handler->owns(address)) return 0;
+  ReentryGuard guard;
+  handler->tensor_saved(address);
+  return 1;
 }
 
 int tensor_unpacking(std::uint64_t address) noexcept {

@@ -48,7 +48,7 @@ void flush_trace() noexcept;
 // library is inert or exiting, or without an engine (observe mode); tensor_unpacking() then is 0,
 // and so is saved_tensor_hooks_installed() (1: the engine uses what the hooks tell).
 int saved_tensor_hooks_installed() noexcept;
-void tensor_saved(std::uint64_t address) noexcept;
+int tensor_saved(std::uint64_t address) noexcept;
 int tensor_unpacking(std::uint64_t address) noexcept;
 void tensor_wait(std::uint64_t address, std::uint64_t stream) noexcept;
 

@@ -17,14 +17,17 @@ from actpage_hooks import _mode, _saved
 
 
 class RecordingSink:
-    """Stands in for the library: records what it is told; `not_back` addresses need a wait."""
+    """Stands in for the library: records what it is told; `not_back` addresses need a wait,
+    `foreign` ones are not the library's."""
 
-    def __init__(self, not_back=()):
+    def __init__(self, not_back=(), foreign=()):
         self.events = []
         self.not_back = set(not_back)
+        self.foreign = set(foreign)
 
     def saved(self, address):
         self.events.append(("saved", address))
+        return 0 if address in self.foreign else 1
 
     def unpacking(self, address):
         self.events.append(("unpacking", address))
@@ -67,8 +70,9 @@ class HooksTest(unittest.TestCase):
         hooks = self.hooks(sink)
         base = torch.zeros(64)
         view = CudaLike(base[16:])  # a view: reported by its storage, the allocation
-        packed, version = hooks.pack(view)
+        packed, version, ours = hooks.pack(view)
         self.assertIs(packed, view)
+        self.assertTrue(ours)
         self.assertEqual(sink.events, [("saved", base.storage().data_ptr())])
         self.assertEqual(hooks.saved_count, 1)
 
@@ -85,12 +89,24 @@ class HooksTest(unittest.TestCase):
         back, away = torch.zeros(8), torch.zeros(8)
         sink = RecordingSink(not_back={away.storage().data_ptr()})
         hooks = self.hooks(sink)
-        self.assertIs(hooks.unpack((CudaLike(back), 0)).tensor, back)
-        self.assertIs(hooks.unpack((CudaLike(away), 0)).tensor, away)
+        self.assertIs(hooks.unpack((CudaLike(back), 0, True)).tensor, back)
+        self.assertIs(hooks.unpack((CudaLike(away), 0, True)).tensor, away)
         self.assertEqual(sink.events, [("unpacking", back.storage().data_ptr()),
                                        ("unpacking", away.storage().data_ptr()),
                                        ("wait", away.storage().data_ptr(), 1000)])
         self.assertEqual(hooks.waits, 1)
+
+    def test_a_tensor_the_library_does_not_serve_costs_no_call_at_unpack(self):
+        mine, theirs = torch.zeros(8), torch.zeros(8)
+        sink = RecordingSink(not_back={theirs.storage().data_ptr()}, foreign={theirs.storage().data_ptr()})
+        hooks = self.hooks(sink)
+        packed_mine, packed_theirs = hooks.pack(CudaLike(mine)), hooks.pack(CudaLike(theirs))
+        self.assertEqual((packed_mine[2], packed_theirs[2]), (True, False))
+        hooks.unpack(packed_theirs)
+        hooks.unpack(packed_mine)
+        self.assertEqual(sink.events, [("saved", mine.storage().data_ptr()), ("saved", theirs.storage().data_ptr()),
+                                       ("unpacking", mine.storage().data_ptr())])
+        self.assertEqual(hooks.waits, 0)
 
     def test_a_failing_sink_never_reaches_the_job(self):
         class Broken(RecordingSink):

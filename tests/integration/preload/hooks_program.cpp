@@ -544,7 +544,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "saved" && argc == 3) {
     auto installed = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "actpage_saved_tensor_hooks_installed"));
-    auto saved = reinterpret_cast<void (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_saved"));
+    auto saved = reinterpret_cast<int (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_saved"));
     auto unpacking = reinterpret_cast<int (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_unpacking"));
     auto wait = reinterpret_cast<void (*)(unsigned long long, unsigned long long)>(
         dlsym(RTLD_DEFAULT, "actpage_tensor_wait"));
@@ -555,8 +555,7 @@ int main(int argc, char** argv) {
     void* p = nullptr;
     if (cudaMallocAsync(&p, 4u << 20, nullptr) != cudaSuccess) return 1;  // the job's memory
     for (const unsigned long long address : {reinterpret_cast<unsigned long long>(p), 0ull, 4096ull}) {
-      saved(address);
-      text += std::to_string(unpacking(address)) + " ";
+      text += std::to_string(saved(address)) + "/" + std::to_string(unpacking(address)) + " ";
       wait(address, 0);
     }
     text += cudaFreeAsync(p, nullptr) == cudaSuccess ? "freed" : "failed";

@@ -510,6 +510,17 @@ TEST(SavedTensors, AnUnpackOfAPendingAllocationCancelsItsOffload) {
   rig.expect_every_read_right();
 }
 
+TEST(SavedTensors, APolicyThatSelectsNoModuleWantsNoHooks) {
+  // Nothing can be offloaded: the hooks would cost each saved tensor a call for nothing.
+  for (const std::vector<ModuleRule>& rules :
+       {std::vector<ModuleRule>{}, std::vector<ModuleRule>{ModuleRule{{"layer1.*"}, false, std::nullopt}}}) {
+    Options options = residual_options(ReleaseAfter::enclosing_range, 0, StrayAccess::fault);
+    options.modules = rules;
+    Rig rig(options, sim_config(), /*hooks=*/false);
+    EXPECT_FALSE(rig.engine.saved_tensor_hooks_installed()) << rules.size() << " rule(s)";
+  }
+}
+
 TEST(SavedTensors, TheCallsAreNoOpsOnAddressesNotServedHere) {
   Rig rig(residual_options(ReleaseAfter::enclosing_range, 0, StrayAccess::fault));
   SimJob& job = *rig.job;
