@@ -15,8 +15,9 @@ adds a variant of your own (EXTRA ARGS are appended to the command), e.g.
     --variant "slow;plain;async;reps=1;--method save_on_cpu --steps 6"
 An OPTION is a part that starts with `policy=` (this variant's policy instead of --policy;
 `policy=none` runs `actpage run` with no --policy and no ACTPAGE_POLICY, what a new user types),
-`reps=` (fewer repetitions than --reps for this variant) or `env=NAME=VALUE` (an environment
-variable for this variant's runs; repeatable).
+`reps=` (fewer repetitions than --reps for this variant), `env=NAME=VALUE` (an environment
+variable for this variant's runs; repeatable) or `actpage=PATH` (this variant's actpage executable
+instead of --actpage: two builds side by side, e.g. before and after a change).
 
 With --trace-dir, actpage variants run with `actpage run --trace DIR/NAME.repN.trace`, and each run's
 trace is summarised (`actpage dump --json`): the bytes off the device at actpage's peak, offloads,
@@ -82,7 +83,7 @@ MIN_PAIRS_FOR_INTERVAL = 3  # fewer pairs than this give no interval worth print
 
 
 class Variant:
-    def __init__(self, name, mode, alloc, extra_args=(), policy=None, reps=None, env=None):
+    def __init__(self, name, mode, alloc, extra_args=(), policy=None, reps=None, env=None, actpage=None):
         if mode not in MODES:
             raise ValueError("variant %s: mode must be plain or actpage, got %r" % (name, mode))
         if reps is not None and reps < 1:
@@ -95,6 +96,7 @@ class Variant:
         self.policy = policy  # None: the --policy of the whole comparison; NO_POLICY: none at all
         self.reps = reps  # None: --reps
         self.env = dict(env or {})
+        self.actpage = actpage  # None: the comparison's --actpage
 
     @property
     def without_policy(self):
@@ -102,10 +104,10 @@ class Variant:
 
     def to_json(self):
         return {"name": self.name, "mode": self.mode, "alloc": self.alloc_label, "alloc_conf": self.alloc,
-                "extra_args": self.extra_args, "policy": self.policy, "reps": self.reps, "env": self.env}
+                "extra_args": self.extra_args, "policy": self.policy, "reps": self.reps, "env": self.env, "actpage": self.actpage}
 
 
-VARIANT_OPTIONS = ("policy=", "reps=", "env=")
+VARIANT_OPTIONS = ("policy=", "reps=", "env=", "actpage=")
 
 
 def parse_variant(spec):
@@ -116,11 +118,15 @@ def parse_variant(spec):
     options = [p.strip() for p in parts[3:] if p.strip().startswith(VARIANT_OPTIONS)]
     rest = [p for p in parts[3:] if not p.strip().startswith(VARIANT_OPTIONS)]
     extra = shlex.split(";".join(rest)) if rest else []
-    policy, reps, env = None, None, {}
+    policy, reps, env, actpage = None, None, {}, None
     for option in options:
         key, _, value = option.partition("=")
         if key == "policy":
             policy = value
+        elif key == "actpage":
+            if not value:
+                raise argparse.ArgumentTypeError("variant %s: actpage= needs the executable's path" % name)
+            actpage = value
         elif key == "reps":
             try:
                 reps = int(value)
@@ -132,7 +138,7 @@ def parse_variant(spec):
                 raise argparse.ArgumentTypeError("variant %s: expected env=NAME=VALUE, got %r" % (name, option))
             env[env_name] = env_value
     try:
-        return Variant(name, mode, alloc, extra, policy, reps, env)
+        return Variant(name, mode, alloc, extra, policy, reps, env, actpage)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error))
 
@@ -214,7 +220,7 @@ def command_for(variant, command, actpage, policy, trace=None):
         traced = ["--trace", trace] if trace else []
         chosen = variant_policy(variant, policy)
         policy_args = [] if chosen is None else ["--policy", chosen]
-        return [actpage, "run"] + policy_args + traced + ["--"] + job
+        return [variant.actpage or actpage, "run"] + policy_args + traced + ["--"] + job
     return job
 
 
@@ -338,9 +344,9 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
     record["ok"] = record["rc"] == 0 and record["result"] is not None
     if trace:
         record["trace"] = rank_traces[0]
-        record["trace_summary"] = summarize_trace(actpage, rank_traces[0])
+        record["trace_summary"] = summarize_trace(variant.actpage or actpage, rank_traces[0])
         if ranks:
-            record["trace_summaries"] = [summarize_trace(actpage, path) for path in rank_traces]
+            record["trace_summaries"] = [summarize_trace(variant.actpage or actpage, path) for path in rank_traces]
     if not record["ok"]:
         log.write("[compare] %s rep %d FAILED (rc %s%s); see %s.err\n" % (
             variant.name, rep + 1, record["rc"], "" if record["result"] else ", no ACTPAGE_RESULT", stem))

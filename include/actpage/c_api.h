@@ -39,6 +39,26 @@ void actpage_set_backward_pass(unsigned long long id);
    between training steps. */
 int actpage_set_recording(int on);
 
+/* Saved-tensor hooks (python/actpage_hooks/_saved.py, torch's default pack/unpack hooks). Addresses
+   are those of a tensor's storage; one the library did not serve is ignored, as is every call while
+   the library is inert. docs/engine.md ("Saved tensors") has the rules. */
+/* The Python side installs the hooks in this process (called once, before it pushes them): from
+   now on only the allocations autograd saves are offloaded. Returns 1 when the library uses what
+   the hooks tell (an offload engine runs and the policy selects a module), 0 when they would only
+   cost time (observe mode, no module selected, inert): then the caller leaves them out. */
+int actpage_saved_tensor_hooks_installed(void);
+/* Pack: autograd saves the tensor at `address`; called on the thread running forward, inside the
+   ranges of the module saving it. A module that saves it after its release point keeps it on the
+   device until that module's layer ends. Returns 1 when the library serves that address (then the
+   unpack must ask about it), 0 when it is none of the library's (the unpack may skip the call). */
+int actpage_tensor_saved(unsigned long long address);
+/* Unpack, on autograd's thread: 1 when the tensor at `address` is not back for sure and the stream
+   reading it must wait for it (then call actpage_tensor_wait), else 0. */
+int actpage_tensor_unpacking(unsigned long long address);
+/* Makes `stream` (the raw CUDA stream that reads the tensor, as an integer) wait until the tensor at
+   `address` is back; the calling thread blocks only until its reload is issued. */
+void actpage_tensor_wait(unsigned long long address, unsigned long long stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,9 @@ no torch import) and then calls `on_torch_imported()`: that asks libactpage.so f
 mode (see _mode.py) and, unless it is off, registers global module hooks (see _hooks.py) that push
 a range per module forward, named by module path ("model.layers.3.mlp"), and mark each module's
 backward with a range "<path>.backward". libactpage.so, loaded as the NVTX injection library, sees
-those ranges and tags device allocations with them.
+those ranges and tags device allocations with them. With the module hooks on, it also installs
+torch's default saved-tensor hooks (see _saved.py) when the library offloads: they tell it which
+allocations autograd saves and make backward wait for one that is not back yet.
 
 Public functions, for jobs and tests:
   install(mode=None, force=False, push=None, pop=None)  registers the hooks now (imports torch)
@@ -17,6 +19,8 @@ Public functions, for jobs and tests:
   module_name(module)                                  the name the hooks use for a module
   set_paused(paused)                                   pauses/resumes the ranges and the library's
                                                        allocation records (measurements)
+  install_saved_tensor_hooks()                         the saved-tensor hooks, with the module hooks
+                                                       (on_torch_imported calls it)
 """
 
 import threading
@@ -24,7 +28,7 @@ import threading
 from . import _log, _mode
 
 __all__ = ["install", "uninstall", "installed", "install_import_hook", "on_torch_imported",
-           "set_range_functions", "module_name", "resolve_mode", "set_paused"]
+           "install_saved_tensor_hooks", "set_range_functions", "module_name", "resolve_mode", "set_paused"]
 
 _lock = threading.RLock()
 _installed = None
@@ -139,6 +143,21 @@ def on_torch_imported(torch_module=None):
         install()
     except Exception as error:
         _log.warn_once("install", "could not install the module hooks: %r" % (error,))
+    try:
+        install_saved_tensor_hooks(torch_module)
+    except Exception as error:
+        _log.warn_once("saved-install", "could not install the saved-tensor hooks: %r" % (error,))
+
+
+def install_saved_tensor_hooks(torch_module=None, sink=None):
+    """With the module hooks installed, installs the saved-tensor hooks (_saved.install: only when
+    the library exports their entry points and uses them) on the calling thread. Returns them, or
+    None. `sink` stands in for the library (tests)."""
+    if _installed is None:  # python_hooks off: the library sees no module ranges either
+        return None
+    from . import _saved
+
+    return _saved.install(sink, torch_module)
 
 
 def install_import_hook():

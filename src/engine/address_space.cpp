@@ -114,6 +114,13 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
   return raw;
 }
 
+Window* AddressSpace::window_containing(DevPtr address) {
+  auto after = windows_.upper_bound(address);
+  if (after == windows_.begin()) return nullptr;
+  Window& window = *std::prev(after)->second;
+  return address < window.va + window.bytes ? &window : nullptr;
+}
+
 void AddressSpace::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
   // While the window is being given back, the VMM worker waits on copies of these events without
   // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both
@@ -136,10 +143,15 @@ void AddressSpace::retire_window(Window& window) {
     put_cached(CachedRange{window.va, window.bytes, window.physical, std::move(window.free_points)});
   } else {
     // Pages already given back (offloaded in fault mode): only the address space returns, once the
-    // job's last use of it is done (rule 5: nothing is mapped there, so nothing can be read).
-    for (const FreePoint& point : window.free_points) core.recycle_event(point.event);
+    // job's last use of it is done (rule 5). Nothing is mapped there, but a new allocation maps its
+    // pages at host time: a read the job enqueued before the free would see them instead of
+    // faulting. So the VMM worker gives the address back once the frees have passed.
     core.stats.offloaded_bytes_now -= window.bytes;
-    arena_.release(window.va, window.bytes);
+    if (window.free_points.empty()) {
+      arena_.release(window.va, window.bytes);
+    } else {
+      parts_.pages.release_address_after_frees(window.va, window.bytes, std::move(window.free_points));
+    }
   }
   windows_.erase(window.va);  // destroys `window`
 }

@@ -71,6 +71,8 @@ class AddressSpace {
   void retire_window(Window& window);
   // Forgets a window whose address and pages went elsewhere (host_mapped: its host copy).
   void forget_window(Window& window) { windows_.erase(window.va); }
+  // The window whose mapped range holds `address`, or nullptr.
+  Window* window_containing(DevPtr address);
   // The job freed an allocation of `window` on `stream` at `event` (rule 5).
   void remember_free_point(Window& window, StreamHandle stream, EventHandle event);
 

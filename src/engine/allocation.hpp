@@ -41,6 +41,17 @@ struct Window {
   std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
 };
 
+// What the saved-tensor hooks told about an allocation (SavedTensors, saved_tensors.hpp).
+struct SavedTensorState {
+  bool saved = false;         // a pack named it: backward reads it
+  bool kept_unsaved = false;  // not saved by its group's seal: left resident (a pack later in this
+                              // forward may still send it, at the end of the saver's layer)
+  bool waiting = false;       // its release point moved to the end of a range not closed yet
+  bool release_after_copy = false;  // that range closed while a dropped copy of it still ran
+  EventHandle moved_release;  // the moved release point (its copy waits for it instead of the group's)
+  bool has_moved_release = false;
+};
+
 struct Allocation {
   DevPtr va = 0;
   std::size_t bytes = 0;         // what the job asked for: what is copied
@@ -62,6 +73,7 @@ struct Allocation {
   bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
   bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
   std::uint64_t copy_started_ns = 0;
+  SavedTensorState saved;
 };
 
 // All candidates made during one call of a selected module on one thread (docs/engine.md).

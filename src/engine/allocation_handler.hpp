@@ -9,6 +9,8 @@
 // - owns() is a lock-free range check, called on every free of any kind.
 // - free() takes back an owned address, ordered after the work already enqueued on `stream`
 //   (synchronous frees pass stream 0 and synchronous = true).
+// - The saved-tensor calls (include/actpage/c_api.h) are no-ops by default and for any address the
+//   handler does not own; tensor_unpacking() then answers false.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +37,17 @@ class AllocationHandler {
   virtual DevPtr try_allocate(const AllocRequest& request) noexcept = 0;
   virtual bool owns(DevPtr ptr) const noexcept = 0;
   virtual void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept = 0;
+  // The Python hooks install torch's saved-tensor hooks in this process: which allocations autograd
+  // saves, and when it reads them, will be told (engine/saved_tensors.hpp has the rules). Whether
+  // the handler uses that (false: the hooks would only cost time).
+  virtual bool saved_tensor_hooks_installed() noexcept { return false; }
+  // A pack of the tensor whose storage is at `address`, on the calling thread (forward's, inside
+  // the saving module's ranges).
+  virtual void tensor_saved(DevPtr /*address*/) noexcept {}
+  // An unpack: true when the stream reading it must wait for it (then tensor_wait()).
+  virtual bool tensor_unpacking(DevPtr /*address*/) noexcept { return false; }
+  // Makes `stream` wait until the allocation at `address` is back.
+  virtual void tensor_wait(DevPtr /*address*/, StreamHandle /*stream*/) noexcept {}
   // A one-line account of what the handler did (JSON), for the end-of-run report; may be empty.
   virtual std::string report() const { return {}; }
   // What the user could change, from what the run showed: one sentence each, naming the option and

@@ -10,6 +10,7 @@
 #include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
+#include "engine/saved_tensors.hpp"
 
 namespace actpage::engine {
 
@@ -30,6 +31,16 @@ Allocation& AllocationTable::add(std::size_t bytes, StreamHandle stream, Window&
 Allocation* AllocationTable::alive(DevPtr va, const Allocation* allocation) {
   auto it = allocations_.find(va);
   return it != allocations_.end() && it->second.get() == allocation ? it->second.get() : nullptr;
+}
+
+Allocation* AllocationTable::containing(DevPtr address) {
+  if (auto it = allocations_.find(address); it != allocations_.end()) return it->second.get();
+  const Window* window = parts_.space.window_containing(address);
+  if (window == nullptr) return nullptr;
+  for (Allocation* allocation : window->allocations) {
+    if (address >= allocation->va && address < allocation->va + allocation->bytes) return allocation;
+  }
+  return nullptr;
 }
 
 void AllocationTable::free(DevPtr ptr, StreamHandle stream, std::unique_lock<std::mutex>& lock) {
@@ -121,6 +132,7 @@ void AllocationTable::dispose(Allocation& allocation) {
   } else {
     parts_.pages.queue_unmap(window);  // the others may all be copied
   }
+  parts_.saved.forget(allocation);
   parts_.groups.detach(allocation);
   allocations_.erase(allocation.va);  // destroys `allocation`
   if (allocations_.empty()) core.work_cv.notify_all();  // the VMM worker may fill the cache (prefill)
@@ -131,6 +143,7 @@ void AllocationTable::release_all() {
   for (auto& [va, allocation] : allocations_) {
     if (allocation->host) core.host_pool->free(*allocation->host);
     if (allocation->has_copy_event) core.recycle_event(allocation->copy_event);
+    if (allocation->saved.has_moved_release) core.recycle_event(allocation->saved.moved_release);
   }
   allocations_.clear();
 }

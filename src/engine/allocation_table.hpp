@@ -30,6 +30,8 @@ class AllocationTable {
   Allocation& add(std::size_t bytes, StreamHandle stream, Window& window, Group& group);
   // `allocation` (remembered with its address before the lock was released) if it still lives.
   Allocation* alive(DevPtr va, const Allocation* allocation);
+  // The live allocation whose bytes hold `address` (a view's storage may start inside it), or nullptr.
+  Allocation* containing(DevPtr address);
   bool empty() const { return allocations_.empty(); }
 
   // The job freed `ptr` on `stream`.

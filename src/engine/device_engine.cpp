@@ -29,7 +29,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, clock_},
+      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, clock_},
       allocations_(parts_),
       groups_(parts_, options_.groups),
       space_(parts_, options_.space),
@@ -38,6 +38,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       offload_(parts_, options_.offload),
       pages_(parts_, options_.pages),
       job_pool_(parts_, options_.job_pool),
+      saved_(parts_),
       clock_(parts_, options_.clock) {
   turns_.set_next([this] { return next_turn(); });
 }
@@ -117,6 +118,7 @@ void DeviceEngine::shutdown() {
   if (sampler_thread_.joinable()) sampler_thread_.join();
 
   std::unique_lock<std::mutex> lock(core_.mutex);
+  saved_.release_all();
   allocations_.release_all();
   space_.release_windows();
   groups_.release_all();
@@ -177,6 +179,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     // Or one step later, where backward begins: the head's forward and the loss run meanwhile.
     if (options_.front.drain_at_backward_start) groups_.arm_backward_drain(thread);
   }
+  saved_.on_pop(node, thread);  // saved activations whose release point moved to this range's end
   if (groups_.open_count() == 0) return;
   const bool sealed = groups_.seal_at(node, thread);
   if (sealed && options_.front.offload_backlog_bytes > 0) {
@@ -251,6 +254,32 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
   const std::uint32_t waited_group = needed.front().second->group->id;
   reload_.prefetch_before(first_position, forward_pass);
   reload_.bring_back(needed, waited_for, waited_group, lock);
+}
+
+void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
+
+void DeviceEngine::tensor_saved(DevPtr address) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  saved_.saved(address, lock);
+}
+
+bool DeviceEngine::tensor_unpacking(DevPtr address) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return false;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  return saved_.unpacking(address);
+}
+
+void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  saved_.wait(address, stream, lock);
 }
 
 void DeviceEngine::quiesce() {

@@ -7,10 +7,11 @@
 // range cache), OffloadPipeline (the copies to the host, on the offload worker), ReloadPipeline
 // (the copies back, on the reload and reload completion workers), PageReturn (unmaps, recycling,
 // the prefill, on the VMM worker), JobPool (the adaptor over the job's own pool), SafetyModes
-// (stray_access), GpuClock (how far the GPU has got in backward, and the reload gate, on the GPU
-// clock's worker), and the pinned host pool. The job's threads call allocate()/free() and the range
-// events, which this front hands on; they only ever make short asynchronous calls (event record,
-// stream wait), except on a cache miss and in the waits the options ask for.
+// (stray_access), SavedTensors (what the saved-tensor hooks say), GpuClock (how far the GPU has got
+// in backward, and the reload gate, on the GPU clock's worker), and the pinned host pool. The job's
+// threads call allocate()/free() and the range events, which this front hands on; they only ever
+// make short asynchronous calls (event record, stream wait), except on a cache miss and in the waits
+// the options ask for.
 //
 // Correctness rules the parts keep together (docs/engine.md explains each):
 // 1. A D2H copy starts only after the release event recorded on the allocating stream at the release
@@ -47,6 +48,7 @@
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
+#include "engine/saved_tensors.hpp"
 #include "engine/turns.hpp"
 #include "ranges/registry.hpp"
 
@@ -75,6 +77,15 @@ class DeviceEngine {
   // `forward_pass`: the id of the forward call the marker belongs to (engine/forward_pass.hpp), or
   // 0 when unknown: then every group of the module is asked for.
   void on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass = 0);
+
+  // The saved-tensor hooks (SavedTensors): installed in this process; a pack of `address` on the
+  // calling thread; an unpack (true: the reading stream must wait, then tensor_wait()).
+  void saved_tensor_hooks_installed();
+  void tensor_saved(DevPtr address);
+  bool tensor_unpacking(DevPtr address);
+  void tensor_wait(DevPtr address, StreamHandle stream);
+  // Whether a saved allocation waits for a range's end (on_pop has work). Without the engine's lock.
+  bool has_moved_release_points() const noexcept { return saved_.has_moved_release_points(); }
 
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
@@ -132,6 +143,7 @@ class DeviceEngine {
   OffloadPipeline offload_;
   PageReturn pages_;
   JobPool job_pool_;
+  SavedTensors saved_;
   GpuClock clock_;
 
   std::thread offload_thread_;

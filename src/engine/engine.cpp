@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "common/clock.hpp"
@@ -26,6 +28,7 @@ DeviceEngine* Engine::device_engine(int ordinal) {
     engine = std::make_unique<DeviceEngine>(**device, options_, classifier_);
     engine->set_wait_for_host_memory(wait_for_host_memory_);
     engine->set_serialized(serialized_);
+    if (saved_tensor_hooks_) engine->saved_tensor_hooks_installed();
     status = engine->start();
   }
   if (!status.ok()) {
@@ -86,6 +89,47 @@ bool Engine::owns(DevPtr ptr) const noexcept {
   return false;
 }
 
+DeviceEngine* Engine::owner_of(DevPtr ptr) {
+  for (auto& slot : devices_) {
+    DeviceEngine* engine = slot.load(std::memory_order_acquire);
+    if (engine && engine->owns(ptr)) return engine;
+  }
+  return nullptr;
+}
+
+bool Engine::saved_tensor_hooks_installed() noexcept {
+  // A policy that selects no module offloads nothing: the hooks would cost every saved tensor a
+  // call for nothing (a job under `actpage run` with no policy must run as it does alone).
+  const bool selects_a_module = std::any_of(options_.modules.begin(), options_.modules.end(),
+                                            [](const ModuleRule& rule) { return rule.offload; });
+  if (!selects_a_module) return false;
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  saved_tensor_hooks_ = true;
+  for_each_device([](DeviceEngine& engine) { engine.saved_tensor_hooks_installed(); });
+  return true;
+}
+
+void Engine::tensor_saved(DevPtr address) noexcept {
+  DeviceEngine* engine = owner_of(address);
+  if (engine == nullptr) return;
+  JobThreadTimer timer(engine);
+  engine->tensor_saved(address);
+}
+
+bool Engine::tensor_unpacking(DevPtr address) noexcept {
+  DeviceEngine* engine = owner_of(address);
+  if (engine == nullptr) return false;
+  JobThreadTimer timer(engine);
+  return engine->tensor_unpacking(address);
+}
+
+void Engine::tensor_wait(DevPtr address, StreamHandle stream) noexcept {
+  DeviceEngine* engine = owner_of(address);
+  if (engine == nullptr) return;
+  JobThreadTimer timer(engine);
+  engine->tensor_wait(address, stream);
+}
+
 void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcept {
   // A synchronous free (cudaFree) arrives with the legacy default stream, which orders after all
   // blocking streams' work: the same rule as a stream-ordered free on stream 0.
@@ -115,7 +159,7 @@ void Engine::on_push(ranges::PathId node) {
 
 void Engine::on_pop(ranges::PathId node) {
   for_each_device([&](DeviceEngine& engine) {
-    if (engine.open_groups() == 0 && !engine.drains_at(node)) return;
+    if (engine.open_groups() == 0 && !engine.drains_at(node) && !engine.has_moved_release_points()) return;
     JobThreadTimer timer(&engine);
     engine.on_pop(node);
   });

@@ -41,6 +41,11 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   bool owns(DevPtr ptr) const noexcept override;
   void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept override;
 
+  bool saved_tensor_hooks_installed() noexcept override;
+  void tensor_saved(DevPtr address) noexcept override;
+  bool tensor_unpacking(DevPtr address) noexcept override;
+  void tensor_wait(DevPtr address, StreamHandle stream) noexcept override;
+
   void on_push(ranges::PathId node) override;
   void on_pop(ranges::PathId node) override;
 
@@ -62,6 +67,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
 
  private:
   DeviceEngine* device_engine(int ordinal);
+  // The device engine whose arena holds `ptr`, or nullptr.
+  DeviceEngine* owner_of(DevPtr ptr);
   template <class Fn>
   void for_each_device(Fn&& fn);
 
@@ -74,6 +81,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   std::vector<std::unique_ptr<DeviceEngine>> owned_;
   bool wait_for_host_memory_ = false;
   bool serialized_ = false;
+  bool saved_tensor_hooks_ = false;  // guarded by create_mutex_: device engines made later learn it too
 };
 
 }  // namespace actpage::engine

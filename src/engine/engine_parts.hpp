@@ -18,6 +18,7 @@ class OffloadPipeline;
 class PageReturn;
 class ReloadPipeline;
 class SafetyModes;
+class SavedTensors;
 class Turns;
 
 struct EngineParts {
@@ -31,6 +32,7 @@ struct EngineParts {
   PageReturn& pages;
   JobPool& job_pool;
   SafetyModes& safety;
+  SavedTensors& saved;
   GpuClock& clock;
 };
 

@@ -58,6 +58,14 @@ namespace actpage::engine {
 //   failures: internal errors that fell back to pass-through/resident
 //   job_thread_ns: time the job's threads spent inside the engine
 //   backlog_waiters: job threads waiting for offload copies right now (a backlog cap or a drain)
+//   saved_tensors_reported: packs of the saved-tensor hooks that named an allocation served here
+//   unsaved_kept_resident: with the hooks, members not saved by their group's seal, left resident
+//     (temporaries; one a later pack names may still leave: release_points_moved)
+//   release_points_moved: packs after an allocation's release point (a module of forward still
+//     reads it) that moved the point to the end of the saver's layer
+//   saved_brought_back: packs after an allocation's pages had left (or, poison, were overwritten):
+//     brought back at once, kept resident
+//   unpacks_not_back: unpacks that found the allocation not resident and asked for it as a marker does
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -113,6 +121,11 @@ namespace actpage::engine {
   X(recycle_pending_bytes) \
   X(peak_recycle_pending_bytes) \
   X(failures) \
+  X(saved_tensors_reported) \
+  X(unsaved_kept_resident) \
+  X(release_points_moved) \
+  X(saved_brought_back) \
+  X(unpacks_not_back) \
   X(job_thread_ns)
 
 struct EngineStats {

@@ -10,6 +10,7 @@
 #include "engine/offload_pipeline.hpp"
 #include "engine/page_return.hpp"
 #include "engine/safety_modes.hpp"
+#include "engine/saved_tensors.hpp"
 
 namespace actpage::engine {
 
@@ -124,6 +125,7 @@ void Groups::seal(Group& group) {
     group.release_events.emplace_back(allocation->stream, event);
   }
   for (Allocation* allocation : group.allocations) allocation->state = PageState::released;
+  parts_.saved.sealed(group);  // with the saved-tensor hooks, what was never saved stays
 
   if (parts_.safety.poison()) {
     // Validation mode: offload at the release point itself and make the job's stream wait for the
@@ -211,6 +213,12 @@ std::vector<Group*> Groups::before(std::uint64_t position, std::uint64_t forward
     earlier.push_back(found->second.get());
   }
   return earlier;
+}
+
+bool Groups::holds_back(const Group& group) const {
+  return std::any_of(held_back_.begin(), held_back_.end(), [&](const std::vector<Group*>& layer) {
+    return std::find(layer.begin(), layer.end(), &group) != layer.end();
+  });
 }
 
 void Groups::detach(Allocation& allocation) {

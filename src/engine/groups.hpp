@@ -61,6 +61,10 @@ class Groups {
   void detach(Allocation& allocation);
 
   bool in_backward() const { return in_backward_; }
+  // The forward pass now (Group::iteration of its groups).
+  std::uint64_t iteration() const { return iteration_; }
+  // Whether `group`'s layer is held back by keep_last (it is queued with the layer, later).
+  bool holds_back(const Group& group) const;
   bool is_forward_thread(std::thread::id thread) const { return thread == forward_thread_; }
   // A backward marker came: the first of this iteration begins backward (what is held back stays
   // resident, the cache's forward ranges go).

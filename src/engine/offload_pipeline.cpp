@@ -11,6 +11,7 @@
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
+#include "engine/saved_tensors.hpp"
 #include "engine/turns.hpp"
 
 namespace actpage::engine {
@@ -103,6 +104,8 @@ bool OffloadPipeline::start_offload(Allocation& allocation) {
 }
 
 EventHandle release_event_of(const Allocation& allocation) {
+  // A module of forward saved it after its group's release point: its own point, later (SavedTensors).
+  if (allocation.saved.has_moved_release) return allocation.saved.moved_release;
   EventHandle release{};
   for (const auto& [stream, event] : allocation.group->release_events) {
     if (stream == allocation.stream) release = event;
@@ -201,6 +204,7 @@ void OffloadPipeline::finish_offload(Allocation& allocation, std::unique_lock<st
     allocation.wanted_back = false;
     keep_resident(allocation);
     ++core.stats.offloads_cancelled;
+    parts_.saved.copy_dropped(allocation);  // a pack in forward wanted it: it may leave again now
     return;
   }
   Window& window = *allocation.window;

@@ -113,8 +113,8 @@ class OffloadPipeline {
   std::uint32_t grant_waiters_ = 0;   // threads waiting for the copy queue to drain to grant
 };
 
-// The event after which the job is done with `allocation` (its module's end on its stream); {} when
-// none was recorded.
+// The event after which the job is done with `allocation` (its module's end on its stream, or the
+// later point a saved-tensor pack moved it to); {} when none was recorded.
 EventHandle release_event_of(const Allocation& allocation);
 
 }  // namespace actpage::engine

@@ -17,13 +17,14 @@
 namespace actpage::engine {
 
 bool PageReturn::has_work() const {
-  return parts_.space.dirty() || deferred_releases_.size() > deferred_waiting_ || !ready_.empty() || recycle_due() ||
-         prefill_due() || parts_.job_pool.look_due();
+  return parts_.space.dirty() || deferred_releases_.size() > deferred_waiting_ ||
+         addresses_after_frees_.size() > addresses_waiting_ || !ready_.empty() || recycle_due() || prefill_due() ||
+         parts_.job_pool.look_due();
 }
 
 std::optional<std::uint64_t> PageReturn::next_wake_ns() const {
   std::optional<std::uint64_t> wake = parts_.job_pool.next_look_ns();
-  if (deferred_waiting_ > 0) wake = wake ? std::min(*wake, deferred_retry_ns_) : deferred_retry_ns_;
+  if (deferred_waiting_ + addresses_waiting_ > 0) wake = wake ? std::min(*wake, frees_retry_ns_) : frees_retry_ns_;
   return wake;
 }
 
@@ -52,7 +53,10 @@ void PageReturn::run() {
       const std::uint64_t now = monotonic_ns();
       const std::uint64_t wait_ns = *wake > now ? *wake - now : 0;
       if (!core.work_cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), ready)) {
-        if (deferred_waiting_ > 0 && monotonic_ns() >= deferred_retry_ns_) deferred_waiting_ = 0;  // look again
+        if (deferred_waiting_ + addresses_waiting_ > 0 && monotonic_ns() >= frees_retry_ns_) {
+          deferred_waiting_ = 0;  // look at their frees again
+          addresses_waiting_ = 0;
+        }
         continue;
       }
     } else {
@@ -62,6 +66,7 @@ void PageReturn::run() {
     const Turns::Scope turn(parts_.turns, Turns::Turn::vmm);
     if (parts_.job_pool.look_due()) parts_.job_pool.look(lock);
     release_deferred(lock);
+    if (!addresses_after_frees_.empty()) release_addresses(lock);
     if (!ready_.empty()) unmap_ready_windows(lock);
     if (recycle_due()) {
       recycle_pending_pages(lock);
@@ -469,8 +474,8 @@ void PageReturn::trim_cache(std::unique_lock<std::mutex>& lock, bool everything)
   release_deferred(lock);
 }
 
-bool PageReturn::frees_run(const CachedRange& range) const {
-  for (const FreePoint& point : range.free_points) {
+bool PageReturn::frees_run(const std::vector<FreePoint>& free_points) const {
+  for (const FreePoint& point : free_points) {
     // Not ready: the GPU has not got there. Any other answer: release_range waits for it as before.
     if (parts_.core.device.query_event(point.event).code() == ErrorCode::not_ready) return false;
   }
@@ -488,7 +493,7 @@ void PageReturn::release_deferred(std::unique_lock<std::mutex>& lock) {
   while (!deferred_releases_.empty()) {
     CachedRange range = std::move(deferred_releases_.back());
     deferred_releases_.pop_back();
-    if (!serialized && !frees_run(range)) {
+    if (!serialized && !frees_run(range.free_points)) {
       waiting.push_back(std::move(range));
       continue;
     }
@@ -496,7 +501,7 @@ void PageReturn::release_deferred(std::unique_lock<std::mutex>& lock) {
   }
   deferred_releases_ = std::move(waiting);
   deferred_waiting_ = deferred_releases_.size();
-  if (deferred_waiting_ > 0) deferred_retry_ns_ = monotonic_ns() + kFreesRetryNs;
+  if (deferred_waiting_ > 0) frees_retry_ns_ = monotonic_ns() + kFreesRetryNs;
 }
 
 void PageReturn::release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range) {
@@ -521,8 +526,46 @@ void PageReturn::release_range(std::unique_lock<std::mutex>& lock, const CachedR
   parts_.space.arena().release(range.va, range.mapped_bytes);
 }
 
+void PageReturn::release_address_after_frees(DevPtr va, std::size_t bytes, std::vector<FreePoint> free_points) {
+  addresses_after_frees_.push_back(AddressAfterFrees{va, bytes, std::move(free_points)});
+  parts_.core.work_cv.notify_all();
+}
+
+void PageReturn::release_addresses(std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  std::vector<AddressAfterFrees> batch = std::move(addresses_after_frees_);
+  addresses_after_frees_.clear();
+  if (!parts_.turns.serialized()) {
+    // As release_deferred(): an address whose free the device has not run yet waits for a later
+    // look (a replay waits for each in turn: the order of its calls must not depend on timing).
+    std::vector<AddressAfterFrees> waiting;
+    std::erase_if(batch, [&](AddressAfterFrees& address) {
+      if (frees_run(address.free_points)) return false;
+      waiting.push_back(std::move(address));
+      return true;
+    });
+    addresses_after_frees_ = std::move(waiting);
+    addresses_waiting_ = addresses_after_frees_.size();
+    if (addresses_waiting_ > 0) frees_retry_ns_ = monotonic_ns() + kFreesRetryNs;
+  }
+  ++busy_;
+  lock.unlock();
+  // Done at once for the frees a query found run; a query that failed is answered here (rule 5).
+  for (const AddressAfterFrees& address : batch) {
+    for (const FreePoint& point : address.free_points) (void)core.device.synchronize_event(point.event);
+  }
+  lock.lock();
+  --busy_;
+  for (const AddressAfterFrees& address : batch) {
+    for (const FreePoint& point : address.free_points) core.recycle_event(point.event);
+    parts_.space.arena().release(address.va, address.bytes);
+  }
+  core.issued_cv.notify_all();
+}
+
 bool PageReturn::idle() const {
-  return busy_ == 0 && deferred_releases_.empty() && ready_.empty() && recycle_pending_.empty() && !prefill_due();
+  return busy_ == 0 && deferred_releases_.empty() && addresses_after_frees_.empty() && ready_.empty() &&
+         recycle_pending_.empty() && !prefill_due();
 }
 
 void PageReturn::unqueue(Window& window) {
@@ -547,6 +590,13 @@ void PageReturn::release_all() {
   }
   deferred_releases_.clear();
   deferred_waiting_ = 0;
+  addresses_waiting_ = 0;
+  // Shutdown: the streams are drained, the frees have passed.
+  for (const AddressAfterFrees& address : addresses_after_frees_) {
+    for (const FreePoint& point : address.free_points) parts_.core.recycle_event(point.event);
+    parts_.space.arena().release(address.va, address.bytes);
+  }
+  addresses_after_frees_.clear();
   for (const PendingPages& pages : recycle_pending_) (void)parts_.core.device.release_physical(pages.physical);
   recycle_pending_.clear();
   note_recycle_pending();

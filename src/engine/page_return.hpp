@@ -6,12 +6,13 @@
 //   windows in one call, after their free points: rules 2 and 5), keeps those the forward pass will
 //   ask for again (the demand, AddressSpace) and maps them at fresh cache addresses when no offload
 //   copy runs (recycling: one span, one grant), trims the cache to the demand, releases the ranges
-//   given to it (defer_release: host_mapped frees, the cache when backward begins), and looks at
-//   the job's pool when JobPool's watch is due.
-// - A range is released only after the device has run the job's free of it (rule 5). The worker
-//   does not wait for a free the device has not reached (in a GPU-bound job the host frees in
-//   backward while the GPU is in forward): the range waits, and the worker looks again every
-//   kFreesRetryNs, so that pages whose copies have ended still leave at once. A replay
+//   given to it (defer_release: host_mapped frees, the cache when backward begins), gives the
+//   addresses of freed windows whose pages had left back to the arena once the frees have passed
+//   (release_address_after_frees), and looks at the job's pool when JobPool's watch is due.
+// - A range or address is given back only after the device has run the job's free of it (rule 5).
+//   The worker does not wait for a free the device has not reached (in a GPU-bound job the host
+//   frees in backward while the GPU is in forward): the range or address waits, and the worker looks
+//   again every kFreesRetryNs, so that pages whose copies have ended still leave at once. A replay
 //   (serialized) waits for each free in turn instead.
 // - vmm.prefill_cache: once backward has freed every activation actpage served, it maps the next
 //   forward's demand in one span with one grant (no more bytes than a trim of the job's pool gave
@@ -60,6 +61,10 @@ class PageReturn {
   bool recycling() const { return !recycle_pending_.empty(); }
   // The worker unmaps and releases `range` (after its free points).
   void defer_release(CachedRange range);
+  // The address of a freed window whose pages had left: the worker gives it back to the arena once
+  // the job's frees (`free_points`) have passed on the device. Until then nothing is mapped there,
+  // so a read the job enqueued before its free faults instead of seeing a newer allocation's pages.
+  void release_address_after_frees(DevPtr va, std::size_t bytes, std::vector<FreePoint> free_points);
   // Gives back the cached ranges the demand does not need (all of them when `everything`). Unlocks.
   void trim_cache(std::unique_lock<std::mutex>& lock, bool everything = false);
   // A forward pass begins: the next backward may prefill again.
@@ -106,14 +111,22 @@ class PageReturn {
                                 std::unique_lock<std::mutex>& lock);
   // Unmaps and releases one range after its free's stream point; unlocks around the device calls.
   void release_range(std::unique_lock<std::mutex>& lock, const CachedRange& range);
+  // An address of a window with no pages, and the frees it waits for.
+  struct AddressAfterFrees {
+    DevPtr va = 0;
+    std::size_t bytes = 0;
+    std::vector<FreePoint> free_points;
+  };
+  // Gives the waiting addresses back to the arena once their frees have passed. Unlocks.
+  void release_addresses(std::unique_lock<std::mutex>& lock);
   // Releases the deferred ranges whose frees the device has run; the others wait. Unlocks.
   void release_deferred(std::unique_lock<std::mutex>& lock);
-  // Whether the device has run every free of the range (a query: never waits).
-  bool frees_run(const CachedRange& range) const;
+  // Whether the device has run every one of the frees (a query: never waits).
+  bool frees_run(const std::vector<FreePoint>& free_points) const;
   // When the worker wakes by itself: JobPool's next look, or the next look at waiting frees.
   std::optional<std::uint64_t> next_wake_ns() const;
 
-  // How often a range waiting for the device to run its free is looked at again.
+  // How often a range or address waiting for the device to run its free is looked at again.
   static constexpr std::uint64_t kFreesRetryNs = 500'000;
 
   EngineParts& parts_;
@@ -121,8 +134,11 @@ class PageReturn {
   std::vector<Window*> ready_;                  // windows whose allocations are all copied
   std::vector<PendingPages> recycle_pending_;
   std::vector<CachedRange> deferred_releases_;  // host_mapped frees, the cache when backward begins, trims
-  std::size_t deferred_waiting_ = 0;            // of them, found waiting for their frees at the last look
-  std::uint64_t deferred_retry_ns_ = 0;         // when to look at those again
+  std::vector<AddressAfterFrees> addresses_after_frees_;
+  // Of those, found waiting for their frees at the last look, and when to look at them again.
+  std::size_t deferred_waiting_ = 0;
+  std::size_t addresses_waiting_ = 0;
+  std::uint64_t frees_retry_ns_ = 0;
   bool prefilled_ = false;                      // the prefill ran in this iteration's backward
   std::uint32_t busy_ = 0;                      // driver calls under way without the lock
 };

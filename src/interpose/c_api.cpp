@@ -18,3 +18,7 @@ ACTPAGE_EXPORT void actpage_flush_trace(void) { actpage::interpose::flush_trace(
 ACTPAGE_EXPORT unsigned long long actpage_begin_forward_pass(void) { return actpage::engine::forward_pass::begin(); }
 ACTPAGE_EXPORT void actpage_set_backward_pass(unsigned long long id) { actpage::engine::forward_pass::set_backward(id); }
 ACTPAGE_EXPORT int actpage_set_recording(int on) { return actpage::trace::set_recording(on != 0) ? 1 : 0; }
+ACTPAGE_EXPORT int actpage_saved_tensor_hooks_installed(void) { return actpage::interpose::saved_tensor_hooks_installed(); }
+ACTPAGE_EXPORT int actpage_tensor_saved(unsigned long long address) { return actpage::interpose::tensor_saved(address); }
+ACTPAGE_EXPORT int actpage_tensor_unpacking(unsigned long long address) { return actpage::interpose::tensor_unpacking(address); }
+ACTPAGE_EXPORT void actpage_tensor_wait(unsigned long long address, unsigned long long stream) { actpage::interpose::tensor_wait(address, stream); }

@@ -417,6 +417,43 @@ int module_rule_matches(const char* name) noexcept {
   }
 }
 
+namespace {
+// The engine, once the library is active and not exiting; nullptr otherwise.
+engine::AllocationHandler* active_handler() noexcept {
+  if (!ensure_active()) return nullptr;
+  return interposer_instance().handler();
+}
+}  // namespace
+
+int saved_tensor_hooks_installed() noexcept {
+  engine::AllocationHandler* handler = active_handler();
+  if (handler == nullptr) return 0;
+  ReentryGuard guard;  // the engine's own device calls pass through
+  return handler->saved_tensor_hooks_installed() ? 1 : 0;
+}
+
+int tensor_saved(std::uint64_t address) noexcept {
+  engine::AllocationHandler* handler = active_handler();
+  if (handler == nullptr || !handler->owns(address)) return 0;
+  ReentryGuard guard;
+  handler->tensor_saved(address);
+  return 1;
+}
+
+int tensor_unpacking(std::uint64_t address) noexcept {
+  engine::AllocationHandler* handler = active_handler();
+  if (handler == nullptr || !handler->owns(address)) return 0;
+  ReentryGuard guard;
+  return handler->tensor_unpacking(address) ? 1 : 0;
+}
+
+void tensor_wait(std::uint64_t address, std::uint64_t stream) noexcept {
+  if (engine::AllocationHandler* handler = active_handler(); handler != nullptr && handler->owns(address)) {
+    ReentryGuard guard;
+    handler->tensor_wait(address, StreamHandle{stream});
+  }
+}
+
 void flush_trace() noexcept {
   try {
     if (trace::Writer* writer = trace::active()) writer->flush();

@@ -44,5 +44,12 @@ int python_hooks_call() noexcept;
 // inert: the Python hooks always name such modules.
 int module_rule_matches(const char* name) noexcept;
 void flush_trace() noexcept;
+// The saved-tensor hooks' calls (include/actpage/c_api.h), handed to the engine; no-ops while the
+// library is inert or exiting, or without an engine (observe mode); tensor_unpacking() then is 0,
+// and so is saved_tensor_hooks_installed() (1: the engine uses what the hooks tell).
+int saved_tensor_hooks_installed() noexcept;
+int tensor_saved(std::uint64_t address) noexcept;
+int tensor_unpacking(std::uint64_t address) noexcept;
+void tensor_wait(std::uint64_t address, std::uint64_t stream) noexcept;
 
 }  // namespace actpage::interpose

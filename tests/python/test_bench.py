@@ -382,7 +382,8 @@ FAKE_JOB = textwrap.dedent("""
         log.write(json.dumps({"script": script, "key": key, "args": args, "time": time.time(),
                               "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "policy": policy,
                               "trace": os.environ.get("ACTPAGE_TRACE_PATH"), "rank": os.environ.get("RANK"),
-                              "cpus": sorted(os.sched_getaffinity(0))}) + "\\n")
+                              "cpus": sorted(os.sched_getaffinity(0)),
+                              "build": os.environ.get("FAKE_ACTPAGE_BUILD")}) + "\\n")
     if os.environ.get("RANK", "0") == "0":
         print("ACTPAGE_RESULT " + json.dumps({
             "losses": [(10.5 - 0.125 * i).hex() for i in range(steps)], "median_step_ms": ms, "median_fwd_ms": 30.0,
@@ -414,6 +415,7 @@ FAKE_ACTPAGE = textwrap.dedent("""
         os.environ["ACTPAGE_POLICY" if args[0] == "--policy" else "ACTPAGE_TRACE_PATH"] = args[1]
         args = args[2:]
     os.environ["FAKE_UNDER_ACTPAGE"] = "1"
+    os.environ["FAKE_ACTPAGE_BUILD"] = sys.argv[0]  # which build ran the job (bench_ab.sh has two)
     os.execvp(args[1], args[1:])
 """)
 
@@ -601,6 +603,64 @@ class BenchScriptTest(unittest.TestCase):
         code, printed = self.bench(BENCH_MANIFEST=os.path.join(self.dir.name, "none.json"))
         self.assertEqual(code, 2)
         self.assertIn("no manifest", printed)
+
+
+class BenchBeforeAfterTest(unittest.TestCase):
+    """scripts/bench_ab.sh: the examples' policies run by two builds side by side, with fakes."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        tmp = self.dir.name
+        self.job = os.path.join(tmp, "fake_job")
+        self.after, self.before = (os.path.join(tmp, n, "bin", "actpage") for n in ("after", "before"))
+        write_executable(self.job, FAKE_JOB)
+        for build in (self.after, self.before):
+            os.makedirs(os.path.dirname(build))
+            write_executable(build, FAKE_ACTPAGE)
+        with open(os.path.join(tmp, "before", "COMMIT"), "w") as handle:
+            handle.write("be64f4d\n")
+        self.out = os.path.join(tmp, "ab")
+        self.packed = os.path.join(tmp, "device-out")
+        os.mkdir(self.packed)
+        self.log = os.path.join(tmp, "calls.log")
+        self.env = helpers.clean_environment(dict(
+            FAKE_LOG=self.log, BENCH_OUT=self.out, OUT=self.packed, PYTHON=sys.executable, BENCH_JOB_PYTHON=self.job,
+            BENCH_ACTPAGE=self.after, BENCH_STEPS="5", BENCH_WARMUP="1"))
+
+    def bench_ab(self, *args, **env):
+        done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench_ab.sh")] + list(args),
+                              env=dict(self.env, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=120)
+        return done.returncode, done.stdout
+
+    def test_each_policy_runs_under_both_builds_interleaved(self):
+        code, printed = self.bench_ab(self.before, "llama")
+        self.assertEqual(code, 0, printed[-3000:])
+        self.assertIn("before %s (be64f4d )" % self.before, printed)
+        with open(self.log) as handle:
+            calls = [json.loads(line) for line in handle]
+        ran = [(c["key"], c["build"]) for c in calls]
+        rep = [("none", None), ("actpage-llama-near-free", self.before), ("actpage-llama-near-free", self.after),
+               ("actpage-llama-mlp-capped", self.before), ("actpage-llama-mlp-capped", self.after)]
+        self.assertEqual(ran, rep + rep[1:] + rep[:1])  # BENCH_REPS 2: rep 2 rotated by one
+        self.assertTrue(all(c["policy"] is None or c["policy"].endswith(".json") for c in calls))
+        self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" and "--deterministic" in c["args"] for c in calls))
+        results = json.loads(read(os.path.join(self.out, "llama", "results.json")))
+        rows = {row["variant"]: row for row in results["summary"]}
+        self.assertTrue(rows["before-llama-near-free"]["losses_identical_to_reference"])
+        self.assertTrue(os.path.exists(os.path.join(self.packed, "bench-ab.tar.gz")))
+
+    def test_bad_arguments(self):
+        code, printed = self.bench_ab()
+        self.assertEqual(code, 2)
+        self.assertIn("usage: scripts/bench_ab.sh BEFORE_ACTPAGE", printed)
+        code, printed = self.bench_ab(os.path.join(self.dir.name, "nothing"))
+        self.assertEqual(code, 2)
+        self.assertIn("is not an executable actpage", printed)
+        code, printed = self.bench_ab(self.before, "resnet")
+        self.assertEqual(code, 2)
+        self.assertIn("unknown job resnet (llama, qwen)", printed)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import io
 import itertools
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -234,6 +235,26 @@ class CompareRunsTest(unittest.TestCase):
         # No policy from anywhere is still an error: policy=none must be asked for.
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
             compare_runs.parse_args(["--variant", "a;actpage;async", "--", "job"])
+
+    def test_a_variant_with_an_actpage_of_its_own(self):
+        # actpage=PATH: two builds side by side in one comparison (before and after a change).
+        other = os.path.join(self.tmp, "old-build", "actpage")
+        os.makedirs(os.path.dirname(other))
+        shutil.copy2(self.actpage, other)
+        code, _ = self.main("--reps", "1", "--variant", "none;plain;async", "--variant", "new;actpage;async",
+                            "--variant", "old;actpage;async;actpage=%s" % other)
+        self.assertEqual(code, 0)
+        data, rows = self.summary()
+        argv = {run["variant"]: run["argv"] for run in data["runs"]}
+        self.assertEqual(argv["old"][0], other)
+        self.assertEqual(argv["new"][0], self.actpage)
+        self.assertEqual(argv["old"][1:4], ["run", "--policy", self.policy])
+        self.assertTrue(rows["old"]["losses_identical_to_reference"])
+        self.assertEqual(data["settings"]["variants"][2]["actpage"], other)
+        self.assertIsNone(data["settings"]["variants"][1]["actpage"])
+        self.assertEqual(compare_runs.parse_variant("x;actpage;async;actpage=/b/actpage").actpage, "/b/actpage")
+        with self.assertRaises(Exception):
+            compare_runs.parse_variant("x;actpage;async;actpage=")
 
     def test_ranks_trace_each_rank_and_summarise_rank_0(self):
         os.environ["FAKE_RANKS"] = "2"

@@ -16,6 +16,9 @@
 //        hooks_program env OUTPUT            (writes PYTORCH_CUDA_ALLOC_CONF)
 //        hooks_program active OUTPUT         (writes actpage_is_active() and actpage_python_hooks_mode())
 //        hooks_program hooks-backward OUTPUT (writes actpage_python_hooks_backward())
+//        hooks_program saved OUTPUT          (the saved-tensor calls on addresses the library did not
+//                                             serve: writes what actpage_saved_tensor_hooks_installed()
+//                                             and actpage_tensor_unpacking() answered)
 //        hooks_program loop SECONDS          (allocates and frees inside ranges until SECONDS passed,
 //                                             prints "running" after the first round: a job to kill)
 #include <dlfcn.h>
@@ -538,6 +541,25 @@ int main(int argc, char** argv) {
   if (mode == "hooks-backward" && argc == 3) {
     auto backward = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "actpage_python_hooks_backward"));
     return write_text(argv[2], std::to_string(backward != nullptr ? backward() : -1));
+  }
+  if (mode == "saved" && argc == 3) {
+    auto installed = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "actpage_saved_tensor_hooks_installed"));
+    auto saved = reinterpret_cast<int (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_saved"));
+    auto unpacking = reinterpret_cast<int (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_unpacking"));
+    auto wait = reinterpret_cast<void (*)(unsigned long long, unsigned long long)>(
+        dlsym(RTLD_DEFAULT, "actpage_tensor_wait"));
+    if (installed == nullptr || saved == nullptr || unpacking == nullptr || wait == nullptr) {
+      return write_text(argv[2], "missing");
+    }
+    std::string text = std::to_string(installed()) + " ";
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, 4u << 20, nullptr) != cudaSuccess) return 1;  // the job's memory
+    for (const unsigned long long address : {reinterpret_cast<unsigned long long>(p), 0ull, 4096ull}) {
+      text += std::to_string(saved(address)) + "/" + std::to_string(unpacking(address)) + " ";
+      wait(address, 0);
+    }
+    text += cudaFreeAsync(p, nullptr) == cudaSuccess ? "freed" : "failed";
+    return write_text(argv[2], text);
   }
   if (mode == "paused" && argc == 3) {
     // 1 MiB recorded, 2 MiB while recording is paused, 3 MiB after it resumed: each allocated and

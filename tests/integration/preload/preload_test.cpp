@@ -165,7 +165,9 @@ TEST_F(PreloadTest, TheLibraryExportsOnlyTheHooksAndNeedsNoThirdPartyLibrary) {
     }
   }
   for (const char* name : {"InitializeInjectionNvtx2", "actpage_api_version", "actpage_is_active",
-                           "actpage_python_hooks_mode", "actpage_flush_trace", "actpage_set_recording"}) {
+                           "actpage_python_hooks_mode", "actpage_flush_trace", "actpage_set_recording",
+                           "actpage_saved_tensor_hooks_installed", "actpage_tensor_saved", "actpage_tensor_unpacking",
+                           "actpage_tensor_wait"}) {
     EXPECT_TRUE(exported.count(name)) << name;
   }
 }
@@ -310,6 +312,32 @@ TEST_F(PreloadTest, PausedRecordingLeavesAllocationsOutOfTheTraceAndStillPassesT
   for (const auto& record : file.allocs) allocated.push_back(record.data.bytes);
   EXPECT_EQ(allocated, (std::vector<std::uint64_t>{1u << 20, 3u << 20}));
   EXPECT_EQ(file.frees.size(), 2u);
+}
+
+TEST_F(PreloadTest, TheSavedTensorCallsLeaveAddressesTheLibraryDidNotServeAlone) {
+  // Active (observe, and offload: the fake driver gives the engine no device) and inert (a bad
+  // policy): every call returns, saved and unpacking answer 0 (the addresses are not the library's),
+  // the job's memory is untouched. Only an offload engine whose policy selects a module wants the
+  // hooks (the first number).
+  const fs::path policy = dir_ / "bad.json";
+  std::ofstream(policy) << R"({ "version": 1, "min_bytes": "lots" })";
+  for (const auto& [setting, expected] :
+       {std::pair{"observe", "0 0/0 0/0 0/0 freed"}, std::pair{"offload", "0 0/0 0/0 0/0 freed"},
+        std::pair{"offload-mlp", "1 0/0 0/0 0/0 freed"}, std::pair{"inert", "0 0/0 0/0 0/0 freed"}}) {
+    auto env = preloaded_env();
+    if (std::string(setting) == "inert") {
+      env["ACTPAGE_POLICY"] = policy.string();
+    } else if (std::string(setting) == "offload-mlp") {
+      env["ACTPAGE_MODE"] = "offload";
+      env["ACTPAGE_MODULES"] = "*.mlp";
+    } else {
+      env["ACTPAGE_MODE"] = setting;
+    }
+    const fs::path output = dir_ / "saved.txt";
+    const Outcome outcome = run(dir_, {kProgram.string(), "saved", output.string()}, env);
+    ASSERT_EQ(outcome.code, 0) << setting << ": " << outcome.err;
+    EXPECT_EQ(read_text(output), expected) << setting;
+  }
 }
 
 TEST_F(PreloadTest, WithoutADriverTheLibraryStaysInertAndSaysWhyOnce) {

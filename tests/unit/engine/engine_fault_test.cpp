@@ -7,10 +7,10 @@
 // left behind on the device or the host, and nothing waits forever (each test is bounded by CTest's
 // timeout and by the engine's quiesce()).
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -53,24 +53,27 @@ SimDeviceConfig fault_config(std::uint64_t seed = 3) {
 // Collects what actpage logs (warnings included) while it lives.
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)) {
-    log::logger().sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = log::logger().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
+  LogCapture()
+      : id_(log::add_observer([this](LogLevel, std::string_view message) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          text_ << message << '\n';
+        })) {}
+  ~LogCapture() { log::remove_observer(id_); }
   std::size_t count(const std::string& needle) const {
-    const std::string all = text_.str();
+    const std::string all = text();
     std::size_t n = 0;
     for (auto at = all.find(needle); at != std::string::npos; at = all.find(needle, at + 1)) ++n;
     return n;
   }
-  std::string text() const { return text_.str(); }
+  std::string text() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_.str();
+  }
 
  private:
+  mutable std::mutex mutex_;
   std::ostringstream text_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  int id_;
 };
 
 // A job on one SimDevice. Everything here allocates inside "<layer>.mlp" (selected) except one

@@ -23,6 +23,7 @@
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
+#include "engine/saved_tensors.hpp"
 #include "engine/turns.hpp"
 #include "sim_job.hpp"
 
@@ -51,7 +52,7 @@ struct Parts {
         engine_options(device_engine_options(options)),
         core(device),
         turns(core),
-        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, clock},
+        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, clock},
         allocations(parts),
         groups(parts, engine_options.groups),
         space(parts, engine_options.space),
@@ -60,6 +61,7 @@ struct Parts {
         offload(parts, engine_options.offload),
         pages(parts, engine_options.pages),
         job_pool(parts, engine_options.job_pool),
+        saved(parts),
         clock(parts, engine_options.clock) {
     turns.set_next([] { return Turns::Turn::none; });
     EXPECT_TRUE(space.reserve().ok());
@@ -91,6 +93,7 @@ struct Parts {
   OffloadPipeline offload;
   PageReturn pages;
   JobPool job_pool;
+  SavedTensors saved;
   GpuClock clock;
   StreamHandle job_stream;
 };
