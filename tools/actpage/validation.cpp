@@ -98,15 +98,17 @@ std::string describe(const Difference& difference, const std::string& reference_
 
 Verdict validate(const Runner& run, bool bisect_culprits, std::ostream& progress) {
   Verdict verdict;
+  // A plain run that fails: nothing can be concluded about the policy.
+  auto plain_failed = [&verdict](const RunOutcome& outcome) {
+    verdict.kind = VerdictKind::plain_run_failed;
+    verdict.failed_exit_code = outcome.exit_code;
+    verdict.failed_log = outcome.log_path;
+    return verdict;
+  };
   progress << "actpage validate: run 1: the job plain (observe mode)\n";
   const RunOutcome plain = run(RunRequest{false, std::nullopt});
   verdict.runs = 1;
-  if (plain.exit_code != 0) {
-    verdict.kind = VerdictKind::plain_run_failed;
-    verdict.failed_exit_code = plain.exit_code;
-    verdict.failed_log = plain.log_path;
-    return verdict;
-  }
+  if (plain.exit_code != 0) return plain_failed(plain);
   verdict.roots = root_count(plain.fingerprints);
   if (verdict.roots == 0) {
     verdict.kind = VerdictKind::nothing_recorded;
@@ -127,12 +129,7 @@ Verdict validate(const Runner& run, bool bisect_culprits, std::ostream& progress
   progress << "actpage validate: run 3: the job plain again (is it deterministic?)\n";
   const RunOutcome again = run(RunRequest{false, std::nullopt});
   verdict.runs = 3;
-  if (again.exit_code != 0) {
-    verdict.kind = VerdictKind::plain_run_failed;
-    verdict.failed_exit_code = again.exit_code;
-    verdict.failed_log = again.log_path;
-    return verdict;
-  }
+  if (again.exit_code != 0) return plain_failed(again);
   if (auto drift = first_difference(plain.fingerprints, again.fingerprints)) {
     verdict.kind = VerdictKind::not_deterministic;
     verdict.difference = drift;

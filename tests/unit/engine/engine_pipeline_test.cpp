@@ -33,21 +33,8 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr int kPerModule = 2;              // saved activations per selected module call
 constexpr std::size_t kBytes = 2 * kMiB;   // each; mapped as one 2 MiB page
 
-struct Rig {
-  explicit Rig(const Options& options, std::uint64_t seed = 3)
-      : device(config(seed)),
-        engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
-    engine.set_wait_for_host_memory(true);
-    ranges::set_listener(&engine);
-    stream = *device.create_stream(0);
-    job = std::make_unique<SimJob>(device, engine, stream);
-  }
-  ~Rig() {
-    ranges::set_listener(nullptr);
-    engine.shutdown();
-    device.synchronize();
-    (void)device.destroy_stream(stream);
-  }
+struct Rig : testing::EngineRig {
+  explicit Rig(const Options& options, std::uint64_t seed = 3) : EngineRig(options, config(seed)) {}
   static SimDeviceConfig config(std::uint64_t seed) {
     SimDeviceConfig config;
     config.seed = seed;
@@ -57,11 +44,6 @@ struct Rig {
     config.require_bind_thread = false;
     return config;
   }
-
-  SimDevice device;
-  Engine engine;
-  StreamHandle stream;
-  std::unique_ptr<SimJob> job;
 };
 
 // One model chunk held by this stage: a root range and its layers (names as the Python hooks give

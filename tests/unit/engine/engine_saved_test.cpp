@@ -58,25 +58,14 @@ Options holding_options(ReleaseAfter release_after, std::uint64_t keep_last, Str
   return options;
 }
 
-// Owns the device, the engine and the job's stream; installs the engine as range listener and,
-// unless told not to, says the saved-tensor hooks are installed (as the Python side does).
-struct Rig {
+// The device, the engine and the job's stream (testing::EngineRig); unless told not to, says the
+// saved-tensor hooks are installed (as the Python side does).
+struct Rig : testing::EngineRig {
   explicit Rig(const Options& options, SimDeviceConfig config = sim_config(), bool hooks = true)
-      : device(config),
-        engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
-    engine.set_wait_for_host_memory(true);  // counts must not depend on how fast pinning is
-    ranges::set_listener(&engine);
+      : EngineRig(options, config) {
     if (hooks) {
       EXPECT_TRUE(engine.saved_tensor_hooks_installed());
     }
-    stream = *device.create_stream(0);
-    job = std::make_unique<SimJob>(device, engine, stream);
-  }
-  ~Rig() {
-    ranges::set_listener(nullptr);
-    engine.shutdown();
-    device.synchronize();
-    (void)device.destroy_stream(stream);
   }
   void expect_every_read_right() {
     EXPECT_EQ(job->mismatches(), 0u);
@@ -84,11 +73,6 @@ struct Rig {
     EXPECT_EQ(device.fault_count(), 0u) << (device.faults().empty() ? "" : device.faults()[0]);
     EXPECT_GT(job->checks(), 0u);
   }
-
-  SimDevice device;
-  Engine engine;
-  StreamHandle stream;
-  std::unique_ptr<SimJob> job;
 };
 
 // The tensor's bytes at `version` (autograd's version counter: an in-place op bumps it).

@@ -67,34 +67,15 @@ bool until_a_job_thread_waits(Engine& engine, std::uint64_t count = 1) {
   return true;
 }
 
-// Owns the device, the engine and the job's stream, and installs the engine as range listener.
-struct Rig {
-  explicit Rig(const Options& options, SimDeviceConfig config = sim_config(1, 20))
-      : device(config),
-        engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
-    // Exact counts below must not depend on how fast the host pool pins its first slab.
-    engine.set_wait_for_host_memory(true);
-    ranges::set_listener(&engine);
-    stream = *device.create_stream(0);
-    job = std::make_unique<SimJob>(device, engine, stream);
-  }
-  ~Rig() {
-    ranges::set_listener(nullptr);
-    engine.shutdown();
-    device.synchronize();
-    (void)device.destroy_stream(stream);
-  }
+// The device, the engine and the job's stream (testing::EngineRig), and what these tests read of them.
+struct Rig : testing::EngineRig {
+  explicit Rig(const Options& options, SimDeviceConfig config = sim_config(1, 20)) : EngineRig(options, config) {}
   std::uint64_t device_bytes_in_use() { return device.stats().device_resident_bytes; }
   // Total minus free from mem_info(): also counts the job's pool (SimDevice::set_job_pool).
   std::uint64_t device_used_as_mem_info_shows() {
     auto info = device.mem_info();
     return info.ok() ? info->total_bytes - info->free_bytes : 0;
   }
-
-  SimDevice device;
-  Engine engine;
-  StreamHandle stream;
-  std::unique_ptr<SimJob> job;
 };
 
 // Forward of a small transformer-shaped model: per layer an attention and an MLP module, each

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -179,6 +180,32 @@ class SimJob {
   std::atomic<std::uint64_t> failed_{0};
   std::atomic<std::uint64_t> checks_{0};
   std::atomic<std::uint64_t> bytes_checked_{0};
+};
+
+// One engine on one SimDevice with a job on one stream: the engine is the range listener while it
+// lives. Host memory is waited for (set_wait_for_host_memory), so that exact counts do not depend on
+// how fast the host pool pins its first slab. Suites derive their rig from it to add what they check.
+struct EngineRig {
+  EngineRig(const Options& options, const device::SimDeviceConfig& config)
+      : device(config), engine(options, [this](int) -> Result<Device*> { return static_cast<Device*>(&device); }) {
+    engine.set_wait_for_host_memory(true);
+    ranges::set_listener(&engine);
+    stream = *device.create_stream(0);
+    job = std::make_unique<SimJob>(device, engine, stream);
+  }
+  ~EngineRig() {
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device.synchronize();
+    (void)device.destroy_stream(stream);
+  }
+  EngineRig(const EngineRig&) = delete;
+  EngineRig& operator=(const EngineRig&) = delete;
+
+  device::SimDevice device;
+  Engine engine;
+  StreamHandle stream;
+  std::unique_ptr<SimJob> job;
 };
 
 }  // namespace actpage::engine::testing
