@@ -117,6 +117,12 @@ class Device {
   virtual Result<PoolUsage> job_pool_usage() {
     return Status(ErrorCode::not_supported, "this device has no stream-ordered pool to read");
   }
+  // The most bytes that pool had in use since the last call (or since it was created); the
+  // measurement then starts again from what is in use now (the driver's used-memory high-water
+  // mark, reset). Default: not_supported.
+  virtual Result<std::uint64_t> take_job_pool_high() {
+    return Status(ErrorCode::not_supported, "this device has no stream-ordered pool to read");
+  }
 
   // --- Pinned (page-locked) host memory, the destination of offload copies
   virtual Result<void*> alloc_pinned(std::size_t bytes) = 0;

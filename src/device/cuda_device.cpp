@@ -300,6 +300,27 @@ Result<PoolUsage> CudaDevice::job_pool_usage() {
   return usage_of(*pool);
 }
 
+Result<std::uint64_t> CudaDevice::take_job_pool_high() {
+  auto pool = current_pool();
+  if (!pool.ok()) return pool.status();
+  cuuint64_t high = 0;
+  if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(*pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &high),
+                               "cuMemPoolGetAttribute",
+                               "reading the high-water mark of the memory pool of " + device_text(ordinal_));
+      !s.ok()) {
+    return s;
+  }
+  // The driver accepts only 0 here, which restarts the mark from what is in use now.
+  cuuint64_t zero = 0;
+  if (Status s = driver_.check(driver_.cuMemPoolSetAttribute(*pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
+                               "cuMemPoolSetAttribute",
+                               "resetting the high-water mark of the memory pool of " + device_text(ordinal_));
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<std::uint64_t>(high);
+}
+
 Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {
   auto pool = current_pool();
   if (!pool.ok()) return pool.status();

@@ -66,6 +66,8 @@ class CudaDevice final : public Device {
   // cuDeviceGetMemPool + cuMemPoolGetAttribute (reserve, used) + cuMemPoolTrimTo.
   Result<std::size_t> trim_job_pool(std::size_t bytes) override;
   Result<PoolUsage> job_pool_usage() override;
+  // cuMemPoolGetAttribute + cuMemPoolSetAttribute (CU_MEMPOOL_ATTR_USED_MEM_HIGH, read and reset).
+  Result<std::uint64_t> take_job_pool_high() override;
 
   Result<void*> alloc_pinned(std::size_t bytes) override;
   Status free_pinned(void* ptr) override;

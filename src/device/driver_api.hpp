@@ -65,6 +65,7 @@ inline constexpr const char* kDriverLibrary = "libcuda.so.1";
   X(cuDeviceGetMemPool, "cuDeviceGetMemPool", PFN_cuDeviceGetMemPool_v11020)               \
   X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", PFN_cuMemPoolGetAttribute_v11020)      \
   X(cuMemPoolTrimTo, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020)                        \
+  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", PFN_cuMemPoolSetAttribute_v11020)    \
   X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020)                            \
   X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000)                               \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \

@@ -152,6 +152,14 @@ void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {
   std::lock_guard<std::mutex> lock(memory_mutex_);
   job_pool_reserved_ = reserved;
   job_pool_used_ = std::min(used, reserved);
+  job_pool_high_ = std::max(job_pool_high_, job_pool_used_);
+}
+
+Result<std::uint64_t> SimDevice::take_job_pool_high() {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  const std::uint64_t high = job_pool_high_;
+  job_pool_high_ = job_pool_used_;
+  return high;
 }
 
 Result<PoolUsage> SimDevice::job_pool_usage() {

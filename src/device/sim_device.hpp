@@ -30,7 +30,8 @@
 //   ErrorCode::out_of_memory.
 // - The job's memory pool (what cudaMallocAsync draws from) is a reserve and a part of it in use,
 //   set by the test (set_job_pool); its reserve counts as device memory in use. trim_job_pool()
-//   gives back exactly min(asked, unused): the driver's block granularity is not modelled.
+//   gives back exactly min(asked, unused): the driver's block granularity is not modelled. Its
+//   high-water mark (take_job_pool_high()) is the most `used` set since the last take.
 // - Errors read like the driver's: "cuMemMap (simulated): CUDA_ERROR_INVALID_VALUE (range overlaps
 //   a mapping) while mapping 2 MiB at 0x7f0000000000".
 // - Thread safety: every method may be called from any thread, including from inside a launched
@@ -185,6 +186,7 @@ class SimDevice final : public Device {
   void set_job_pool(std::uint64_t reserved, std::uint64_t used);
   std::uint64_t job_pool_reserved() const;
   Result<PoolUsage> job_pool_usage() override;
+  Result<std::uint64_t> take_job_pool_high() override;
   // Holds every device-to-host copy on its stream until release_copies_to_host(): a copy that reaches
   // the front of its stream waits there (the copies queued behind it too), so that a test can keep
   // offloads in flight for as long as it needs, whatever the host's speed. Destruction releases.
@@ -259,6 +261,7 @@ class SimDevice final : public Device {
   std::array<std::uint64_t, 2> resident_bytes_{};  // indexed by MemoryLocation
   std::uint64_t job_pool_reserved_ = 0;             // the job's pool (set_job_pool), under memory_mutex_
   std::uint64_t job_pool_used_ = 0;
+  std::uint64_t job_pool_high_ = 0;  // the most in use since take_job_pool_high()
   std::unordered_map<void*, std::size_t> pinned_;
   std::uint64_t pinned_bytes_ = 0;
 

@@ -30,6 +30,9 @@ namespace actpage::engine {
 //   pool_watch_polls, pool_watch_trims, pool_watch_trimmed_bytes: the VMM worker's looks at the job's
 //     pool while it owes reloads' pages (vmm.trim_job_pool_catch_up), the trims they made and what
 //     those gave back
+//   pool_fit_looks, pool_fits, pool_fit_bytes: the VMM worker's reads of the job's pool's high-water
+//     mark at a forward's start (vmm.trim_job_pool), the trims down to it they made, and what those
+//     gave back
 //   reload_pool_waits: times a prefetch that needed new pages waited (0.5 ms at most) for the pool
 //     to give back what earlier reloads' pages were owed
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -100,6 +103,9 @@ namespace actpage::engine {
   X(pool_watch_trims) \
   X(pool_watch_trimmed_bytes) \
   X(pool_trim_debt_bytes) \
+  X(pool_fit_looks) \
+  X(pool_fits) \
+  X(pool_fit_bytes) \
   X(reload_pool_waits) \
   X(backlog_waits) \
   X(backlog_wait_ns) \

@@ -19,6 +19,9 @@ constexpr std::uint64_t kWatchIntervalNs = 1'000'000;
 constexpr std::uint64_t kWatchMinTrimBytes = std::uint64_t{64} << 20;
 // The watch waits this much longer after a trim that gave back next to nothing.
 constexpr std::uint64_t kDebtBackoffNs = 3'000'000;
+// The fit trims only a reserve this far above the last pass's need: a trim waits for the device
+// and holds the job's driver calls meanwhile, worth it for a real saving, not for a pool's jitter.
+constexpr std::uint64_t kFitSlackBytes = std::uint64_t{256} << 20;
 
 }  // namespace
 
@@ -81,6 +84,44 @@ void JobPool::forward_begins() {
   // The pool grows back in this forward: nothing more to give back for backward's reloads.
   debt_ = 0;
   watch_open_ = false;
+  if (options_.trim && !fit_failed_ && !failed_.load(std::memory_order_relaxed)) {
+    fit_due_ = true;
+    parts_.core.work_cv.notify_all();
+  }
+}
+
+void JobPool::fit(std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  fit_due_ = false;
+  ++busy_;
+  lock.unlock();
+  // The mark first: what the pool needed in the pass that just ended (and this one's so far).
+  Result<std::uint64_t> high = core.device.take_job_pool_high();
+  Result<PoolUsage> usage = high.ok() ? core.device.job_pool_usage() : Result<PoolUsage>(high.status());
+  std::optional<Trim> trim;
+  std::uint64_t need = 0;
+  if (usage.ok()) {
+    need = std::max(*high, usage->used_bytes);
+    if (usage->reserved_bytes > need + kFitSlackBytes) trim = trim_by(usage->reserved_bytes - need);
+  }
+  lock.lock();
+  --busy_;
+  if (!usage.ok()) {
+    // A pool that cannot be read cannot be trimmed by its need either: the other trims go on.
+    if (usage.status().code() != ErrorCode::not_supported) {
+      ACTPAGE_LOG_DEBUG("device {}: the job's memory pool's high-water mark cannot be read, no fit this run: {}",
+                        core.device.ordinal(), usage.status().message());
+    }
+    fit_failed_ = true;
+    return;
+  }
+  ++core.stats.pool_fit_looks;
+  if (!trim) return;
+  record(*trim);
+  if (trim->trimmed.ok()) {
+    ++core.stats.pool_fits;
+    core.stats.pool_fit_bytes += *trim->trimmed;
+  }
 }
 
 void JobPool::pay_debt(std::unique_lock<std::mutex>& lock) {

@@ -11,6 +11,13 @@
 //   looks at the pool every millisecond (3 ms after a trim that gave nothing) on the VMM worker and
 //   trims it by the debt, no more; prefetches that would create pages wait for it (holds_back...).
 //   The debt is forgotten when a forward or a backward begins (the pool grows back in forward).
+// - vmm.trim_job_pool, the fit: the pool keeps the reserve of its highest moment ever, often an
+//   early one (the unpaged first pass of auto mode, the first optimizer step creating its state)
+//   that later passes never reach again, and that reserve stands beside everything actpage gives
+//   back. So at each forward's start the VMM worker reads the most the pool had in use since the
+//   last such look (the driver's high-water mark, then restarted) and trims the reserve down to
+//   it when more than kFitSlackBytes above: the pool keeps what a pass needed, and grows only if a
+//   pass needs more. One attribute read and reset a pass; a trim only when the need fell.
 // - Driver calls run without the engine's lock; everything else with it held.
 #pragma once
 
@@ -59,6 +66,10 @@ class JobPool {
   // Lock held; unlocks around the trim.
   void pay_debt(std::unique_lock<std::mutex>& lock);
 
+  // The fit, on the VMM worker: due after a forward began (trim on). Unlocks around the driver calls.
+  bool fit_due() const { return fit_due_; }
+  void fit(std::unique_lock<std::mutex>& lock);
+
   // The watch, on the VMM worker: whether a look is due, when the next one is (nullopt: no watch),
   // and the look itself (unlocks around the driver calls; serialized, a watch looks once).
   bool look_due() const;
@@ -79,6 +90,8 @@ class JobPool {
   std::uint64_t next_look_ns_ = 0;   // monotonic_ns() of the next look
   // Bytes of reload pages created in this backward that the pool has not given back yet.
   std::uint64_t debt_ = 0;
+  bool fit_due_ = false;    // a forward began: the VMM worker fits the pool to the last pass's need
+  bool fit_failed_ = false; // the pool's high-water mark cannot be read: no fits this run
   std::uint32_t busy_ = 0;  // driver calls under way without the lock
 };
 

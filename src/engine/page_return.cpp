@@ -19,7 +19,7 @@ namespace actpage::engine {
 bool PageReturn::has_work() const {
   return parts_.space.dirty() || deferred_releases_.size() > deferred_waiting_ ||
          addresses_after_frees_.size() > addresses_waiting_ || !ready_.empty() || recycle_due() || prefill_due() ||
-         parts_.job_pool.look_due();
+         parts_.job_pool.look_due() || parts_.job_pool.fit_due();
 }
 
 std::optional<std::uint64_t> PageReturn::next_wake_ns() const {
@@ -65,6 +65,7 @@ void PageReturn::run() {
     if (core.stopping) break;
     const Turns::Scope turn(parts_.turns, Turns::Turn::vmm);
     if (parts_.job_pool.look_due()) parts_.job_pool.look(lock);
+    if (parts_.job_pool.fit_due()) parts_.job_pool.fit(lock);
     release_deferred(lock);
     if (!addresses_after_frees_.empty()) release_addresses(lock);
     if (!ready_.empty()) unmap_ready_windows(lock);

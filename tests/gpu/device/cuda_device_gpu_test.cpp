@@ -124,6 +124,27 @@ TEST_F(CudaGpu, TrimmingTheJobsPoolGivesItsUnusedReserveBack) {
   EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
 }
 
+TEST_F(CudaGpu, TheJobsPoolHighWaterMarkCountsAFreedAllocationOnceAndRestarts) {
+  JobPool job;
+  ASSERT_EQ(job.open(device_->device()), "");
+  ACTPAGE_ASSERT_OK(device_->take_job_pool_high());  // whatever came before: a fresh start
+  const std::size_t bytes = 192 * MiB;
+  CUdeviceptr pointer = 0;
+  ASSERT_EQ(job.alloc_async(&pointer, bytes, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(job.free_async(pointer, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(job.synchronize(nullptr), CUDA_SUCCESS);
+  auto high = device_->take_job_pool_high();
+  ACTPAGE_ASSERT_OK(high);
+  auto again = device_->take_job_pool_high();
+  ACTPAGE_ASSERT_OK(again);
+  std::printf("high-water mark %llu MiB after a 192 MiB allocation freed, then %llu MiB\n",
+              static_cast<unsigned long long>(*high / MiB), static_cast<unsigned long long>(*again / MiB));
+  EXPECT_GE(*high, bytes);
+  EXPECT_LT(*again, bytes);  // restarted from what is in use now
+  (void)device_->trim_job_pool(4 * bytes);
+  EXPECT_EQ(job.release_at_sync(), CUDA_SUCCESS);
+}
+
 TEST_F(CudaGpu, AnotherThreadWorksAfterBindThread) {
   const std::size_t g = device_->granularity();
   Status outcome;

@@ -427,5 +427,27 @@ TEST_F(FakeDriver, TrimmingTheJobsPoolGivesBackWholeUnusedBlocksUpToTheAsk) {
   EXPECT_NE(trimmed.status().message().find("cuDeviceGetMemPool"), std::string::npos);
 }
 
+TEST_F(FakeDriver, TheJobsPoolHighWaterMarkIsReadThenRestartedFromWhatIsInUse) {
+  auto device = make_device();
+  ASSERT_NE(device, nullptr);
+  auto set_pool = control<void (*)(unsigned long long, unsigned long long)>("fake_cuda_set_pool");
+  set_pool(2 * GiB, 1500 * MiB);
+  set_pool(2 * GiB, 700 * MiB);
+  auto high = device->take_job_pool_high();
+  ACTPAGE_ASSERT_OK(high);
+  EXPECT_EQ(*high, 1500 * MiB);
+  EXPECT_EQ(calls("cuMemPoolSetAttribute"), 1);
+  // Restarted from the 700 MiB in use, not from zero.
+  high = device->take_job_pool_high();
+  ACTPAGE_ASSERT_OK(high);
+  EXPECT_EQ(*high, 700 * MiB);
+  fail("cuMemPoolSetAttribute", CUDA_ERROR_INVALID_VALUE);
+  high = device->take_job_pool_high();
+  ASSERT_FALSE(high.ok());
+  EXPECT_NE(high.status().message().find("cuMemPoolSetAttribute: CUDA_ERROR_INVALID_VALUE"), std::string::npos)
+      << high.status().message();
+  EXPECT_NE(high.status().message().find("resetting the high-water mark of the memory pool of"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace actpage::device

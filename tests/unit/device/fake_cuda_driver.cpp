@@ -40,6 +40,7 @@ struct State {
   // release whole (the real driver releases whole blocks too).
   std::size_t pool_reserved = 0;
   std::size_t pool_used = 0;
+  std::size_t pool_high = 0;  // CU_MEMPOOL_ATTR_USED_MEM_HIGH
   std::size_t pool_block = std::size_t{32} << 20;
   std::size_t last_trim_keep = 0;
 };
@@ -225,9 +226,19 @@ CUresult CUDAAPI fake_cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute at
     *static_cast<cuuint64_t*>(value) = state().pool_reserved;
   } else if (attribute == CU_MEMPOOL_ATTR_USED_MEM_CURRENT) {
     *static_cast<cuuint64_t*>(value) = state().pool_used;
+  } else if (attribute == CU_MEMPOOL_ATTR_USED_MEM_HIGH) {
+    *static_cast<cuuint64_t*>(value) = state().pool_high;
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  return CUDA_SUCCESS;
+}
+// Only the high-water mark can be set, and only to 0: it restarts from what is in use.
+CUresult CUDAAPI fake_cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute attribute, void* value) {
+  FAKE_ENTER("cuMemPoolSetAttribute");
+  std::lock_guard<std::mutex> lock(state().mutex);
+  if (attribute != CU_MEMPOOL_ATTR_USED_MEM_HIGH || *static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+  state().pool_high = state().pool_used;
   return CUDA_SUCCESS;
 }
 // Releases whole unused blocks until the reserve is below `keep` (the driver's documented rule).
@@ -349,6 +360,7 @@ const Entry kEntries[] = {
     {"cuDeviceGetMemPool", reinterpret_cast<void*>(&fake_cuDeviceGetMemPool)},
     {"cuMemPoolGetAttribute", reinterpret_cast<void*>(&fake_cuMemPoolGetAttribute)},
     {"cuMemPoolTrimTo", reinterpret_cast<void*>(&fake_cuMemPoolTrimTo)},
+    {"cuMemPoolSetAttribute", reinterpret_cast<void*>(&fake_cuMemPoolSetAttribute)},
     {"cuMemHostAlloc", reinterpret_cast<void*>(&fake_cuMemHostAlloc)},
     {"cuMemFreeHost", reinterpret_cast<void*>(&fake_cuMemFreeHost)},
     {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&fake_cuStreamCreateWithPriority)},
@@ -410,6 +422,7 @@ FAKE_EXPORT void fake_cuda_reset() {
   s.location_types_tried = 0;
   s.pool_reserved = 0;
   s.pool_used = 0;
+  s.pool_high = 0;
   s.last_trim_keep = 0;
   current_context = nullptr;
 }
@@ -476,6 +489,7 @@ FAKE_EXPORT void fake_cuda_set_pool(unsigned long long reserved, unsigned long l
   std::lock_guard<std::mutex> lock(state().mutex);
   state().pool_reserved = reserved;
   state().pool_used = used;
+  state().pool_high = std::max<std::size_t>(state().pool_high, used);
 }
 FAKE_EXPORT unsigned long long fake_cuda_pool_reserved() {
   std::lock_guard<std::mutex> lock(state().mutex);

@@ -232,6 +232,48 @@ TEST(JobPool, WithoutTheCatchUpNothingIsOwed) {
   (void)parts.device.release_physical(*pages);
 }
 
+TEST(JobPool, AtAForwardsStartThePoolIsTrimmedToTheMostItHeldSinceTheLastStart) {
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = true;
+  Parts parts(options);
+  // Pass 1 (unpaged, say) grew the pool to 10 GiB; the pool keeps that reserve.
+  parts.device.set_job_pool(10 * kGiB, 10 * kGiB);
+  parts.device.set_job_pool(10 * kGiB, 2 * kGiB);
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  parts.job_pool.forward_begins();  // pass 2 begins: the last pass needed all 10 GiB
+  ASSERT_TRUE(parts.job_pool.fit_due());
+  parts.job_pool.fit(lock);
+  EXPECT_FALSE(parts.job_pool.fit_due());
+  EXPECT_EQ(parts.device.job_pool_reserved(), 10 * kGiB);  // nothing above the need
+  EXPECT_EQ(parts.core.stats.pool_fit_looks, 1u);
+  EXPECT_EQ(parts.core.stats.pool_fits, 0u);
+  // Pass 2 needed at most 7 GiB of the pool (actpage served the rest).
+  parts.device.set_job_pool(10 * kGiB, 7 * kGiB);
+  parts.device.set_job_pool(10 * kGiB, 3 * kGiB);
+  parts.job_pool.forward_begins();
+  parts.job_pool.fit(lock);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 7 * kGiB);  // down to the need, not to what is in use
+  EXPECT_EQ(parts.core.stats.pool_fits, 1u);
+  EXPECT_EQ(parts.core.stats.pool_fit_bytes, 3 * kGiB);
+  // A pass needing a little less (under the slack) makes no trim: each waits for the device.
+  parts.device.set_job_pool(7 * kGiB, 7 * kGiB - 100 * kMiB);
+  parts.job_pool.forward_begins();
+  parts.job_pool.fit(lock);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 7 * kGiB);
+  EXPECT_EQ(parts.core.stats.pool_fits, 1u);
+  EXPECT_TRUE(parts.job_pool.idle());
+}
+
+TEST(JobPool, WithoutTrimsThePoolIsNeverFitted) {
+  Options options = testing::small_offload_options();
+  options.vmm_trim_job_pool = false;
+  Parts parts(options);
+  parts.device.set_job_pool(10 * kGiB, 2 * kGiB);
+  std::lock_guard<std::mutex> lock(parts.core.mutex);
+  parts.job_pool.forward_begins();
+  EXPECT_FALSE(parts.job_pool.fit_due());
+}
+
 TEST(AddressSpace, AMissMapsOnTheCallersThreadAndARetiredWindowServesTheNextOneWithoutAVmmCall) {
   Parts parts(testing::small_offload_options());
   std::unique_lock<std::mutex> lock(parts.core.mutex);

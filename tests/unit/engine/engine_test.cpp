@@ -1237,10 +1237,11 @@ TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
     options.vmm_cache_bytes = 0;  // every reload creates its pages
     options.vmm_trim_job_pool = trim;
     Rig rig(options);
-    // The job's pool past its peak: 1 GiB reserved, 256 MiB of it in use (backward freed the rest).
-    rig.device.set_job_pool(kGiB, 256 * kMiB);
     Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
     rig.engine.quiesce();
+    // The job's pool past its peak: 1 GiB reserved, 256 MiB of it in use (backward freed the rest).
+    // Set after the forward's start, where the pool's fit to its need would have trimmed it.
+    rig.device.set_job_pool(kGiB, 256 * kMiB);
     const std::uint64_t at_backward = rig.device_used_as_mem_info_shows();
     const std::uint64_t peak = run_backward_sampling_peak(rig, forward, 4);
     rig.engine.quiesce();
