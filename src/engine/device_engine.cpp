@@ -119,6 +119,7 @@ void DeviceEngine::shutdown() {
 
   std::unique_lock<std::mutex> lock(core_.mutex);
   saved_.release_all();
+  job_pool_.release_event();
   allocations_.release_all();
   space_.release_windows();
   groups_.release_all();
@@ -140,10 +141,12 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
+  const std::uint64_t iteration = groups_.iteration();
   if (!groups_.enter_forward(thread)) {
     ++core_.stats.allocations_passed;
     return 0;
   }
+  if (groups_.iteration() != iteration) job_pool_.forward_began_on(stream);
   const std::uint32_t group_id = groups_.open_group_for(verdict, thread)->id;
   // A window of its own: its pages go and come back with it.
   Window* window = space_.new_window(round_up(bytes, core_.granularity), stream, lock);

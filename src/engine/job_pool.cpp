@@ -78,41 +78,90 @@ bool JobPool::holds_back_new_pages() const {
   return options_.catch_up && options_.trim && !parts_.turns.serialized() && !parts_.core.stopping && debt_ > 0;
 }
 
-void JobPool::backward_begins() { debt_ = 0; }
+void JobPool::backward_begins() {
+  debt_ = 0;
+  if (fit_failed_ || !options_.trim || parts_.turns.serialized()) return;
+  // What this forward needed of the pool (the mark was restarted at its start).
+  Result<std::uint64_t> high = parts_.core.device.take_job_pool_high();
+  if (high.ok()) {
+    forward_need_ = *high;
+  } else {
+    fit_failed(high.status());
+  }
+}
 
 void JobPool::forward_begins() {
   // The pool grows back in this forward: nothing more to give back for backward's reloads.
   debt_ = 0;
   watch_open_ = false;
-  if (options_.trim && !fit_failed_ && !failed_.load(std::memory_order_relaxed)) {
-    fit_due_ = true;
-    parts_.core.work_cv.notify_all();
+}
+
+void JobPool::forward_began_on(StreamHandle stream) {
+  EngineCore& core = parts_.core;
+  // A replay's GPU runs no kernels: nothing to time, and its pool is the simulated one.
+  if (fit_failed_ || !options_.trim || parts_.turns.serialized() || failed_.load(std::memory_order_relaxed)) return;
+  // Restart the mark: from here to backward's start is this forward's need.
+  if (Result<std::uint64_t> high = core.device.take_job_pool_high(); !high.ok()) {
+    fit_failed(high.status());
+    return;
   }
+  if (fit_event_.value != 0) return;  // the last forward's fit still waits for the GPU: it stands
+  const EventHandle event = core.acquire_event();
+  if (event.value == 0) return;
+  if (Status status = core.device.record_event(event, stream); !status.ok()) {
+    core.recycle_event(event);
+    core.note_failure("recording a forward's start on the job's stream (the job pool's fit)", status);
+    return;
+  }
+  fit_event_ = event;
+  next_fit_look_ns_ = 0;
+  core.work_cv.notify_all();
+}
+
+bool JobPool::fit_due() const {
+  return fit_event_.value != 0 && (parts_.turns.serialized() || monotonic_ns() >= next_fit_look_ns_);
+}
+
+void JobPool::fit_failed(const Status& status) {
+  // A pool that cannot be read cannot be fitted to its need; the other trims go on.
+  if (status.code() != ErrorCode::not_supported) {
+    ACTPAGE_LOG_DEBUG("device {}: the job's memory pool's high-water mark cannot be read, no fit this run: {}",
+                      parts_.core.device.ordinal(), status.message());
+  }
+  fit_failed_ = true;
 }
 
 void JobPool::fit(std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
-  fit_due_ = false;
+  const EventHandle event = fit_event_;
+  const std::uint64_t need = forward_need_;
   ++busy_;
   lock.unlock();
-  // The mark first: what the pool needed in the pass that just ended (and this one's so far).
-  Result<std::uint64_t> high = core.device.take_job_pool_high();
-  Result<PoolUsage> usage = high.ok() ? core.device.job_pool_usage() : Result<PoolUsage>(high.status());
+  // Only once the GPU is at the forward's start have the frees before it run.
+  const Status reached = core.device.query_event(event);
+  std::optional<Result<PoolUsage>> usage;
   std::optional<Trim> trim;
-  std::uint64_t need = 0;
-  if (usage.ok()) {
-    need = std::max(*high, usage->used_bytes);
-    if (usage->reserved_bytes > need + kFitSlackBytes) trim = trim_by(usage->reserved_bytes - need);
+  if (reached.ok()) {
+    usage = core.device.job_pool_usage();
+    if (usage->ok()) {
+      const std::uint64_t keep = std::max(need, (*usage)->used_bytes);
+      if ((*usage)->reserved_bytes > keep + kFitSlackBytes) trim = trim_by((*usage)->reserved_bytes - keep);
+    }
   }
   lock.lock();
   --busy_;
-  if (!usage.ok()) {
-    // A pool that cannot be read cannot be trimmed by its need either: the other trims go on.
-    if (usage.status().code() != ErrorCode::not_supported) {
-      ACTPAGE_LOG_DEBUG("device {}: the job's memory pool's high-water mark cannot be read, no fit this run: {}",
-                        core.device.ordinal(), usage.status().message());
-    }
-    fit_failed_ = true;
+  if (reached.code() == ErrorCode::not_ready) {
+    next_fit_look_ns_ = monotonic_ns() + kWatchIntervalNs;
+    return;
+  }
+  fit_event_ = EventHandle{};
+  core.recycle_event(event);
+  if (!reached.ok()) {
+    core.note_failure("waiting for the GPU to reach a forward's start (the job pool's fit)", reached);
+    return;
+  }
+  if (!usage->ok()) {
+    fit_failed(usage->status());
     return;
   }
   ++core.stats.pool_fit_looks;
@@ -144,8 +193,16 @@ void JobPool::open_watch() {
 }
 
 std::optional<std::uint64_t> JobPool::next_look_ns() const {
-  if (!watch_open_) return std::nullopt;
-  return next_look_ns_;
+  std::optional<std::uint64_t> next;
+  if (watch_open_) next = next_look_ns_;
+  if (fit_event_.value != 0) next = next ? std::min(*next, next_fit_look_ns_) : next_fit_look_ns_;
+  return next;
+}
+
+void JobPool::release_event() {
+  if (fit_event_.value == 0) return;
+  parts_.core.recycle_event(fit_event_);
+  fit_event_ = EventHandle{};
 }
 
 bool JobPool::look_due() const {

@@ -11,14 +11,18 @@
 //   looks at the pool every millisecond (3 ms after a trim that gave nothing) on the VMM worker and
 //   trims it by the debt, no more; prefetches that would create pages wait for it (holds_back...).
 //   The debt is forgotten when a forward or a backward begins (the pool grows back in forward).
-// - vmm.trim_job_pool, the fit: the pool keeps the reserve of its highest moment ever, often an
-//   early one (the unpaged first pass of auto mode, the first optimizer step creating its state)
-//   that later passes never reach again, and that reserve stands beside everything actpage gives
-//   back. So at each forward's start the VMM worker reads the most the pool had in use since the
-//   last such look (the driver's high-water mark, then restarted) and trims the reserve down to
-//   it when more than kFitSlackBytes above: the pool keeps what a pass needed, and grows only if a
-//   pass needs more. One attribute read and reset a pass; a trim only when the need fell.
-// - Driver calls run without the engine's lock; everything else with it held.
+// - vmm.trim_job_pool, the fit: the pool keeps the reserve of its highest moment (backward's, the
+//   optimizer step's temporaries, an unpaged first pass) for good, and in forward that reserve
+//   stands unused beside the pages actpage still holds, at forward's peak. So the pool keeps, in
+//   forward, only what forward needs: the most it held from a forward's start to its backward's
+//   start, on the job's thread (the driver's high-water mark, restarted at each forward's start and
+//   read at backward's). When the GPU reaches the next forward's start (an event recorded on the
+//   job's stream there: only then have backward's and the optimizer's frees run, and only run frees
+//   can be given back), the VMM worker trims the reserve down to max(that need, what is in use),
+//   if more than kFitSlackBytes above it. Backward and the optimizer grow it back as they need.
+// - Driver calls run without the engine's lock, but for the fit's on the job's thread (two
+//   attribute calls and an event record a pass, as GpuClock's records); everything else with it
+//   held.
 #pragma once
 
 #include <atomic>
@@ -61,13 +65,16 @@ class JobPool {
   // closes (the pool grows back in forward). Lock held.
   void backward_begins();
   void forward_begins();
+  // A forward began on the job's thread, its first served allocation on `stream`: the fit's point.
+  void forward_began_on(StreamHandle stream);
   // The prefill at backward's end: backward has freed its activations, so the pool can give back
   // what the reloads' pages still owe it before the optimizer step and the next forward's ranges.
   // Lock held; unlocks around the trim.
   void pay_debt(std::unique_lock<std::mutex>& lock);
 
-  // The fit, on the VMM worker: due after a forward began (trim on). Unlocks around the driver calls.
-  bool fit_due() const { return fit_due_; }
+  // The fit, on the VMM worker: due once the GPU reached a forward's start (trim on); polled every
+  // millisecond until then (next_look_ns()). Unlocks around the driver calls.
+  bool fit_due() const;
   void fit(std::unique_lock<std::mutex>& lock);
 
   // The watch, on the VMM worker: whether a look is due, when the next one is (nullopt: no watch),
@@ -76,12 +83,15 @@ class JobPool {
   std::optional<std::uint64_t> next_look_ns() const;
   void look(std::unique_lock<std::mutex>& lock);
 
+  // shutdown(): the fit's event goes back to the pool.
+  void release_event();
   // No driver call of this part is under way (quiesce()).
   bool idle() const { return busy_ == 0; }
   bool trims() const { return options_.trim; }
 
  private:
   void open_watch();
+  void fit_failed(const Status& status);
 
   EngineParts& parts_;
   const JobPoolOptions options_;
@@ -90,8 +100,10 @@ class JobPool {
   std::uint64_t next_look_ns_ = 0;   // monotonic_ns() of the next look
   // Bytes of reload pages created in this backward that the pool has not given back yet.
   std::uint64_t debt_ = 0;
-  bool fit_due_ = false;    // a forward began: the VMM worker fits the pool to the last pass's need
-  bool fit_failed_ = false; // the pool's high-water mark cannot be read: no fits this run
+  bool fit_failed_ = false;         // the pool's high-water mark cannot be read: no fits this run
+  EventHandle fit_event_{};          // a forward's start in the GPU's queue; 0: no fit waits
+  std::uint64_t forward_need_ = 0;   // the most the pool held in the last forward (0: unknown)
+  std::uint64_t next_fit_look_ns_ = 0;
   std::uint32_t busy_ = 0;  // driver calls under way without the lock
 };
 

@@ -1,6 +1,7 @@
 // The parts of a device engine on their own (engine_parts.hpp), each against its contract, with no
 // worker thread running: a test calls a part as its worker or a job's thread would, with the
 // engine's lock held where the part's contract says so. The engine as a whole: engine_test.cpp.
+#include <thread>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -232,35 +233,56 @@ TEST(JobPool, WithoutTheCatchUpNothingIsOwed) {
   (void)parts.device.release_physical(*pages);
 }
 
-TEST(JobPool, AtAForwardsStartThePoolIsTrimmedToTheMostItHeldSinceTheLastStart) {
+TEST(JobPool, InForwardThePoolKeepsWhatForwardNeedsOnceTheGpuHasReachedForwardsStart) {
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = true;
   Parts parts(options);
-  // Pass 1 (unpaged, say) grew the pool to 10 GiB; the pool keeps that reserve.
+  // An early moment grew the pool to 10 GiB (an unpaged pass, the optimizer's first step); 2 GiB
+  // are in use as the next forward begins.
   parts.device.set_job_pool(10 * kGiB, 10 * kGiB);
   parts.device.set_job_pool(10 * kGiB, 2 * kGiB);
   std::unique_lock<std::mutex> lock(parts.core.mutex);
-  parts.job_pool.forward_begins();  // pass 2 begins: the last pass needed all 10 GiB
+  // The GPU is still behind the host: the frees before this forward have not run.
+  auto gate = parts.device.hold_stream(parts.job_stream);
+  ASSERT_TRUE(gate.ok());
+  parts.job_pool.forward_began_on(parts.job_stream);
   ASSERT_TRUE(parts.job_pool.fit_due());
   parts.job_pool.fit(lock);
-  EXPECT_FALSE(parts.job_pool.fit_due());
-  EXPECT_EQ(parts.device.job_pool_reserved(), 10 * kGiB);  // nothing above the need
-  EXPECT_EQ(parts.core.stats.pool_fit_looks, 1u);
-  EXPECT_EQ(parts.core.stats.pool_fits, 0u);
-  // Pass 2 needed at most 7 GiB of the pool (actpage served the rest).
-  parts.device.set_job_pool(10 * kGiB, 7 * kGiB);
-  parts.device.set_job_pool(10 * kGiB, 3 * kGiB);
-  parts.job_pool.forward_begins();
+  EXPECT_EQ(parts.device.job_pool_reserved(), 10 * kGiB);  // not before the GPU is there
+  EXPECT_EQ(parts.core.stats.pool_fit_looks, 0u);
+  EXPECT_FALSE(parts.job_pool.fit_due());  // the next look in a millisecond
+  ASSERT_TRUE(parts.job_pool.next_look_ns().has_value());
+  ASSERT_TRUE(parts.device.release_stream(*gate).ok());
+  parts.device.synchronize();
+  while (!parts.job_pool.fit_due()) std::this_thread::yield();
   parts.job_pool.fit(lock);
-  EXPECT_EQ(parts.device.job_pool_reserved(), 7 * kGiB);  // down to the need, not to what is in use
+  // No forward measured yet: down to what is in use.
+  EXPECT_EQ(parts.device.job_pool_reserved(), 2 * kGiB);
   EXPECT_EQ(parts.core.stats.pool_fits, 1u);
-  EXPECT_EQ(parts.core.stats.pool_fit_bytes, 3 * kGiB);
-  // A pass needing a little less (under the slack) makes no trim: each waits for the device.
-  parts.device.set_job_pool(7 * kGiB, 7 * kGiB - 100 * kMiB);
-  parts.job_pool.forward_begins();
+  EXPECT_EQ(parts.core.stats.pool_fit_bytes, 8 * kGiB);
+  EXPECT_FALSE(parts.job_pool.next_look_ns().has_value());
+  // This forward grows the pool to 6 GiB by backward's start; backward and the optimizer to 12.
+  parts.device.set_job_pool(6 * kGiB, 6 * kGiB);
+  parts.job_pool.backward_begins();
+  parts.device.set_job_pool(12 * kGiB, 12 * kGiB);
+  parts.device.set_job_pool(12 * kGiB, 3 * kGiB);
+  parts.job_pool.forward_began_on(parts.job_stream);
+  parts.device.synchronize();
+  while (!parts.job_pool.fit_due()) std::this_thread::yield();
   parts.job_pool.fit(lock);
-  EXPECT_EQ(parts.device.job_pool_reserved(), 7 * kGiB);
-  EXPECT_EQ(parts.core.stats.pool_fits, 1u);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 6 * kGiB);  // forward's need, not what is in use
+  EXPECT_EQ(parts.core.stats.pool_fits, 2u);
+  // A reserve within the slack of the need is left alone: each trim waits for the device.
+  parts.device.set_job_pool(6 * kGiB, 6 * kGiB - 100 * kMiB);
+  parts.job_pool.backward_begins();
+  parts.device.set_job_pool(6 * kGiB, kGiB);
+  parts.job_pool.forward_began_on(parts.job_stream);
+  parts.device.synchronize();
+  while (!parts.job_pool.fit_due()) std::this_thread::yield();
+  parts.job_pool.fit(lock);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 6 * kGiB);
+  EXPECT_EQ(parts.core.stats.pool_fits, 2u);
+  EXPECT_EQ(parts.core.stats.pool_fit_looks, 3u);
   EXPECT_TRUE(parts.job_pool.idle());
 }
 
@@ -270,8 +292,9 @@ TEST(JobPool, WithoutTrimsThePoolIsNeverFitted) {
   Parts parts(options);
   parts.device.set_job_pool(10 * kGiB, 2 * kGiB);
   std::lock_guard<std::mutex> lock(parts.core.mutex);
-  parts.job_pool.forward_begins();
+  parts.job_pool.forward_began_on(parts.job_stream);
   EXPECT_FALSE(parts.job_pool.fit_due());
+  EXPECT_FALSE(parts.job_pool.next_look_ns().has_value());
 }
 
 TEST(AddressSpace, AMissMapsOnTheCallersThreadAndARetiredWindowServesTheNextOneWithoutAVmmCall) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <fstream>
@@ -1239,8 +1240,17 @@ TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
     Rig rig(options);
     Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
     rig.engine.quiesce();
+    if (trim) {
+      // The pool's fit at the forward's start (once the GPU got there) has looked, at an empty pool.
+      rig.device.synchronize();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (rig.engine.stats().pool_fit_looks == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_EQ(rig.engine.stats().pool_fit_looks, 1u);
+      EXPECT_EQ(rig.engine.stats().pool_fits, 0u);
+    }
     // The job's pool past its peak: 1 GiB reserved, 256 MiB of it in use (backward freed the rest).
-    // Set after the forward's start, where the pool's fit to its need would have trimmed it.
     rig.device.set_job_pool(kGiB, 256 * kMiB);
     const std::uint64_t at_backward = rig.device_used_as_mem_info_shows();
     const std::uint64_t peak = run_backward_sampling_peak(rig, forward, 4);
