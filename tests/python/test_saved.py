@@ -14,12 +14,14 @@ skipped where the extension is not built."""
 
 import ctypes
 import gc
+import os
+import subprocess
 import unittest
 import weakref
 from unittest import mock
 
 import helpers  # noqa: F401  (puts the package on sys.path)
-from helpers import PYTHON_DIR
+from helpers import PYTHON, PYTHON_DIR, SOURCE_DIR, clean_environment
 
 import torch
 
@@ -411,6 +413,21 @@ class InstallTest(unittest.TestCase):
     def test_torch_imported_without_the_library_installs_no_saved_tensor_hooks(self):
         actpage_hooks.on_torch_imported(torch)  # no libactpage.so here: python_hooks resolve to off
         self.assertIsNone(_saved.installed())
+
+
+@NEEDS_EXTENSION
+class BenchTest(unittest.TestCase):
+    def test_the_benchmark_runs_on_the_cpu(self):
+        # bench/python/saved_hooks_bench.py is run by hand on the GPU machine; here only that it runs
+        # and prints its table (CPU tensors: the sink is skipped, the figures mean nothing).
+        script = os.path.join(SOURCE_DIR, "bench", "python", "saved_hooks_bench.py")
+        result = subprocess.run([PYTHON, script, "--device", "cpu", "--ops", "20", "--reps", "2", "--warmup", "0",
+                                 "--python-dir", PYTHON_DIR], capture_output=True, text=True, timeout=120,
+                                env=clean_environment())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for line in ("package: " + os.path.join(PYTHON_DIR, "actpage_hooks"), "\nnone ", "\npython ", "\nc ",
+                     "C hooks against Python hooks"):
+            self.assertIn(line, result.stdout)
 
 
 if __name__ == "__main__":
