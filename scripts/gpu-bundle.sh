@@ -17,16 +17,20 @@ cp "$build/bin/actpage" "$stage/bin/"
 cp "$build/lib/libactpage.so" "$stage/lib/"
 mkdir -p "$stage/python"
 cp -r "$root/python/actpage_hooks" "$root/python/sitecustomize.py" "$stage/python/"
-# The package's C forward (abi3: loads in the GPU machine's Python whatever its minor version).
-fastrange=$build/python/actpage_hooks/_fastrange.abi3.so
-[[ -f $fastrange ]] || { echo "gpu-bundle: $fastrange was not built (Python headers missing?)" >&2; exit 1; }
-cp "$fastrange" "$stage/python/actpage_hooks/"
+# The package's C forward and saved-tensor hooks (abi3: load in the GPU machine's Python whatever its
+# minor version).
+extensions=(_fastrange.abi3.so _fastsaved.abi3.so)
+for extension in "${extensions[@]}"; do
+  [[ -f $build/python/actpage_hooks/$extension ]] ||
+    { echo "gpu-bundle: $build/python/actpage_hooks/$extension was not built (Python headers missing?)" >&2; exit 1; }
+  cp "$build/python/actpage_hooks/$extension" "$stage/python/actpage_hooks/"
+done
 for test in device_gpu_test gpu_hooks_test actpage_gpu_hooks_program vmm_sync_probe; do
   cp "$build/bin/$test" "$stage/tests/"
 done
-strip --strip-unneeded "$stage/bin/actpage" "$stage/lib/libactpage.so" "$stage"/tests/* "$stage/python/actpage_hooks/_fastrange.abi3.so"
+strip --strip-unneeded "$stage/bin/actpage" "$stage/lib/libactpage.so" "$stage"/tests/* "$stage"/python/actpage_hooks/*.abi3.so
 for binary in "$stage/bin/actpage" "$stage/lib/libactpage.so" "$stage/tests/device_gpu_test" "$stage/tests/gpu_hooks_test" \
-              "$stage/python/actpage_hooks/_fastrange.abi3.so"; do
+              "$stage"/python/actpage_hooks/*.abi3.so; do
   if readelf -d "$binary" | grep NEEDED | grep -E -q "spdlog|fmt|benchmark|gtest"; then
     echo "gpu-bundle: $binary needs a library the GPU machine lacks:" >&2
     readelf -d "$binary" | grep NEEDED >&2

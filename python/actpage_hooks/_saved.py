@@ -28,21 +28,39 @@ The hooks are torch's default saved-tensor hooks, pushed on the thread that impo
 bottom of that thread's stack): a job's own hooks (save_on_cpu, non-reentrant checkpointing) take
 precedence inside their regions, as they should (what they save does not stay on the device).
 Every hook body is wrapped: a failure is reported once and the tensor goes through untouched.
+
+Pack and unpack run for every saved tensor, and in Python (frames, ctypes calls that convert their
+arguments and drop the GIL) they cost ~15 us each on the H100 machine. So where the package's
+extension actpage_hooks._fastsaved (python/ext/fastsaved.cpp) is built, SavedTensorHooks
+gives torch its C pack and unpack instead, which do the same (same tuple, same checks, same error
+text, same once-only reports) with no Python frame and call the library's functions directly, by
+the addresses ctypes resolved once. The Python methods below stay the reference and the fallback
+(fast=False, or no extension); tests/python/test_saved.py runs the same tests over both.
 """
 
 import threading
 
 from . import _log
 
+try:
+    from . import _fastsaved  # built from python/ext/fastsaved.cpp where Python's headers were found
+except ImportError:
+    _fastsaved = None
+
 _lock = threading.Lock()
 _installed = None
 
 
+def _storage_method(torch):
+    """The name of the tensor method giving its storage (the allocation), for this torch."""
+    return "untyped_storage" if hasattr(torch.Tensor, "untyped_storage") else "storage"  # torch < 2.0
+
+
 def _storage_address_function(torch):
     """tensor -> the address of its storage (the allocation), for this torch."""
-    if hasattr(torch.Tensor, "untyped_storage"):
+    if _storage_method(torch) == "untyped_storage":
         return lambda tensor: tensor.untyped_storage().data_ptr()
-    return lambda tensor: tensor.storage().data_ptr()  # torch < 2.0
+    return lambda tensor: tensor.storage().data_ptr()
 
 
 def _current_stream_function(torch):
@@ -53,16 +71,27 @@ def _current_stream_function(torch):
     return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
+def _warn(key, error):
+    """How the C hooks report a failure: as the Python ones do."""
+    _log.warn_once(key, "saved-tensor hook: %r" % (error,))
+
+
 class LibrarySink:
     """The library's entry points (include/actpage/c_api.h), or None from `find()` without them.
-    A sink may leave out `installed` (tests): it is then taken to want the hooks."""
+    A sink may leave out `installed` (tests): it is then taken to want the hooks. `addresses`, when
+    not None, are those of C functions doing what saved, unpacking and wait do (the library's, as
+    ctypes found them): the C hooks call them directly; without, they call the three methods."""
 
-    def __init__(self, saved, unpacking, wait, installed=None):
+    addresses = None
+
+    def __init__(self, saved, unpacking, wait, installed=None, addresses=None):
         self.saved = saved
         self.unpacking = unpacking
         self.wait = wait
         if installed is not None:
             self.installed = installed
+        if addresses is not None:
+            self.addresses = tuple(addresses)
 
     @classmethod
     def find(cls):
@@ -76,31 +105,67 @@ class LibrarySink:
         wait = _mode._process_symbol("actpage_tensor_wait", None, [ctypes.c_ulonglong, ctypes.c_ulonglong])
         if installed is None or saved is None or unpacking is None or wait is None:
             return None
-        return cls(saved, unpacking, wait, installed)
+        addresses = [ctypes.cast(function, ctypes.c_void_p).value for function in (saved, unpacking, wait)]
+        return cls(saved, unpacking, wait, installed, addresses)
 
 
 class SavedTensorHooks:
-    """The pack and unpack hooks over a sink; install() pushes them as torch's default hooks."""
+    """The pack and unpack hooks over a sink; install() pushes them as torch's default hooks.
 
-    def __init__(self, sink, torch_module=None):
+    fast: the module of the C hooks (default: _fastsaved where built), or False for the Python ones.
+    current_stream: device index -> raw stream handle (default: this torch's current stream)."""
+
+    def __init__(self, sink, torch_module=None, fast=None, current_stream=None):
         if torch_module is None:
             import torch as torch_module
         self._torch = torch_module
         self._sink = sink
         self._address = _storage_address_function(torch_module)
-        self._stream = _current_stream_function(torch_module)
+        self._stream = current_stream if current_stream is not None else _current_stream_function(torch_module)
         self._pushed = False
-        self.saved_count = 0
-        self.waits = 0
+        self._saved_count = 0
+        self._waits = 0
+        self._fast = None
+        fast = _fastsaved if fast is None else fast
+        if fast:
+            self._fast = self._fast_hooks(fast, sink, _storage_method(torch_module))
+        if self._fast is not None:  # what install() pushes and callers call: the C methods
+            self.pack = self._fast.pack
+            self.unpack = self._fast.unpack
+
+    def _fast_hooks(self, fast, sink, storage):
+        """The C hooks over `sink`: its C functions when it has them, else its methods."""
+        addresses = getattr(sink, "addresses", None)
+        functions = tuple(addresses) if addresses is not None else (sink.saved, sink.unpacking, sink.wait)
+        try:
+            return fast.Hooks(*functions, current_stream=self._stream, warn=_warn, storage=storage, keep=sink)
+        except Exception as error:  # an extension of another version: the Python hooks do
+            _log.warn_once("saved-fast", "saved-tensor hooks: the C hooks are unavailable (%r)" % (error,))
+            return None
+
+    @property
+    def fast(self):
+        """Whether torch gets the C hooks."""
+        return self._fast is not None
+
+    @property
+    def saved_count(self):
+        """CUDA tensors told to the sink."""
+        return self._fast.counters()[0] if self._fast is not None else self._saved_count
+
+    @property
+    def waits(self):
+        """Unpacks that waited for a reload."""
+        return self._fast.counters()[1] if self._fast is not None else self._waits
 
     def pack(self, tensor):
         ours = False
         try:
             if tensor.is_cuda:
                 ours = bool(self._sink.saved(self._address(tensor)))
-                self.saved_count += 1
+                self._saved_count += 1
         except Exception as error:
-            _log.warn_once("saved-pack", "saved-tensor hook: %r" % (error,))
+            _warn("saved-pack", error)
         return tensor.detach(), tensor._version, ours
 
     def unpack(self, packed):
@@ -116,9 +181,9 @@ class SavedTensorHooks:
                 address = self._address(tensor)
                 if self._sink.unpacking(address):
                     self._sink.wait(address, self._stream(tensor.device.index))
-                    self.waits += 1
+                    self._waits += 1
         except Exception as error:
-            _log.warn_once("saved-unpack", "saved-tensor hook: %r" % (error,))
+            _warn("saved-unpack", error)
         return tensor
 
     def install(self):

@@ -5,8 +5,9 @@ set(ACTPAGE_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
   "Python interpreter with torch (Debian's python3-torch) for the python tests")
 
 # The tests import the package from the build tree (<build>/python: the copied sources and the C
-# forward, actpage_hooks._fastrange, where it was built). test_fastrange's end-to-end check also
-# runs a job under libactpage.so with the fake CUDA libraries of tests/integration/preload.
+# forward and saved-tensor hooks, actpage_hooks._fastrange and ._fastsaved, where they were built).
+# test_fastrange's end-to-end check also runs a job under libactpage.so with the fake CUDA libraries
+# of tests/integration/preload.
 set(ACTPAGE_TEST_FAKE_CUDA_PATH "")
 if(TARGET actpage_fake_cuda AND TARGET actpage_fake_cudart)
   set(ACTPAGE_TEST_FAKE_CUDA_PATH "$<TARGET_FILE_DIR:actpage_fake_cuda>:$<TARGET_FILE_DIR:actpage_fake_cudart>")
@@ -20,7 +21,7 @@ set(actpage_python_test_env
   "ACTPAGE_TEST_CLI=$<TARGET_FILE:actpage>"
   "ACTPAGE_TEST_FAKE_CUDA_PATH=${ACTPAGE_TEST_FAKE_CUDA_PATH}")
 
-foreach(test_name hooks sitecustomize fingerprint examples compare_runs thread_stats bench plan_compare micro_batches distributed fastrange
+foreach(test_name hooks saved sitecustomize fingerprint examples compare_runs thread_stats bench plan_compare micro_batches distributed fastrange
     copy_timeline peak_holders check_skips zoo zoo_models zoo_loops)
   add_test(NAME python.${test_name}
     COMMAND "${ACTPAGE_TEST_PYTHON}" -m unittest -v test_${test_name}
