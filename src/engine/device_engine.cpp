@@ -1,5 +1,7 @@
 #include "engine/device_engine.hpp"
 
+#include "engine/pages_off_device.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -41,6 +43,9 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       saved_(parts_),
       clock_(parts_, options_.clock) {
   turns_.set_next([this] { return next_turn(); });
+  core_.describe_pages_off_device = [this] {
+    return engine::describe_pages_off_device(groups_, options_.groups.release_after, options_.stray_access);
+  };
 }
 
 DeviceEngine::~DeviceEngine() { shutdown(); }

@@ -60,10 +60,11 @@ void EngineCore::lose_context(const char* what, const Status& status) {
   // fails where it would fail without actpage instead of hanging.
   context_lost = true;
   stopping = true;
+  const std::string pages = describe_pages_off_device ? describe_pages_off_device() : std::string();
   ACTPAGE_LOG_ERROR("{} failed: {}. The CUDA context is lost (a sticky error: something on the device touched memory "
-                    "it must not, or a kernel failed); {} of activations offloaded by actpage cannot come back. "
+                    "it must not, or a kernel failed); {} of activations offloaded by actpage cannot come back{}{}. "
                     "actpage stops paging; the job's next CUDA call reports the error",
-                    what, status.message(), format_bytes(stats.offloaded_bytes_now));
+                    what, status.message(), format_bytes(stats.offloaded_bytes_now), pages.empty() ? "" : "; ", pages);
   wake_everyone();
 }
 

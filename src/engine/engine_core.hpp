@@ -19,8 +19,10 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "actpage/device.hpp"
@@ -76,6 +78,9 @@ class EngineCore {
 
   EngineStats stats;
   std::atomic<std::uint64_t> job_thread_ns{0};  // added without the lock (Engine's timers)
+  // What a lost context's message says of the pages off the device (pages_off_device.hpp), set by
+  // the device engine; called with the lock held. Empty: nothing said.
+  std::function<std::string()> describe_pages_off_device;
 
  private:
   // A sticky CUDA error: stop as shutdown does, so that no wait outlives it.

@@ -519,6 +519,15 @@ TEST(EngineFault, TheContextIsLostWithActivationsOffTheDeviceNothingWaitsForever
   rig.engine.quiesce();
   EXPECT_GE(rig.engine.stats().failures, 1u);
   EXPECT_EQ(log.count("The CUDA context is lost"), 1u) << log.text();
+  // It names what was off the device, the rule that released it and what its addresses held: a
+  // stray access to one of them is the likeliest cause, and the user must know what to drop.
+  EXPECT_EQ(log.count("pages actpage had taken off the device then, their addresses unmapped (stray_access fault)"), 1u)
+      << log.text();
+  EXPECT_EQ(log.count("model.layers.0.mlp, released at the end of model.layers.0 (release_after enclosing_range): 2 "
+                      "allocations, 6 MiB"),
+            1u)
+      << log.text();
+  EXPECT_EQ(log.count("actpage validate"), 1u) << log.text();
   // After it, the engine takes nothing more: a forward neither offloads nor waits.
   const EngineStats before = rig.engine.stats();
   rig.forward(2, 2, 3 * kMiB);
