@@ -65,7 +65,10 @@ std::string layer_list(const std::vector<std::string>& names) {
 }
 
 void AutoSelect::start(bool serialized) {
-  if (!options_.on || serialized) return;
+  // A replay (serialized) runs no auto mode: its job streams run no kernels to time, and a thread
+  // of copies outside the turns would make its device calls depend on timing.
+  if (serialized) on_ = false;
+  if (!on_) return;
   if (injected_.d2h_bytes_per_s > 0) {
     link_bytes_per_s_ = injected_.d2h_bytes_per_s;
     link_measured_ = true;
@@ -138,7 +141,7 @@ void AutoSelect::measure_link() {
 
 AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id thread,
                                           std::unique_lock<std::mutex>& lock) {
-  if (!options_.on) return Push::ignored;
+  if (!on_) return Push::decided;  // nothing to decide here: Engine stops asking
   switch (phase_) {
     case Phase::waiting:
       if (!parts_.saved.installed()) {
@@ -205,7 +208,7 @@ void AutoSelect::tensor_saved(DevPtr address) {
 }
 
 void AutoSelect::backward_begins(std::uint64_t marker) {
-  if (!options_.on) return;
+  if (!on_) return;
   if (phase_ == Phase::forward) {
     phase_ = Phase::backward;
     backward_marker_ = marker;
@@ -282,7 +285,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
 }
 
 void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock) {
-  if (!options_.on || marker == 0) return;
+  if (!on_ || marker == 0) return;
   EngineCore& core = parts_.core;
   if (marker == pass_start_marker_) forward_start_ns_ = now_ns;
   if (marker == backward_marker_ && forward_start_ns_ != 0 && forward_gpu_ns_ == 0) {

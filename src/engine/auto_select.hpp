@@ -68,7 +68,7 @@ class AutoSelect {
   static constexpr std::size_t kMeasureBytes = std::size_t{64} << 20;
 
   AutoSelect(EngineParts& parts, AutoOptions options, const Options& all_options)
-      : parts_(parts), options_(options), matcher_(all_options) {}
+      : parts_(parts), options_(options), matcher_(all_options), on_(options.on) {}
 
   // Before start(): the rate and forward time to use instead of measuring them.
   void set_measurements(const AutoMeasurements& measurements) { injected_ = measurements; }
@@ -76,11 +76,11 @@ class AutoSelect {
   // serialized: a replay runs no auto mode). stop(): joins the measuring thread.
   void start(bool serialized);
   void stop();
-  bool on() const { return options_.on; }
+  bool on() const { return on_; }
 
   enum class Push { ignored, observing, decided };
   // A layer range pushed on `thread`. `decided` with chosen() filled when this push made the
-  // decision (pass 2 begins), and also when auto mode ends here with nothing (no hooks).
+  // decision (pass 2 begins), and also when auto mode ends here with nothing (no hooks, or off).
   Push layer_pushed(ranges::PathId node, std::thread::id thread, std::unique_lock<std::mutex>& lock);
   // The job's allocator served an allocation under `path` at `ptr` (pass 1).
   void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread);
@@ -114,6 +114,7 @@ class AutoSelect {
   const AutoOptions options_;
   const policy::ModuleMatcher matcher_;
   AutoMeasurements injected_;
+  bool on_;  // options_.on, but never serialized
   std::thread measuring_;
 
   Phase phase_ = Phase::waiting;

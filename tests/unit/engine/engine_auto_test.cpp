@@ -260,6 +260,37 @@ TEST(AutoMode, AnExplicitPolicyIsNotObserved) {
   expect_every_read_right(rig);
 }
 
+TEST(AutoMode, AReplayRunsNoAutoMode) {
+  // Serialized (actpage replay): no kernels to time and no thread outside the turns.
+  Options options = auto_options();
+  device::SimDevice device(sim_config());
+  Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
+  engine.set_serialized(true);
+  engine.set_wait_for_host_memory(true);
+  ranges::set_listener(&engine);
+  {
+    const StreamHandle stream = *device.create_stream(0);
+    testing::SimJob job(device, engine, stream);
+    EXPECT_TRUE(engine.saved_tensor_hooks_installed());
+    for (int pass = 0; pass < 2; ++pass) {
+      job.push("model.layers.0");
+      const Tensor tensor = job.allocate(kBytes);
+      engine.tensor_saved(tensor.va);
+      job.pop();
+      job.push("model.layers.1");
+      job.pop();
+      job.marker("model.layers.0.backward");
+      job.free(tensor);
+    }
+    EXPECT_FALSE(engine.wants_pass_through_addresses());
+    EXPECT_EQ(engine.stats().allocations_served, 0u);
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device.synchronize();
+    (void)device.destroy_stream(stream);
+  }
+}
+
 TEST(AutoMode, OffWhenTheGoalIsOff) {
   Options options = auto_options();
   options.auto_goal = AutoGoal::off;
