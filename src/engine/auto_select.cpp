@@ -259,8 +259,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   saved_bytes_.clear();
   std::uint64_t observed = 0;
   for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
-  const std::string budget = format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) + " x " +
-                             format_ms(forward_gpu_ns_) + " x " + std::to_string(inputs.margin).substr(0, 3);
+  const std::string budget = budget_text();
   if (chosen_names_.empty()) {
     ACTPAGE_LOG_INFO("device {}: auto mode (near-free) pages nothing: {} ({} layers saved {}; link budget {})",
                      core.device.ordinal(), choice.why_none, inputs.layers.size(), format_bytes(observed), budget);
@@ -278,7 +277,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   parts_.groups.paging_begins();
   // Pinned memory for what will leave, in the background, before the first offload asks for it
   // (a quarter more: each allocation's block is rounded, and copies overlap their reloads).
-  if (core.host_pool) core.host_pool->grow_to(chosen_bytes_ + chosen_bytes_ / 4);
+  host_target_bytes_ = chosen_bytes_ + chosen_bytes_ / 4;
+  if (core.host_pool) core.host_pool->grow_to(host_target_bytes_);
   // Pass 1's peak reserve stays in the job's pool (PyTorch never lets it shrink): trimmed by what
   // leaves from now on, once the GPU is here (pass 1's frees have run by then).
   if (stream_ && parts_.job_pool.trims()) trim_marker_ = parts_.clock.mark(*stream_, false, /*point=*/true);
@@ -318,6 +318,13 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   }
 }
 
+std::string AutoSelect::budget_text() const {
+  char margin[16];
+  std::snprintf(margin, sizeof margin, "%.2g", kNearFreeMargin);
+  return format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) + " x " + format_ms(forward_gpu_ns_) +
+         " x " + margin;
+}
+
 void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_layers_chosen = chosen_names_.size();
   stats.auto_bytes_chosen = chosen_bytes_;
@@ -332,11 +339,10 @@ std::optional<std::string> AutoSelect::summary() const {
   if (!decided_) return std::nullopt;
   std::string line = "auto (near-free): ";
   if (chosen_names_.empty()) {
-    line += "paged nothing (link budget " + format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) +
-            " x " + format_ms(forward_gpu_ns_) + ")";
+    line += "paged nothing (link budget " + budget_text() + ")";
   } else {
     line += "paged " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
-            format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) + " x " + format_ms(forward_gpu_ns_) + ")";
+            budget_text() + ")";
   }
   if (used_unpaged_ != 0) {
     line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (pass 1)";

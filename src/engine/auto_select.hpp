@@ -93,6 +93,9 @@ class AutoSelect {
 
   // The chosen layers' names, in forward order (empty until the decision, or when none).
   const std::vector<std::string>& chosen() const { return chosen_names_; }
+  // The pinned memory auto mode asked the host pool for (0: none): its first paged pass's misses
+  // are its own doing, not a preallocation the user could have known (DeviceEngine::advice()).
+  std::uint64_t host_target_bytes() const { return host_target_bytes_; }
   void add_stats(EngineStats& stats) const;
   // The end-of-run line; nullopt when auto mode never decided.
   std::optional<std::string> summary() const;
@@ -108,6 +111,8 @@ class AutoSelect {
   void measure_link();
   void decide(std::unique_lock<std::mutex>& lock);
   bool protected_by_rule(ranges::PathId layer) const;
+  // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people.
+  std::string budget_text() const;
   void forget_observation();
 
   EngineParts& parts_;
@@ -139,6 +144,7 @@ class AutoSelect {
   std::uint64_t chosen_bytes_ = 0;
   std::uint64_t budget_bytes_ = 0;
   bool decided_ = false;
+  std::uint64_t host_target_bytes_ = 0;
 
   // Device memory in use at each backward's start, by pass.
   std::uint64_t pass_ = 0;  // the pass now running

@@ -356,6 +356,11 @@ std::optional<std::string> DeviceEngine::advice() const {
   const hostpool::HostPoolStats pool = core_.host_pool->stats();
   const std::uint64_t prealloc = options_.host_pool.prealloc_bytes;
   if (pool.budget_exhausted || pool.slab_bytes <= prealloc) return std::nullopt;
+  // Auto mode asked for what it chose itself, at its decision: the user could not have known it.
+  if (auto_.host_target_bytes() != 0 &&
+      pool.slab_bytes <= std::max(prealloc, auto_.host_target_bytes()) + options_.host_pool.slab_bytes) {
+    return std::nullopt;
+  }
   const std::string suggested = policy::format_size(pool.slab_bytes);  // as a policy file takes it
   return "device " + std::to_string(core_.device.ordinal()) + ": " + std::to_string(core_.stats.host_pool_misses) +
          " offload(s) found no pinned host memory ready and their activations stayed on the device: the host pool "

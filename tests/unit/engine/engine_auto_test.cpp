@@ -5,6 +5,7 @@
 // checked, with the residual pattern: a layer's output is saved by the next layer.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,9 +100,12 @@ class LayerJob {
     job_.pop();
   }
 
-  // Backward on autograd's thread: each layer's marker, then the unpacks of what it saved.
-  void backward() {
+  // Backward on autograd's thread: the model's marker, each layer's marker, then the unpacks of
+  // what it saved. `after_model_marker` runs right after the model's marker, before any layer's.
+  void backward(const std::function<void()>& after_model_marker = {}) {
     std::thread autograd([&] {
+      job_.marker("model.backward");
+      if (after_model_marker) after_model_marker();
       read(outputs_.back());
       for (int layer = kLayers; layer-- > 0;) {
         job_.marker("model.layers." + std::to_string(layer) + ".backward");
@@ -115,11 +119,11 @@ class LayerJob {
     job_.free(embedding_);
   }
 
-  void pass(bool settle_before_backward = true) {
+  void pass(bool settle_before_backward = true, const std::function<void()>& after_model_marker = {}) {
     owned_.clear();
     forward();
     if (settle_before_backward) rig_.engine.quiesce();  // every copy out before backward asks
-    backward();
+    backward(after_model_marker);
     rig_.engine.quiesce();
   }
 
@@ -186,6 +190,26 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_NE(summary[0].find("auto (near-free): paged model.layers.0-2 (12 MiB a pass"), std::string::npos)
       << summary[0];
+}
+
+TEST(AutoMode, TheModelsBackwardMarkerAsksForNoLayer) {
+  // The chosen layers' groups are asked for by their own markers: the model's, which comes first,
+  // would bring every layer back at backward's start, at the peak.
+  Rig rig(auto_options(), budget_of(14 * kMiB));
+  LayerJob job(rig);
+  job.pass();
+  std::uint64_t reloads_at_model_marker = 0;
+  std::uint64_t offloads_before_backward = 0;
+  job.pass(/*settle_before_backward=*/true, [&] {
+    rig.engine.quiesce();
+    const EngineStats stats = rig.engine.stats();
+    reloads_at_model_marker = stats.reloads_completed;
+    offloads_before_backward = stats.offloads_completed;
+  });
+  EXPECT_EQ(offloads_before_backward, 6u);
+  EXPECT_EQ(reloads_at_model_marker, 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 6u);
+  expect_every_read_right(rig);
 }
 
 TEST(AutoMode, CopiesStillRunningWhenBackwardComesReadRight) {
