@@ -209,12 +209,13 @@ void AutoSelect::tensor_saved(DevPtr address) {
 
 void AutoSelect::backward_begins(std::uint64_t marker) {
   if (!on_) return;
+  // A marker not recorded (0: a captured stream, a failed record) is never reached: no figure.
   if (phase_ == Phase::forward) {
     phase_ = Phase::backward;
     backward_marker_ = marker;
-    backward_markers_.emplace_back(marker, pass_);
+    if (marker != 0) backward_markers_.emplace_back(marker, pass_);
   } else if (phase_ == Phase::paging) {
-    backward_markers_.emplace_back(marker, pass_);
+    if (marker != 0) backward_markers_.emplace_back(marker, pass_);
     ++pass_;  // the next forward
   }
 }
@@ -260,16 +261,21 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   std::uint64_t observed = 0;
   for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
   const std::string budget = budget_text();
+  std::string line = "auto mode (near-free) on device " + std::to_string(core.device.ordinal());
   if (chosen_names_.empty()) {
-    ACTPAGE_LOG_INFO("device {}: auto mode (near-free) pages nothing: {} ({} layers saved {}; link budget {})",
-                     core.device.ordinal(), choice.why_none, inputs.layers.size(), format_bytes(observed), budget);
+    line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
+            format_bytes(observed) + "; link budget " + budget + ")";
+  } else {
+    line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
+            " layers from pass 2 on: " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) +
+            " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
+  }
+  ACTPAGE_LOG_INFO("{}", line);
+  core.events.message(line);  // `actpage dump` shows it with the run's other messages
+  if (chosen_names_.empty()) {
     phase_ = Phase::done;
     return;
   }
-  ACTPAGE_LOG_INFO("device {}: auto mode (near-free) pages {} of {} layers from pass 2 on: {} ({} a pass of {} saved; "
-                   "link budget {})",
-                   core.device.ordinal(), chosen_names_.size(), inputs.layers.size(), layer_list(chosen_names_),
-                   format_bytes(chosen_bytes_), format_bytes(observed), budget);
   phase_ = Phase::paging;
   pass_ = 2;
   first_paged_pass_ = 2;

@@ -13,7 +13,8 @@
 //   backward marker), a candidate on another thread is a recomputation (left to the job), one on the
 //   forward thread starts a new iteration.
 // - A backward marker asks for the groups whose selected range, its parent or its layer the marker
-//   names (of that forward pass when the marker says which).
+//   names (of that forward pass when the marker says which); a selected range that is a layer itself
+//   (auto mode) is asked for by its own marker only, not its parent's (the whole model's).
 // - The drains: drains_at() and backward_drain_due() answer without the lock (atomics); everything
 //   else with the engine's lock held.
 #pragma once
