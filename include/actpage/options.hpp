@@ -23,6 +23,7 @@ enum class PythonHooksScope { blocks, all };
 enum class PythonHooksBackward { layers, hooked, none, automatic };
 enum class PythonHooksCall { hooks, wrap };
 enum class LogLevel { trace, debug, info, warn, error, off };
+enum class AutoGoal { near_free, off };
 
 // One entry of "modules": which ranges' activations are offloaded.
 struct ModuleRule {
@@ -40,6 +41,17 @@ struct Options {
   // The defaults of option_list.def (the constructor leaves fields value-initialised; use this).
   static Options defaults();
 };
+
+// Auto mode (docs/engine.md, "Auto mode"): the engine chooses the layers to page itself. It runs
+// when actpage pages (enabled, mode offload), the goal is near_free, and no module rule selects a
+// module ("offload": false rules only protect what they match).
+inline bool auto_mode(const Options& options) {
+  if (!options.enabled || options.mode != Mode::offload || options.auto_goal != AutoGoal::near_free) return false;
+  for (const ModuleRule& rule : options.modules) {
+    if (rule.offload) return false;
+  }
+  return true;
+}
 
 // By this date each experimental option becomes stable, becomes a constant in the code, or goes.
 inline constexpr std::string_view kExperimentalDecideBy = "2026-12-15";

@@ -11,6 +11,9 @@
 //   (synchronous frees pass stream 0 and synchronous = true).
 // - The saved-tensor calls (include/actpage/c_api.h) are no-ops by default and for any address the
 //   handler does not own; tensor_unpacking() then answers false.
+// - wants_pass_through_addresses() is one atomic load. While it answers true (auto mode observing
+//   its first pass), the hooks call passed_through() after a per-tensor allocation that try_allocate()
+//   left to the job's allocator succeeded, and tensor_saved() for addresses the handler does not own.
 #pragma once
 
 #include <cstddef>
@@ -48,11 +51,18 @@ class AllocationHandler {
   virtual bool tensor_unpacking(DevPtr /*address*/) noexcept { return false; }
   // Makes `stream` wait until the allocation at `address` is back.
   virtual void tensor_wait(DevPtr /*address*/, StreamHandle /*stream*/) noexcept {}
+  // Whether passed_through() and tensor_saved() of addresses not owned are wanted now.
+  virtual bool wants_pass_through_addresses() const noexcept { return false; }
+  // The job's allocator served `request` (left to it by try_allocate()) at `ptr`.
+  virtual void passed_through(const AllocRequest& /*request*/, DevPtr /*ptr*/) noexcept {}
   // A one-line account of what the handler did (JSON), for the end-of-run report; may be empty.
   virtual std::string report() const { return {}; }
   // What the user could change, from what the run showed: one sentence each, naming the option and
   // the value to set (logged as warnings at the end of the run). Empty when nothing is to be said.
   virtual std::vector<std::string> advice() const { return {}; }
+  // What the handler chose by itself and what it gave, one line each (logged as warnings at the end
+  // of the run, so that they show at the default log level). Empty when nothing is to be said.
+  virtual std::vector<std::string> summary() const { return {}; }
 };
 
 }  // namespace actpage::engine

@@ -31,7 +31,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, clock_},
+      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, clock_, auto_},
       allocations_(parts_),
       groups_(parts_, options_.groups),
       space_(parts_, options_.space),
@@ -41,7 +41,8 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       pages_(parts_, options_.pages),
       job_pool_(parts_, options_.job_pool),
       saved_(parts_),
-      clock_(parts_, options_.clock) {
+      clock_(parts_, options_.clock),
+      auto_(parts_, options_.auto_select, options) {
   turns_.set_next([this] { return next_turn(); });
   core_.describe_pages_off_device = [this] {
     return engine::describe_pages_off_device(groups_, options_.groups.release_after, options_.stray_access);
@@ -91,6 +92,7 @@ Status DeviceEngine::start() {
       clock_.run();
     });
   }
+  auto_.start(turns_.serialized());
   if (EngineEvents::tracing() && options_.front.trace_sample_ms > 0) {
     sampler_thread_ = std::thread([this] {
       name_this_thread("actpage-sample");
@@ -108,6 +110,7 @@ void DeviceEngine::shutdown() {
     core_.shut_down = true;
     lost = core_.context_lost;  // nothing to wait for: the workers already stopped, or are stopping
   }
+  auto_.stop();  // the link's measurement ends by itself, in milliseconds
   if (!lost) quiesce();
   {
     std::lock_guard<std::mutex> lock(core_.mutex);
@@ -236,6 +239,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   std::uint64_t first_position = 0;
   std::vector<Group*> asked = groups_.asked_for(module_name, forward_pass, first_position);
   const std::uint64_t marker = clock_.mark(stream_of(asked), backward_begins);
+  if (backward_begins) auto_.backward_begins(marker);
   if (asked.empty()) return;
   // The reload gate: in a GPU-bound job this marker comes while the GPU is far behind it (still in
   // forward, at first). Its reloads wait until the GPU is near enough that they fit ahead of it.
@@ -290,6 +294,42 @@ void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
   saved_.wait(address, stream, lock);
 }
 
+AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return AutoSelect::Push::ignored;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  return auto_.layer_pushed(node, std::this_thread::get_id(), lock);
+}
+
+void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  auto_.allocation_passed(path, bytes, stream, ptr, std::this_thread::get_id());
+}
+
+void DeviceEngine::auto_tensor_saved(DevPtr address) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
+  auto_.tensor_saved(address);
+}
+
+std::vector<std::string> DeviceEngine::auto_chosen() const {
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  return auto_.chosen();
+}
+
+std::optional<std::string> DeviceEngine::auto_summary() const {
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  auto line = auto_.summary();
+  if (line && core_.device.ordinal() != 0) *line = "device " + std::to_string(core_.device.ordinal()) + ": " + *line;
+  return line;
+}
+
 void DeviceEngine::quiesce() {
   std::unique_lock<std::mutex> lock(core_.mutex);
   // Pages ready to be given back go now, and a prefetch held back for the job's pool goes.
@@ -309,6 +349,7 @@ EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(core_.mutex);
   EngineStats stats = core_.stats;
   stats.job_thread_ns = core_.job_thread_ns.load(std::memory_order_relaxed);
+  auto_.add_stats(stats);
   if (core_.host_pool) {
     const hostpool::HostPoolStats pool = core_.host_pool->stats();
     stats.host_pinned_bytes = pool.slab_bytes;
@@ -323,6 +364,11 @@ std::optional<std::string> DeviceEngine::advice() const {
   const hostpool::HostPoolStats pool = core_.host_pool->stats();
   const std::uint64_t prealloc = options_.host_pool.prealloc_bytes;
   if (pool.budget_exhausted || pool.slab_bytes <= prealloc) return std::nullopt;
+  // Auto mode asked for what it chose itself, at its decision: the user could not have known it.
+  if (auto_.host_target_bytes() != 0 &&
+      pool.slab_bytes <= std::max(prealloc, auto_.host_target_bytes()) + options_.host_pool.slab_bytes) {
+    return std::nullopt;
+  }
   const std::string suggested = policy::format_size(pool.slab_bytes);  // as a policy file takes it
   return "device " + std::to_string(core_.device.ordinal()) + ": " + std::to_string(core_.stats.host_pool_misses) +
          " offload(s) found no pinned host memory ready and their activations stayed on the device: the host pool "

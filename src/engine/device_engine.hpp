@@ -8,7 +8,8 @@
 // (the copies back, on the reload and reload completion workers), PageReturn (unmaps, recycling,
 // the prefill, on the VMM worker), JobPool (the adaptor over the job's own pool), SafetyModes
 // (stray_access), SavedTensors (what the saved-tensor hooks say), GpuClock (how far the GPU has got
-// in backward, and the reload gate, on the GPU clock's worker), and the pinned host pool. The job's
+// in backward, and the reload gate, on the GPU clock's worker), AutoSelect (auto mode: what the
+// first pass showed, the layers chosen), and the pinned host pool. The job's
 // threads call allocate()/free() and the range events, which this front hands on; they only ever
 // make short asynchronous calls (event record, stream wait), except on a cache miss and in the waits
 // the options ask for.
@@ -36,6 +37,7 @@
 #include "actpage/options.hpp"
 #include "engine/address_space.hpp"
 #include "engine/allocation_table.hpp"
+#include "engine/auto_select.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/engine_options.hpp"
 #include "engine/engine_parts.hpp"
@@ -86,6 +88,17 @@ class DeviceEngine {
   void tensor_wait(DevPtr address, StreamHandle stream);
   // Whether a saved allocation waits for a range's end (on_pop has work). Without the engine's lock.
   bool has_moved_release_points() const noexcept { return saved_.has_moved_release_points(); }
+
+  // Auto mode (AutoSelect): a layer range pushed; an allocation the job's allocator served at `ptr`
+  // while observing; a pack of an address none of ours; the chosen layers once decided.
+  AutoSelect::Push auto_layer_pushed(ranges::PathId node);
+  void auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr);
+  void auto_tensor_saved(DevPtr address);
+  std::vector<std::string> auto_chosen() const;
+  // Before start(): the link's rate and the forward's GPU time to use instead of measuring them.
+  void set_auto_measurements(const AutoMeasurements& measurements) { auto_.set_measurements(measurements); }
+  // Auto mode's end-of-run line, or nullopt.
+  std::optional<std::string> auto_summary() const;
 
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
@@ -145,6 +158,7 @@ class DeviceEngine {
   JobPool job_pool_;
   SavedTensors saved_;
   GpuClock clock_;
+  AutoSelect auto_;
 
   std::thread offload_thread_;
   std::thread vmm_thread_;

@@ -11,7 +11,11 @@
 namespace actpage::engine {
 
 Engine::Engine(const Options& options, DeviceProvider devices)
-    : options_(options), provider_(std::move(devices)), classifier_(options_) {}
+    : options_(options),
+      provider_(std::move(devices)),
+      classifier_(options_),
+      classifier_now_(&classifier_),
+      auto_mode_(auto_mode(options_)) {}
 
 Engine::~Engine() { shutdown(); }
 
@@ -28,6 +32,7 @@ DeviceEngine* Engine::device_engine(int ordinal) {
     engine = std::make_unique<DeviceEngine>(**device, options_, classifier_);
     engine->set_wait_for_host_memory(wait_for_host_memory_);
     engine->set_serialized(serialized_);
+    engine->set_auto_measurements(auto_measurements_);
     if (saved_tensor_hooks_) engine->saved_tensor_hooks_installed();
     status = engine->start();
   }
@@ -76,7 +81,7 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
     JobThreadTimer timer(engine);
     engine->drain_at_backward_start();
   }
-  const NodeVerdict verdict = classifier_.classify(request.path);
+  const NodeVerdict verdict = classifier().classify(request.path);
   if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
   JobThreadTimer timer(engine);
   return engine->allocate(request.bytes, request.stream, verdict);
@@ -100,9 +105,10 @@ DeviceEngine* Engine::owner_of(DevPtr ptr) {
 bool Engine::saved_tensor_hooks_installed() noexcept {
   // A policy that selects no module offloads nothing: the hooks would cost every saved tensor a
   // call for nothing (a job under `actpage run` with no policy must run as it does alone).
+  // Auto mode chooses its layers by what autograd saves: it needs them.
   const bool selects_a_module = std::any_of(options_.modules.begin(), options_.modules.end(),
                                             [](const ModuleRule& rule) { return rule.offload; });
-  if (!selects_a_module) return false;
+  if (!selects_a_module && !auto_mode_) return false;
   std::lock_guard<std::mutex> lock(create_mutex_);
   saved_tensor_hooks_ = true;
   for_each_device([](DeviceEngine& engine) { engine.saved_tensor_hooks_installed(); });
@@ -111,7 +117,16 @@ bool Engine::saved_tensor_hooks_installed() noexcept {
 
 void Engine::tensor_saved(DevPtr address) noexcept {
   DeviceEngine* engine = owner_of(address);
-  if (engine == nullptr) return;
+  if (engine == nullptr) {
+    // Auto mode's first pass: what autograd saves of the job's own allocations.
+    if (wants_pass_through_addresses()) {
+      if (DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire)) {
+        JobThreadTimer timer(observer);
+        observer->auto_tensor_saved(address);
+      }
+    }
+    return;
+  }
   JobThreadTimer timer(engine);
   engine->tensor_saved(address);
 }
@@ -143,18 +158,107 @@ void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcep
   }
 }
 
-void Engine::on_push(ranges::PathId node) {
-  const NodeVerdict verdict = classifier_.classify(node);
-  if (verdict.backward_marker) {
-    auto module = classifier_.backward_module(node);
-    if (!module) return;
-    const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
-    const std::uint64_t pass = forward_pass::take_backward();  // the Python hooks' hint, once
-    for_each_device([&](DeviceEngine& engine) {
-      JobThreadTimer timer(&engine);
-      engine.on_backward_marker(name, pass);
-    });
+void Engine::passed_through(const AllocRequest& request, DevPtr ptr) noexcept {
+  DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire);
+  if (observer == nullptr || request.device < 0 || request.device >= kMaxDevices ||
+      devices_[request.device].load(std::memory_order_acquire) != observer) {
+    return;
   }
+  JobThreadTimer timer(observer);
+  observer->auto_allocation_passed(request.path, request.bytes, request.stream, ptr);
+}
+
+void Engine::auto_layer_pushed(ranges::PathId node) {
+  DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire);
+  if (observer == nullptr) {
+    // The first device engine (by ordinal) observes and decides: a process drives one device as a
+    // rule, and the layers are the model's, whatever device runs them.
+    for (auto& slot : devices_) {
+      if ((observer = slot.load(std::memory_order_acquire)) != nullptr) break;
+    }
+    if (observer == nullptr) return;  // no allocation yet: the next layer will do
+    auto_engine_.store(observer, std::memory_order_release);
+  }
+  JobThreadTimer timer(observer);
+  switch (observer->auto_layer_pushed(node)) {
+    case AutoSelect::Push::observing: {
+      // Only from waiting: a recomputation's layer on autograd's thread must not undo a decision.
+      int waiting = kAutoWaiting;
+      auto_phase_.compare_exchange_strong(waiting, kAutoObserving, std::memory_order_relaxed);
+      break;
+    }
+    case AutoSelect::Push::decided:
+      select_layers(observer->auto_chosen());
+      auto_phase_.store(kAutoDecided, std::memory_order_relaxed);
+      break;
+    case AutoSelect::Push::ignored:
+      break;
+  }
+}
+
+namespace {
+// A range name as a glob that matches only it.
+std::string exact_glob(const std::string& name) {
+  std::string glob;
+  for (char c : name) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') glob += '\\';
+    glob += c;
+  }
+  return glob;
+}
+}  // namespace
+
+void Engine::select_layers(const std::vector<std::string>& layers) {
+  if (layers.empty()) return;
+  // The user's "offload": false rules first (the innermost matching range decides, so a rule on a
+  // module inside a chosen layer still keeps it), then one rule naming the chosen layers.
+  Options chosen = options_;
+  chosen.modules.clear();
+  for (const ModuleRule& rule : options_.modules) {
+    if (!rule.offload) chosen.modules.push_back(rule);
+  }
+  ModuleRule rule;
+  for (const std::string& layer : layers) rule.match.push_back(exact_glob(layer));
+  rule.offload = true;
+  chosen.modules.push_back(std::move(rule));
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  if (auto_classifier_) return;  // decided once per process
+  auto_classifier_ = std::make_unique<NodeClassifier>(chosen);
+  classifier_now_.store(auto_classifier_.get(), std::memory_order_release);
+}
+
+std::vector<std::string> Engine::auto_chosen() const {
+  const DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire);
+  return observer != nullptr ? observer->auto_chosen() : std::vector<std::string>{};
+}
+
+std::vector<std::string> Engine::summary() const {
+  std::vector<std::string> lines;
+  for (const auto& slot : devices_) {
+    const DeviceEngine* engine = slot.load(std::memory_order_acquire);
+    if (!engine) continue;
+    if (std::optional<std::string> line = engine->auto_summary()) lines.push_back(std::move(*line));
+  }
+  return lines;
+}
+
+void Engine::on_push(ranges::PathId node) {
+  const NodeClassifier& now = classifier();
+  const NodeVerdict verdict = now.classify(node);
+  if (!verdict.backward_marker) {
+    if (verdict.layer && auto_mode_ && auto_phase_.load(std::memory_order_relaxed) != kAutoDecided) {
+      auto_layer_pushed(node);
+    }
+    return;
+  }
+  auto module = now.backward_module(node);
+  if (!module) return;
+  const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
+  const std::uint64_t pass = forward_pass::take_backward();  // the Python hooks' hint, once
+  for_each_device([&](DeviceEngine& engine) {
+    JobThreadTimer timer(&engine);
+    engine.on_backward_marker(name, pass);
+  });
 }
 
 void Engine::on_pop(ranges::PathId node) {

@@ -5,6 +5,11 @@
 // - try_allocate() serves only candidates: the innermost range that a module rule matches selects
 //   offloading, the request is at least the rule's min_bytes, mode is offload and the device engine
 //   started. Everything else returns 0 (pass through) after one atomic load and a few compares.
+// - Auto mode (auto_mode(options): no rule selects a module): the first device engine to see a
+//   layer range observes the first pass and chooses layers (AutoSelect); from then on a classifier
+//   of its own selects them, for every device (a process drives one device as a rule). The switch is
+//   one atomic pointer (classifier()), read by the job's threads; the classifiers live as long as
+//   the engine.
 // - owns() is lock-free (address-range checks against each device's arena).
 // - Device engines are created on first use of a device, from the DeviceProvider; if one cannot
 //   start (no VMM support, no libcuda), that device passes everything through, with one warning.
@@ -46,6 +51,12 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   bool tensor_unpacking(DevPtr address) noexcept override;
   void tensor_wait(DevPtr address, StreamHandle stream) noexcept override;
 
+  bool wants_pass_through_addresses() const noexcept override {
+    return auto_phase_.load(std::memory_order_relaxed) == kAutoObserving;
+  }
+  void passed_through(const AllocRequest& request, DevPtr ptr) noexcept override;
+  std::vector<std::string> summary() const override;
+
   void on_push(ranges::PathId node) override;
   void on_pop(ranges::PathId node) override;
 
@@ -63,6 +74,11 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // DeviceEngine::set_serialized), so that the same calls give the same device calls every run.
   // Applies to device engines created afterwards.
   void set_serialized(bool serialized) { serialized_ = serialized; }
+  // Tests: auto mode's link rate and forward GPU time, instead of measuring them (the simulated
+  // device's copies are no link). Applies to device engines created afterwards.
+  void set_auto_measurements(const AutoMeasurements& measurements) { auto_measurements_ = measurements; }
+  // Auto mode's chosen layers (empty before the decision, or when none).
+  std::vector<std::string> auto_chosen() const;
   const Options& options() const { return options_; }
 
  private:
@@ -71,10 +87,25 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   DeviceEngine* owner_of(DevPtr ptr);
   template <class Fn>
   void for_each_device(Fn&& fn);
+  const NodeClassifier& classifier() const noexcept { return *classifier_now_.load(std::memory_order_acquire); }
+  // A layer range was pushed while auto mode has not decided yet.
+  void auto_layer_pushed(ranges::PathId node);
+  // The decision: `layers` become selected (a classifier of their own), "offload": false rules kept.
+  void select_layers(const std::vector<std::string>& layers);
+
+  static constexpr int kAutoWaiting = 0;    // no layer seen yet (or auto mode off: never leaves it)
+  static constexpr int kAutoObserving = 1;  // the first pass runs unpaged
+  static constexpr int kAutoDecided = 2;
 
   Options options_;
   DeviceProvider provider_;
   NodeClassifier classifier_;
+  std::unique_ptr<NodeClassifier> auto_classifier_;  // guarded by create_mutex_ until published
+  std::atomic<const NodeClassifier*> classifier_now_;
+  const bool auto_mode_;
+  std::atomic<int> auto_phase_{kAutoWaiting};
+  std::atomic<DeviceEngine*> auto_engine_{nullptr};  // the device engine that observes and decides
+  AutoMeasurements auto_measurements_;
   std::mutex create_mutex_;
   std::array<std::atomic<DeviceEngine*>, kMaxDevices> devices_{};
   std::array<std::atomic<bool>, kMaxDevices> unavailable_{};

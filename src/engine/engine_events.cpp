@@ -32,6 +32,10 @@ void vmm(trace::RecordType type, DevPtr va, std::size_t bytes, int device, std::
 
 bool EngineEvents::tracing() noexcept { return trace::active() != nullptr; }
 
+void EngineEvents::message(std::string_view text) const {
+  if (auto* writer = trace::active()) writer->record_text(trace::RecordType::message, 0, text);
+}
+
 void EngineEvents::offload_began(DevPtr va, std::size_t bytes, ranges::PathId selected, std::uint32_t group) const {
   page(trace::RecordType::offload_begin, va, bytes, selected, group);
 }

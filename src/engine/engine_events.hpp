@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "actpage/device.hpp"
 #include "ranges/registry.hpp"
@@ -48,6 +49,8 @@ class EngineEvents {
   void gpu_reached_backward(std::uint64_t lead_ns, std::uint64_t markers_ahead, std::uint64_t bytes_ahead) const;
   // A forward pass (iteration `index`, from 1) began.
   void iteration_began(std::uint64_t index) const;
+  // A line for people, as a MESSAGE record (auto mode's decision: "auto ...").
+  void message(std::string_view text) const;
 
   // Whether memory samples are wanted now: a trace is open and recording (trace::set_recording).
   static bool sampling() noexcept;

@@ -31,6 +31,16 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.host_pool.budget_bytes = options.host_pool_bytes;
   parts.host_pool.slab_bytes = options.host_pool_slab_bytes;
   parts.host_pool.prealloc_bytes = options.host_pool_prealloc_bytes;
+  parts.auto_select.on = auto_mode(options);
+  parts.auto_select.min_bytes = options.min_bytes;
+  parts.auto_select.host_limit_bytes = options.host_pool_bytes;
+  if (parts.auto_select.on) {
+    // Auto mode pages whole layers: a layer's activations leave at the layer's own end (packs move
+    // what the next layer saves, SavedTensors), and the last layers stay because the decision never
+    // chooses them, whatever release_after and keep_last say.
+    parts.groups.release_after = ReleaseAfter::range_end;
+    parts.groups.keep_last = 0;
+  }
   return parts;
 }
 

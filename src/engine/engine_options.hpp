@@ -6,6 +6,7 @@
 
 #include "actpage/options.hpp"
 #include "engine/address_space.hpp"
+#include "engine/auto_select.hpp"
 #include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
@@ -33,6 +34,7 @@ struct DeviceEngineOptions {
   GpuClockOptions clock;
   PageReturnOptions pages;
   JobPoolOptions job_pool;
+  AutoOptions auto_select;
   StrayAccess stray_access = StrayAccess::fault;
   hostpool::HostPoolConfig host_pool;
 };

@@ -9,6 +9,7 @@
 namespace actpage::engine {
 
 class AddressSpace;
+class AutoSelect;
 class AllocationTable;
 class EngineCore;
 class GpuClock;
@@ -34,6 +35,7 @@ struct EngineParts {
   SafetyModes& safety;
   SavedTensors& saved;
   GpuClock& clock;
+  AutoSelect& auto_select;
 };
 
 }  // namespace actpage::engine

@@ -69,6 +69,10 @@ namespace actpage::engine {
 //   saved_brought_back: packs after an allocation's pages had left (or, poison, were overwritten):
 //     brought back at once, kept resident
 //   unpacks_not_back: unpacks that found the allocation not resident and asked for it as a marker does
+//   auto_*: auto mode's decision (auto_select.hpp): layers chosen, their saved bytes a pass, the
+//     link budget, the device-to-host rate (bytes/s) and the forward's GPU time it came from, and
+//     device memory in use (cudaMemGetInfo) where the GPU began backward: pass 1's (unpaged) and the
+//     most of the paged passes'
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -132,6 +136,13 @@ namespace actpage::engine {
   X(release_points_moved) \
   X(saved_brought_back) \
   X(unpacks_not_back) \
+  X(auto_layers_chosen) \
+  X(auto_bytes_chosen) \
+  X(auto_budget_bytes) \
+  X(auto_link_bytes_per_s) \
+  X(auto_forward_gpu_ns) \
+  X(auto_used_unpaged_bytes) \
+  X(auto_used_paged_bytes) \
   X(job_thread_ns)
 
 struct EngineStats {

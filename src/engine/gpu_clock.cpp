@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/clock.hpp"
+#include "engine/auto_select.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/groups.hpp"
 #include "engine/turns.hpp"
@@ -24,7 +25,9 @@ void GpuClock::run() {
     lock.lock();
     // A marker whose end cannot be known counts as reached: the gate must not hold the job for it.
     if (!status.ok()) core.note_failure("waiting for the GPU to reach a backward marker", status);
+    const std::uint64_t reached = markers_.front().id;
     reached_oldest(now);
+    parts_.auto_select.gpu_reached(reached, now, lock);  // may unlock: the front is looked up again
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate
   }
 }
@@ -37,7 +40,7 @@ void GpuClock::release_all() {
 
 void GpuClock::saw_stream(StreamHandle stream) { stream_ = stream; }
 
-std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_begins) {
+std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_begins, bool point) {
   EngineCore& core = parts_.core;
   // A replay's job streams run no kernels: its GPU is where the host is.
   if (parts_.turns.serialized()) return 0;
@@ -64,7 +67,7 @@ std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_b
   marker.pushed_ns = monotonic_ns();
   marker.backward_begins = backward_begins;
   markers_.push_back(marker);
-  ++core.stats.gpu_markers;
+  if (!point) ++core.stats.gpu_markers;
   // Prefetches whose groups the job freed before their marker came are no longer ahead of anyone.
   std::erase_if(counted_, [&](const auto& entry) {
     return entry.second.marker == 0 && !parts_.groups.all().contains(entry.first);

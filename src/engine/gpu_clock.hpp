@@ -59,8 +59,9 @@ class GpuClock {
   // A backward marker: records its point on `stream` (the stream of the groups it asks for, or the
   // last one seen). `backward_begins`: the first marker of this backward. Returns the marker's id;
   // 0 when nothing was recorded (serialized, no stream seen yet, the stream being captured, or the
-  // record failed): a marker the GPU counts as having reached.
-  std::uint64_t mark(std::optional<StreamHandle> stream, bool backward_begins);
+  // record failed): a marker the GPU counts as having reached. `point`: no backward marker, only a
+  // point auto mode wants to know the GPU's time at (AutoSelect::gpu_reached, as every marker).
+  std::uint64_t mark(std::optional<StreamHandle> stream, bool backward_begins, bool point = false);
 
   // Bytes of `groups` that a request would newly keep on or bring back to the device.
   std::uint64_t uncounted_bytes(const std::vector<Group*>& groups) const;

@@ -48,7 +48,10 @@ Group* Groups::open_group_for(const NodeVerdict& verdict, std::thread::id thread
   // Backward of the selected module, or of the range enclosing it (its layer), asks for the group.
   // Ranges further out (the whole model) do not: their backward begins long before this layer's.
   group->names.push_back(registry.node(verdict.selected).name);
-  if (parent != ranges::kNoPath) group->names.push_back(registry.node(parent).name);
+  // A selected layer (auto mode's unit) has the whole model around it: the model's backward marker,
+  // the first of backward, must not ask for every layer at once.
+  const bool selects_a_layer = ranges::layer_of(verdict.selected) == verdict.selected;
+  if (parent != ranges::kNoPath && !selects_a_layer) group->names.push_back(registry.node(parent).name);
   // And backward of its layer, which begins before that of anything inside it: a module deeper than
   // the layer's children (a projection inside the MLP) has its outputs read by a sibling's backward
   // (the activation's) before its own backward begins, and with only the layers marked, nothing

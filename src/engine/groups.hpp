@@ -13,7 +13,8 @@
 //   backward marker), a candidate on another thread is a recomputation (left to the job), one on the
 //   forward thread starts a new iteration.
 // - A backward marker asks for the groups whose selected range, its parent or its layer the marker
-//   names (of that forward pass when the marker says which).
+//   names (of that forward pass when the marker says which); a selected range that is a layer itself
+//   (auto mode) is asked for by its own marker only, not its parent's (the whole model's).
 // - The drains: drains_at() and backward_drain_due() answer without the lock (atomics); everything
 //   else with the engine's lock held.
 #pragma once
@@ -69,6 +70,9 @@ class Groups {
   // A backward marker came: the first of this iteration begins backward (what is held back stays
   // resident, the cache's forward ranges go).
   void backward_begins();
+  // Auto mode's first paged pass begins (AutoSelect): the backward of the unpaged pass before it
+  // set in_backward() with no group of this thread yet, and this pass is forward.
+  void paging_begins() { in_backward_ = false; }
   // The groups a backward marker for `module_name` asks for, newest first, and the place in forward
   // order of the oldest (for the prefetch before it); with a forward pass id, only that pass's.
   std::vector<Group*> asked_for(ranges::NameId module_name, std::uint64_t forward_pass,

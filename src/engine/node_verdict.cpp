@@ -5,10 +5,11 @@
 namespace actpage::engine {
 namespace {
 
-// Annotation layout: [63..48] epoch (never 0) | [47] candidate | [46] backward marker |
+// Annotation layout: [63..48] epoch (never 0) | [47] candidate | [46] backward marker | [45] layer |
 // [44..32] rule index | [31..0] selected path node.
 constexpr std::uint64_t kCandidate = 1ull << 47;
 constexpr std::uint64_t kBackward = 1ull << 46;
+constexpr std::uint64_t kLayer = 1ull << 45;
 constexpr int kRuleShift = 32;
 constexpr std::uint64_t kRuleMask = 0x1fff;
 
@@ -46,6 +47,7 @@ std::uint64_t NodeClassifier::compute(ranges::PathId node) const {
     // A marker only says "this module's backward begins"; nothing under it is ever offloaded.
     return word | kBackward;
   }
+  if (ranges::layer_of(node) == node) word |= kLayer;
   // Walk outwards: the innermost range that a rule matches decides.
   for (ranges::PathId at = node; at != ranges::kNoPath; at = registry.node(at).parent) {
     auto match = matcher_.match(registry.name(registry.node(at).name));
@@ -62,6 +64,7 @@ NodeVerdict NodeClassifier::decode(std::uint64_t word) const {
   NodeVerdict verdict;
   verdict.backward_marker = (word & kBackward) != 0;
   verdict.candidate = (word & kCandidate) != 0;
+  verdict.layer = (word & kLayer) != 0;
   if (verdict.candidate) {
     verdict.selected = static_cast<ranges::PathId>(word & 0xffffffffull);
     const auto rule = static_cast<std::size_t>((word >> kRuleShift) & kRuleMask);

@@ -7,6 +7,8 @@
 //   matched (the "selected range": one module's forward call) and `min_bytes` the rule's threshold.
 //   A matching rule with "offload": false makes the node (and what is under it) not a candidate.
 // - backward marker: the node's own name matches a backward glob (the module's backward begins).
+// - layer: the node is a layer itself (ranges::layer_of(node) == node: the outermost range whose
+//   name ends in a number), where auto mode (auto_select.hpp) counts its passes.
 // The annotation carries the classifier's epoch, so a new engine (tests, another policy) never reads
 // a verdict cached by an earlier one.
 #pragma once
@@ -24,6 +26,7 @@ namespace actpage::engine {
 struct NodeVerdict {
   bool candidate = false;
   bool backward_marker = false;
+  bool layer = false;
   ranges::PathId selected = ranges::kNoPath;
   std::uint64_t min_bytes = 0;
 };

@@ -193,6 +193,23 @@ void HostPool::remove_free(std::uint32_t slab, std::size_t offset, std::size_t b
 // ---------------------------------------------------------------------------------------------
 // Growth
 
+void HostPool::grow_to(std::size_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (growth_failed_) return;
+  bool queued = false;
+  while (slab_total_ + pending_bytes_ < bytes) {
+    const std::uint64_t used = slab_total_ + pending_bytes_;
+    const std::uint64_t room =
+        used >= config_.budget_bytes ? 0 : (config_.budget_bytes - used) / kHostBlockAlignment * kHostBlockAlignment;
+    const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(slab_bytes_, room));
+    if (size == 0) break;
+    growth_queue_.push_back(size);
+    pending_bytes_ += size;
+    queued = true;
+  }
+  if (queued) work_cv_.notify_one();
+}
+
 bool HostPool::request_growth(std::size_t bytes) {
   // After a pinning failure nothing grows; that was warned about and is not a budget problem.
   if (growth_failed_) return true;

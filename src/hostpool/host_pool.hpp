@@ -143,6 +143,9 @@ class HostPool {
   // before its slab landed (pinning takes ~155 ms a slab on the H100 machine, and a job's first
   // forward passes can come faster than their slabs) was asked for once per forward pass.
   void start_burst() noexcept;
+  // The caller knows it will hold `bytes` at once (auto mode's choice): slabs are asked for in the
+  // background until the pool holds that much, within the budget, before the first miss.
+  void grow_to(std::size_t bytes) noexcept;
 
   // True once offloading should stop: the budget ran out or pinning failed (see the contract).
   bool exhausted() const noexcept;

@@ -65,11 +65,24 @@ Interposer::AllocDecision Interposer::before_alloc(const Site& site, std::size_t
   request.api = site.api;
   decision.served = handler->try_allocate(request);
   if (decision.served != 0) decision.flags |= trace::kAllocOwned | trace::kAllocCandidate;
+  // Auto mode's first pass learns where the job's tensors are (one atomic load otherwise).
+  decision.observe = decision.served == 0 && handler->wants_pass_through_addresses();
   return decision;
 }
 
 void Interposer::after_alloc(const Site& site, const AllocDecision& decision, std::size_t bytes, DevPtr ptr,
                              bool succeeded) noexcept {
+  if (decision.observe && succeeded && ptr != 0) {
+    if (engine::AllocationHandler* handler = handler_.load(std::memory_order_acquire)) {
+      engine::AllocRequest request;
+      request.bytes = bytes;
+      request.stream = StreamHandle{decision.stream};
+      request.path = decision.path;
+      request.device = decision.device;
+      request.api = site.api;
+      handler->passed_through(request, ptr);  // the callers hold the re-entry guard
+    }
+  }
   if (!sink_.enabled()) return;
   trace::AllocPayload record{};
   record.ptr = succeeded ? ptr : 0;

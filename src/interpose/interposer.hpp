@@ -140,6 +140,7 @@ class Interposer {
     std::uint8_t flags = 0;
     std::uint64_t stream = 0;
     std::uint64_t started_ns = 0;  // when the job's call came in (only while recording: a clock read)
+    bool observe = false;  // the handler wants the address the job's allocator gives (passed_through)
   };
   enum class FreeRoute { pass_through, served, call_real };
 

@@ -257,6 +257,11 @@ void shutdown() noexcept {
       }
       // What the run showed the user could set (a preallocation...): a warning, so that it is seen
       // at the default log level; and in the trace ("advice ..."), where `actpage dump` shows it.
+      // What the handler chose by itself (auto mode) and what it gave: a warning too, to be seen.
+      for (const std::string& line : process().handler->summary()) {
+        ACTPAGE_LOG_WARN("{}", line);
+        if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, line);
+      }
       for (const std::string& line : process().handler->advice()) {
         ACTPAGE_LOG_WARN("{}", line);
         if (trace::Writer* active = trace::active()) active->record_text(trace::RecordType::message, 0, std::string(trace::kAdviceMessagePrefix) + line);
@@ -434,7 +439,15 @@ int saved_tensor_hooks_installed() noexcept {
 
 int tensor_saved(std::uint64_t address) noexcept {
   engine::AllocationHandler* handler = active_handler();
-  if (handler == nullptr || !handler->owns(address)) return 0;
+  if (handler == nullptr) return 0;
+  if (!handler->owns(address)) {
+    // Auto mode's first pass counts what autograd saves of the job's own allocations.
+    if (handler->wants_pass_through_addresses()) {
+      ReentryGuard guard;
+      handler->tensor_saved(address);
+    }
+    return 0;
+  }
   ReentryGuard guard;
   handler->tensor_saved(address);
   return 1;

@@ -57,6 +57,11 @@ struct EnumNames<PythonHooksCall> {
       {{PythonHooksCall::hooks, "hooks"}, {PythonHooksCall::wrap, "wrap"}}};
 };
 template <>
+struct EnumNames<AutoGoal> {
+  static constexpr std::array<std::pair<AutoGoal, std::string_view>, 2> values{
+      {{AutoGoal::near_free, "near_free"}, {AutoGoal::off, "off"}}};
+};
+template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

@@ -1,6 +1,7 @@
 // actpage check [POLICY|-] [--json]: validates a policy together with the ACTPAGE_* environment, the
 // way libactpage will read it at start-up, and prints the effective options or every error, after a
-// warning for each ACTPAGE_* variable that names no option.
+// warning for each ACTPAGE_* variable that names no option. In auto mode a line after the table says
+// so: what runs is then the engine's own choice, not a rule of the policy.
 #include <algorithm>
 #include <iostream>
 #include <iterator>
@@ -73,6 +74,12 @@ int check(const CheckArgs& args, std::ostream& out, std::ostream& err) {
     out << policy::to_json(result.options) << '\n';
   } else {
     print_table(result, out);
+    if (auto_mode(result.options)) {
+      out << "paging: auto mode (near-free): no module rule selects a module, so the first forward and backward "
+             "pass runs unpaged, then the earliest layers whose saved activations the link copies out within the "
+             "forward pass's GPU time are paged (\"offload\": false rules still protect what they match; "
+             "\"auto\": \"off\" pages nothing)\n";
+    }
   }
   return 0;
 }

@@ -317,16 +317,20 @@ TEST_F(PreloadTest, PausedRecordingLeavesAllocationsOutOfTheTraceAndStillPassesT
 TEST_F(PreloadTest, TheSavedTensorCallsLeaveAddressesTheLibraryDidNotServeAlone) {
   // Active (observe, and offload: the fake driver gives the engine no device) and inert (a bad
   // policy): every call returns, saved and unpacking answer 0 (the addresses are not the library's),
-  // the job's memory is untouched. Only an offload engine whose policy selects a module wants the
-  // hooks (the first number).
+  // the job's memory is untouched. Only an offload engine whose policy selects a module, or that
+  // runs auto mode (offload with no module selected), wants the hooks (the first number).
   const fs::path policy = dir_ / "bad.json";
   std::ofstream(policy) << R"({ "version": 1, "min_bytes": "lots" })";
   for (const auto& [setting, expected] :
-       {std::pair{"observe", "0 0/0 0/0 0/0 freed"}, std::pair{"offload", "0 0/0 0/0 0/0 freed"},
-        std::pair{"offload-mlp", "1 0/0 0/0 0/0 freed"}, std::pair{"inert", "0 0/0 0/0 0/0 freed"}}) {
+       {std::pair{"observe", "0 0/0 0/0 0/0 freed"}, std::pair{"offload", "1 0/0 0/0 0/0 freed"},
+        std::pair{"offload-auto-off", "0 0/0 0/0 0/0 freed"}, std::pair{"offload-mlp", "1 0/0 0/0 0/0 freed"},
+        std::pair{"inert", "0 0/0 0/0 0/0 freed"}}) {
     auto env = preloaded_env();
     if (std::string(setting) == "inert") {
       env["ACTPAGE_POLICY"] = policy.string();
+    } else if (std::string(setting) == "offload-auto-off") {
+      env["ACTPAGE_MODE"] = "offload";
+      env["ACTPAGE_AUTO"] = "off";
     } else if (std::string(setting) == "offload-mlp") {
       env["ACTPAGE_MODE"] = "offload";
       env["ACTPAGE_MODULES"] = "*.mlp";

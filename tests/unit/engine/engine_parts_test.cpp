@@ -53,7 +53,7 @@ struct Parts {
         engine_options(device_engine_options(options)),
         core(device),
         turns(core),
-        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, clock},
+        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, clock, auto_select},
         allocations(parts),
         groups(parts, engine_options.groups),
         space(parts, engine_options.space),
@@ -63,7 +63,8 @@ struct Parts {
         pages(parts, engine_options.pages),
         job_pool(parts, engine_options.job_pool),
         saved(parts),
-        clock(parts, engine_options.clock) {
+        clock(parts, engine_options.clock),
+        auto_select(parts, engine_options.auto_select, options) {
     turns.set_next([] { return Turns::Turn::none; });
     EXPECT_TRUE(space.reserve().ok());
     EXPECT_TRUE(offload.create_stream().ok());
@@ -96,6 +97,7 @@ struct Parts {
   JobPool job_pool;
   SavedTensors saved;
   GpuClock clock;
+  AutoSelect auto_select;
   StreamHandle job_stream;
 };
 

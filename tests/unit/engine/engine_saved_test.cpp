@@ -495,13 +495,18 @@ TEST(SavedTensors, AnUnpackOfAPendingAllocationCancelsItsOffload) {
 }
 
 TEST(SavedTensors, APolicyThatSelectsNoModuleWantsNoHooks) {
-  // Nothing can be offloaded: the hooks would cost each saved tensor a call for nothing.
+  // With auto mode off nothing can be offloaded: the hooks would cost each saved tensor a call for
+  // nothing. In auto mode (the default) the engine chooses its layers by what they tell.
   for (const std::vector<ModuleRule>& rules :
        {std::vector<ModuleRule>{}, std::vector<ModuleRule>{ModuleRule{{"layer1.*"}, false, std::nullopt}}}) {
     Options options = residual_options(ReleaseAfter::enclosing_range, 0, StrayAccess::fault);
     options.modules = rules;
+    options.auto_goal = AutoGoal::off;
     Rig rig(options, sim_config(), /*hooks=*/false);
     EXPECT_FALSE(rig.engine.saved_tensor_hooks_installed()) << rules.size() << " rule(s)";
+    options.auto_goal = AutoGoal::near_free;
+    Rig auto_rig(options, sim_config(), /*hooks=*/false);
+    EXPECT_TRUE(auto_rig.engine.saved_tensor_hooks_installed()) << rules.size() << " rule(s), auto mode";
   }
 }
 

@@ -110,7 +110,11 @@ class SimJob {
     request.device = device_.ordinal();
     tensor.va = engine_.try_allocate(request);
     tensor.owned = tensor.va != 0;
-    if (!tensor.owned) tensor.va = passthrough_.allocate(bytes);
+    if (!tensor.owned) {
+      tensor.va = passthrough_.allocate(bytes);
+      // As the interposer does after the job's allocator served it (auto mode's first pass).
+      if (tensor.va != 0 && engine_.wants_pass_through_addresses()) engine_.passed_through(request, tensor.va);
+    }
     return tensor;
   }
 

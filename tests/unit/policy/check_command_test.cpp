@@ -140,6 +140,7 @@ TEST(UnknownVariables, NameTheNearestOptionAndSkipTheToolsOwnVariables) {
 TEST_F(CheckCommand, NoPolicyChecksDefaultsAndEnvironment) {
   Output result = run_check({"", false});
   EXPECT_EQ(result.exit_code, 0);
+  EXPECT_THAT(result.out, HasSubstr("\npaging: auto mode (near-free): "));
   auto rows = table_rows(result.out);
   for (const auto& [key, row] : rows) {
     if (key != "option") {
@@ -152,6 +153,16 @@ TEST_F(CheckCommand, NoPolicyChecksDefaultsAndEnvironment) {
   EXPECT_EQ(result.out, "");
   EXPECT_EQ(result.err,
             "ACTPAGE_KEEP_LAST: keep_last: expected a non-negative whole number (digits only), got \"lots\"\n");
+}
+
+TEST_F(CheckCommand, AutoModeIsSaidOnlyWhenItRuns) {
+  // A rule selects modules (good-policy.json): the policy decides, and the table is all.
+  EXPECT_THAT(run_check({kDataDir + "good-policy.json", false}).out, ::testing::Not(HasSubstr("auto mode")));
+  setenv("ACTPAGE_AUTO", "off", 1);
+  EXPECT_THAT(run_check({"", false}).out, ::testing::Not(HasSubstr("auto mode")));
+  setenv("ACTPAGE_AUTO", "near_free", 1);
+  setenv("ACTPAGE_MODE", "observe", 1);
+  EXPECT_THAT(run_check({"", false}).out, ::testing::Not(HasSubstr("auto mode")));
 }
 
 TEST_F(CheckCommand, JsonPrintsTheEffectiveOptions) {

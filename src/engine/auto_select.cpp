@@ -1,0 +1,363 @@
+#include "engine/auto_select.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+
+#include "common/clock.hpp"
+#include "common/log.hpp"
+#include "common/thread_name.hpp"
+#include "common/units.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/gpu_clock.hpp"
+#include "engine/groups.hpp"
+#include "engine/job_pool.hpp"
+#include "engine/near_free.hpp"
+#include "engine/saved_tensors.hpp"
+#include "engine/turns.hpp"
+
+namespace actpage::engine {
+namespace {
+
+// "52.3 GB/s" style rates, for people (MB/s below 1 GB/s).
+std::string format_rate(double bytes_per_s) {
+  char text[32];
+  if (bytes_per_s >= 1e9) {
+    std::snprintf(text, sizeof text, "%.1f GB/s", bytes_per_s / 1e9);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MB/s", bytes_per_s / 1e6);
+  }
+  return text;
+}
+
+std::string format_ms(std::uint64_t ns) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f ms", static_cast<double>(ns) / 1e6);
+  return text;
+}
+
+// Splits "model.layers.12" into "model.layers." and 12; false without a trailing number.
+bool split_number(const std::string& name, std::string& prefix, std::uint64_t& number) {
+  std::size_t digits = name.size();
+  while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
+  if (digits == name.size()) return false;
+  prefix = name.substr(0, digits);
+  const auto [end, error] = std::from_chars(name.data() + digits, name.data() + name.size(), number);
+  return error == std::errc() && end == name.data() + name.size();
+}
+
+}  // namespace
+
+std::string layer_list(const std::vector<std::string>& names) {
+  if (names.empty()) return "nothing";
+  std::string prefix;
+  std::uint64_t first = 0;
+  bool consecutive = split_number(names.front(), prefix, first);
+  for (std::size_t index = 1; consecutive && index < names.size(); ++index) {
+    std::string other;
+    std::uint64_t number = 0;
+    consecutive = split_number(names[index], other, number) && other == prefix && number == first + index;
+  }
+  if (consecutive && names.size() > 1) return names.front() + "-" + std::to_string(first + names.size() - 1);
+  std::string joined;
+  for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;
+  return joined;
+}
+
+void AutoSelect::start(bool serialized) {
+  // A replay (serialized) runs no auto mode: its job streams run no kernels to time, and a thread
+  // of copies outside the turns would make its device calls depend on timing.
+  if (serialized) on_ = false;
+  if (!on_) return;
+  if (injected_.d2h_bytes_per_s > 0) {
+    link_bytes_per_s_ = injected_.d2h_bytes_per_s;
+    link_measured_ = true;
+    return;
+  }
+  measuring_ = std::thread([this] {
+    name_this_thread("actpage-link");
+    measure_link();
+  });
+}
+
+void AutoSelect::stop() {
+  if (measuring_.joinable()) measuring_.join();
+}
+
+void AutoSelect::measure_link() {
+  // A few copies of 64 MiB of device memory into pinned memory on a stream of its own, timed by the
+  // host around each copy's completion: the link's rate within a few percent, in ~10 ms, while the
+  // job builds its model. The best of three after a warm-up.
+  EngineCore& core = parts_.core;
+  Device& device = core.device;
+  double best = 0;
+  Status failure;
+  auto check = [&](const char* what, const Status& status) {
+    if (!status.ok() && failure.ok()) failure = Status(status.code(), std::string(what) + ": " + status.message());
+    return status.ok();
+  };
+  const std::size_t bytes = round_up(kMeasureBytes, device.granularity());
+  if (check("binding the thread", device.bind_thread())) {
+    auto va = device.reserve(bytes);
+    if (check("reserving address space", va.status())) {
+      auto physical = device.create_physical(bytes, MemoryLocation::device);
+      if (check("creating device memory", physical.status())) {
+        if (check("mapping it", device.map(*va, bytes, *physical))) {
+          auto host = device.alloc_pinned(bytes);
+          auto stream = device.create_stream(0);
+          auto event = device.create_event();
+          if (check("pinning host memory", host.status()) && check("creating a stream", stream.status()) &&
+              check("creating an event", event.status())) {
+            for (int round = 0; round < 4; ++round) {
+              const std::uint64_t started = monotonic_ns();
+              if (!check("copying to the host", device.copy_to_host(*host, *va, bytes, *stream)) ||
+                  !check("recording an event", device.record_event(*event, *stream)) ||
+                  !check("waiting for the copy", device.synchronize_event(*event))) {
+                break;
+              }
+              const std::uint64_t took = std::max<std::uint64_t>(1, monotonic_ns() - started);
+              if (round > 0) best = std::max(best, static_cast<double>(bytes) * 1e9 / static_cast<double>(took));
+            }
+          }
+          if (event.ok()) check("destroying the event", device.destroy_event(*event));
+          if (stream.ok()) check("destroying the stream", device.destroy_stream(*stream));
+          if (host.ok()) check("freeing pinned memory", device.free_pinned(*host));
+          check("unmapping", device.unmap(*va, bytes));
+        }
+        check("releasing device memory", device.release_physical(*physical));
+      }
+      check("unreserving address space", device.unreserve(*va, bytes));
+    }
+  }
+  std::lock_guard<std::mutex> lock(core.mutex);
+  if (!failure.ok()) {
+    core.note_failure("measuring the device-to-host rate for auto mode", failure);
+    best = 0;
+  }
+  link_bytes_per_s_ = best;
+  link_measured_ = true;
+  core.issued_cv.notify_all();  // a decision may be waiting for it
+}
+
+AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id thread,
+                                          std::unique_lock<std::mutex>& lock) {
+  if (!on_) return Push::decided;  // nothing to decide here: Engine stops asking
+  switch (phase_) {
+    case Phase::waiting:
+      if (!parts_.saved.installed()) {
+        ACTPAGE_LOG_INFO(
+            "auto mode (near-free) pages nothing: the saved-tensor hooks are not installed (actpage's Python hooks), "
+            "and releasing a whole layer at its end is safe only when their packs keep what the next layer saves");
+        phase_ = Phase::done;
+        return Push::decided;
+      }
+      forward_thread_ = thread;
+      first_layer_ = node;
+      phase_ = Phase::forward;
+      pass_ = 1;
+      layers_.push_back(node);
+      return Push::observing;
+    case Phase::forward:
+      if (thread != forward_thread_) return Push::observing;
+      if (node == first_layer_) {
+        // A forward pass without a backward (evaluation): its packs were none; observe the next.
+        forget_observation();
+      }
+      if (std::find(layers_.begin(), layers_.end(), node) == layers_.end()) layers_.push_back(node);
+      return Push::observing;
+    case Phase::backward:
+      if (thread != forward_thread_) return Push::observing;  // a recomputation in backward
+      decide(lock);
+      return Push::decided;
+    default:
+      return Push::ignored;
+  }
+}
+
+void AutoSelect::forget_observation() {
+  seen_.clear();
+  saved_bytes_.clear();
+  layers_.clear();
+  pass_start_marked_ = false;
+  pass_start_marker_ = 0;
+  forward_start_ns_ = 0;
+}
+
+void AutoSelect::allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
+                                   std::thread::id thread) {
+  if (phase_ != Phase::forward || thread != forward_thread_) return;
+  stream_ = stream;
+  parts_.clock.saw_stream(stream);  // backward's markers go on the job's stream
+  if (!pass_start_marked_) {
+    // The forward's first layer begins on the GPU about here: its first allocation's stream.
+    pass_start_marked_ = true;
+    pass_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
+  }
+  if (bytes < options_.min_bytes) return;
+  // Every one, inside a layer or not: an address the job's allocator reuses outside the layers must
+  // not be counted to the layer that had it before.
+  seen_[ptr] = Observed{ranges::layer_of(path), bytes, false};
+}
+
+void AutoSelect::tensor_saved(DevPtr address) {
+  if (phase_ != Phase::forward) return;  // a pack in backward is a recomputation's
+  auto found = seen_.find(address);
+  if (found == seen_.end() || found->second.saved || found->second.layer == ranges::kNoPath) return;
+  found->second.saved = true;
+  saved_bytes_[found->second.layer] += found->second.bytes;
+}
+
+void AutoSelect::backward_begins(std::uint64_t marker) {
+  if (!on_) return;
+  // A marker not recorded (0: a captured stream, a failed record) is never reached: no figure.
+  if (phase_ == Phase::forward) {
+    phase_ = Phase::backward;
+    backward_marker_ = marker;
+    if (marker != 0) backward_markers_.emplace_back(marker, pass_);
+  } else if (phase_ == Phase::paging) {
+    if (marker != 0) backward_markers_.emplace_back(marker, pass_);
+    ++pass_;  // the next forward
+  }
+}
+
+bool AutoSelect::protected_by_rule(ranges::PathId layer) const {
+  // The innermost range around the layer (itself included) that a rule matches decides, as the
+  // classifier decides for allocations: an "offload": false rule there protects the layer.
+  auto& registry = ranges::Registry::instance();
+  for (ranges::PathId at = layer; at != ranges::kNoPath; at = registry.node(at).parent) {
+    if (auto match = matcher_.match(registry.name(registry.node(at).name))) return !match->offload;
+  }
+  return false;
+}
+
+void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  // The GPU has pass 1's backward queued: waiting for it to reach backward's start costs no GPU time.
+  const bool timed = injected_.forward_gpu_ns == 0 && pass_start_marker_ != 0 && backward_marker_ != 0;
+  parts_.turns.wait_yielding(lock, core.issued_cv, [&] {
+    return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0));
+  });
+  if (injected_.forward_gpu_ns != 0) forward_gpu_ns_ = injected_.forward_gpu_ns;
+  NearFreeInputs inputs;
+  auto& registry = ranges::Registry::instance();
+  for (ranges::PathId layer : layers_) {
+    LayerSaved entry;
+    entry.name = std::string(registry.name(registry.node(layer).name));
+    auto bytes = saved_bytes_.find(layer);
+    entry.bytes = bytes != saved_bytes_.end() ? bytes->second : 0;
+    entry.protected_by_rule = protected_by_rule(layer);
+    inputs.layers.push_back(std::move(entry));
+  }
+  inputs.d2h_bytes_per_s = link_bytes_per_s_;
+  inputs.forward_gpu_ns = forward_gpu_ns_;
+  inputs.host_limit_bytes = options_.host_limit_bytes;
+  const NearFreeChoice choice = choose_near_free(inputs);
+  decided_ = true;
+  budget_bytes_ = choice.budget_bytes;
+  chosen_bytes_ = choice.bytes;
+  for (std::size_t index : choice.chosen) chosen_names_.push_back(inputs.layers[index].name);
+  seen_.clear();
+  saved_bytes_.clear();
+  std::uint64_t observed = 0;
+  for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
+  const std::string budget = budget_text();
+  std::string line = "auto mode (near-free) on device " + std::to_string(core.device.ordinal());
+  if (chosen_names_.empty()) {
+    line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
+            format_bytes(observed) + "; link budget " + budget + ")";
+  } else {
+    line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
+            " layers from pass 2 on: " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) +
+            " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
+  }
+  ACTPAGE_LOG_INFO("{}", line);
+  core.events.message(line);  // `actpage dump` shows it with the run's other messages
+  if (chosen_names_.empty()) {
+    phase_ = Phase::done;
+    return;
+  }
+  phase_ = Phase::paging;
+  pass_ = 2;
+  first_paged_pass_ = 2;
+  // This push begins a forward pass: pass 1's backward is over for the groups.
+  parts_.groups.paging_begins();
+  // Pinned memory for what will leave, in the background, before the first offload asks for it
+  // (a quarter more: each allocation's block is rounded, and copies overlap their reloads).
+  host_target_bytes_ = chosen_bytes_ + chosen_bytes_ / 4;
+  if (core.host_pool) core.host_pool->grow_to(host_target_bytes_);
+  // Pass 1's peak reserve stays in the job's pool (PyTorch never lets it shrink): trimmed by what
+  // leaves from now on, once the GPU is here (pass 1's frees have run by then).
+  if (stream_ && parts_.job_pool.trims()) trim_marker_ = parts_.clock.mark(*stream_, false, /*point=*/true);
+}
+
+void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock) {
+  if (!on_ || marker == 0) return;
+  EngineCore& core = parts_.core;
+  if (marker == pass_start_marker_) forward_start_ns_ = now_ns;
+  if (marker == backward_marker_ && forward_start_ns_ != 0 && forward_gpu_ns_ == 0) {
+    forward_gpu_ns_ = std::max<std::uint64_t>(1, now_ns - forward_start_ns_);
+  }
+  if (marker == trim_marker_) {
+    trim_marker_ = 0;
+    const std::size_t bytes = chosen_bytes_;
+    lock.unlock();
+    std::optional<JobPool::Trim> trim = parts_.job_pool.trim_by(bytes);
+    lock.lock();
+    if (trim) parts_.job_pool.record(*trim);
+  }
+  auto found = std::find_if(backward_markers_.begin(), backward_markers_.end(),
+                            [&](const auto& entry) { return entry.first == marker; });
+  if (found == backward_markers_.end()) return;
+  const std::uint64_t pass = found->second;
+  backward_markers_.erase(backward_markers_.begin(), std::next(found));
+  // Near the step's peak: what the driver says is in use (the job's pool with its reserve, and ours).
+  lock.unlock();
+  Result<MemInfo> info = core.device.mem_info();
+  lock.lock();
+  if (!info.ok()) return;
+  const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
+  if (pass == 1) {
+    used_unpaged_ = used;
+  } else if (phase_ == Phase::paging) {
+    used_paged_ = std::max(used_paged_, used);
+    last_paged_pass_ = std::max(last_paged_pass_, pass);
+  }
+}
+
+std::string AutoSelect::budget_text() const {
+  char margin[16];
+  std::snprintf(margin, sizeof margin, "%.2g", kNearFreeMargin);
+  return format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) + " x " + format_ms(forward_gpu_ns_) +
+         " x " + margin;
+}
+
+void AutoSelect::add_stats(EngineStats& stats) const {
+  stats.auto_layers_chosen = chosen_names_.size();
+  stats.auto_bytes_chosen = chosen_bytes_;
+  stats.auto_budget_bytes = budget_bytes_;
+  stats.auto_link_bytes_per_s = static_cast<std::uint64_t>(link_bytes_per_s_);
+  stats.auto_forward_gpu_ns = forward_gpu_ns_;
+  stats.auto_used_unpaged_bytes = used_unpaged_;
+  stats.auto_used_paged_bytes = used_paged_;
+}
+
+std::optional<std::string> AutoSelect::summary() const {
+  if (!decided_) return std::nullopt;
+  std::string line = "auto (near-free): ";
+  if (chosen_names_.empty()) {
+    line += "paged nothing (link budget " + budget_text() + ")";
+  } else {
+    line += "paged " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
+            budget_text() + ")";
+  }
+  if (used_unpaged_ != 0) {
+    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (pass 1)";
+    if (used_paged_ != 0) {
+      line += " -> " + format_bytes(used_paged_) + " (passes " + std::to_string(first_paged_pass_) + "-" +
+              std::to_string(last_paged_pass_) + ")";
+    }
+  }
+  return line;
+}
+
+}  // namespace actpage::engine

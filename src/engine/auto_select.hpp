@@ -1,0 +1,161 @@
+// AutoSelect: auto mode (goal near_free). With no module rule that selects a module, a device
+// engine watches the job's first forward and backward pass unpaged, chooses the earliest layers
+// whose saved activations the link copies out within the forward pass's GPU time
+// (choose_near_free, near_free.hpp), and those layers are paged from the next pass on.
+//
+// Contract:
+// - Layers are the ranges ranges::layer_of() finds (the outermost range whose name ends in a
+//   number); a pass begins at the first layer the forward thread pushes after a backward began (or
+//   the first ever). The forward thread is the one that pushed the first layer; layers pushed on
+//   other threads (recomputations in backward) count for nothing.
+// - Off without the saved-tensor hooks (SavedTensors::installed() when the first layer comes):
+//   releasing a whole layer at its end is safe only because packs move the release point of what
+//   the next layer saves (saved_tensors.hpp). One info line says so; nothing is paged.
+// - Pass 1 (observation): allocations pass through to the job's allocator; Engine hands on their
+//   addresses (allocation_passed) while it observes. A pack of such an address (exact base
+//   address: with the cudaMallocAsync backend a storage is one allocation) counts its bytes once,
+//   to the layer that allocated it. The forward's GPU time runs from a point recorded on the job's
+//   stream at the pass's first allocation to backward's first marker, as the GPU clock's worker
+//   sees the GPU reach them (GpuClock).
+// - The link's device-to-host rate is measured once, on a thread of its own at start(), by timed
+//   copies of kMeasureBytes into pinned memory (or set by set_measurements(), for tests: the
+//   simulated device's copies are no link).
+// - The decision comes at pass 2's first layer push, on the job's thread: it waits (lock released)
+//   until the rate and the forward's GPU time are known; the GPU has pass 1's backward queued, so
+//   that costs no GPU time. It is logged (info). With layers chosen: Groups forgets pass 1's
+//   backward (the new pass is forward), the host pool grows to the chosen bytes in the background,
+//   and when the GPU reaches pass 2's start the job's pool is trimmed by the chosen bytes (the
+//   reserve of the unpaged peak would otherwise stay beside what paging saves, vmm.trim_job_pool).
+//   Engine then selects the chosen layers (a classifier of its own).
+// - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
+//   each backward's start: pass 1's is the unpaged figure, the largest of the paged passes' the
+//   paged one (summary(), and the stats).
+// - Everything with the engine's lock held, but start()/stop() and the measuring thread's copies.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "actpage/device.hpp"
+#include "actpage/options.hpp"
+#include "engine/engine_parts.hpp"
+#include "engine/engine_stats.hpp"
+#include "policy/module_matcher.hpp"
+#include "ranges/registry.hpp"
+
+namespace actpage::engine {
+
+// What tests set instead of measuring: 0 measures.
+struct AutoMeasurements {
+  double d2h_bytes_per_s = 0;
+  std::uint64_t forward_gpu_ns = 0;
+};
+
+struct AutoOptions {
+  bool on = false;                    // auto_mode(options)
+  std::uint64_t min_bytes = 0;        // min_bytes
+  std::uint64_t host_limit_bytes = 0; // host_pool.bytes
+};
+
+class AutoSelect {
+ public:
+  static constexpr std::size_t kMeasureBytes = std::size_t{64} << 20;
+
+  AutoSelect(EngineParts& parts, AutoOptions options, const Options& all_options)
+      : parts_(parts), options_(options), matcher_(all_options), on_(options.on) {}
+
+  // Before start(): the rate and forward time to use instead of measuring them.
+  void set_measurements(const AutoMeasurements& measurements) { injected_ = measurements; }
+  // DeviceEngine::start(), without the lock: starts measuring the link unless set (or off, or
+  // serialized: a replay runs no auto mode). stop(): joins the measuring thread.
+  void start(bool serialized);
+  void stop();
+  bool on() const { return on_; }
+
+  enum class Push { ignored, observing, decided };
+  // A layer range pushed on `thread`. `decided` with chosen() filled when this push made the
+  // decision (pass 2 begins), and also when auto mode ends here with nothing (no hooks, or off).
+  Push layer_pushed(ranges::PathId node, std::thread::id thread, std::unique_lock<std::mutex>& lock);
+  // The job's allocator served an allocation under `path` at `ptr` (pass 1).
+  void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread);
+  // A pack of an address none of ours (pass 1).
+  void tensor_saved(DevPtr address);
+  // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
+  void backward_begins(std::uint64_t marker);
+  // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
+  void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
+
+  // The chosen layers' names, in forward order (empty until the decision, or when none).
+  const std::vector<std::string>& chosen() const { return chosen_names_; }
+  // The pinned memory auto mode asked the host pool for (0: none): its first paged pass's misses
+  // are its own doing, not a preallocation the user could have known (DeviceEngine::advice()).
+  std::uint64_t host_target_bytes() const { return host_target_bytes_; }
+  void add_stats(EngineStats& stats) const;
+  // The end-of-run line; nullopt when auto mode never decided.
+  std::optional<std::string> summary() const;
+
+ private:
+  enum class Phase { waiting, forward, backward, paging, done };
+  struct Observed {
+    ranges::PathId layer = ranges::kNoPath;  // kNoPath: made outside every layer
+    std::uint64_t bytes = 0;
+    bool saved = false;
+  };
+
+  void measure_link();
+  void decide(std::unique_lock<std::mutex>& lock);
+  bool protected_by_rule(ranges::PathId layer) const;
+  // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people.
+  std::string budget_text() const;
+  void forget_observation();
+
+  EngineParts& parts_;
+  const AutoOptions options_;
+  const policy::ModuleMatcher matcher_;
+  AutoMeasurements injected_;
+  bool on_;  // options_.on, but never serialized
+  std::thread measuring_;
+
+  Phase phase_ = Phase::waiting;
+  std::thread::id forward_thread_;
+  ranges::PathId first_layer_ = ranges::kNoPath;
+  std::optional<StreamHandle> stream_;        // of the newest allocation seen
+  std::unordered_map<DevPtr, Observed> seen_;  // pass 1's allocations by address
+  std::vector<ranges::PathId> layers_;         // in forward order
+  std::unordered_map<ranges::PathId, std::uint64_t> saved_bytes_;
+
+  double link_bytes_per_s_ = 0;
+  bool link_measured_ = false;  // the measurement ended (it may have failed: rate 0)
+  std::uint64_t pass_start_marker_ = 0;
+  bool pass_start_marked_ = false;
+  std::uint64_t forward_start_ns_ = 0;
+  std::uint64_t backward_marker_ = 0;
+  std::uint64_t forward_gpu_ns_ = 0;
+  std::uint64_t trim_marker_ = 0;
+
+  // The decision.
+  std::vector<std::string> chosen_names_;
+  std::uint64_t chosen_bytes_ = 0;
+  std::uint64_t budget_bytes_ = 0;
+  bool decided_ = false;
+  std::uint64_t host_target_bytes_ = 0;
+
+  // Device memory in use at each backward's start, by pass.
+  std::uint64_t pass_ = 0;  // the pass now running
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> backward_markers_;  // marker id, pass
+  std::uint64_t used_unpaged_ = 0;
+  std::uint64_t used_paged_ = 0;
+  std::uint64_t first_paged_pass_ = 0;
+  std::uint64_t last_paged_pass_ = 0;
+};
+
+// "model.layers.0-5" for consecutive numbered names of one prefix, else the names joined by ", ".
+std::string layer_list(const std::vector<std::string>& names);
+
+}  // namespace actpage::engine

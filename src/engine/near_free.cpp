@@ -1,0 +1,39 @@
+#include "engine/near_free.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace actpage::engine {
+
+NearFreeChoice choose_near_free(const NearFreeInputs& inputs) {
+  NearFreeChoice choice;
+  const double budget = inputs.d2h_bytes_per_s * (static_cast<double>(inputs.forward_gpu_ns) * 1e-9) * inputs.margin;
+  choice.budget_bytes = budget > 0 && std::isfinite(budget) ? static_cast<std::uint64_t>(budget) : 0;
+  if (inputs.host_limit_bytes != 0) choice.budget_bytes = std::min(choice.budget_bytes, inputs.host_limit_bytes);
+  if (inputs.layers.size() < 2) {
+    choice.why_none = inputs.layers.empty() ? "no layer saved anything" : "one layer only (backward needs it first)";
+    return choice;
+  }
+  if (choice.budget_bytes == 0) {
+    choice.why_none = inputs.d2h_bytes_per_s <= 0 ? "the link's rate is unknown" : "the forward pass's GPU time is unknown";
+    return choice;
+  }
+  bool any_saved = false;
+  const std::size_t last = inputs.layers.size() - 1;
+  for (std::size_t index = 0; index < last; ++index) {
+    const LayerSaved& layer = inputs.layers[index];
+    if (layer.protected_by_rule) continue;
+    if (layer.bytes == 0) continue;  // nothing to move: neither chosen nor the end of the prefix
+    any_saved = true;
+    if (choice.bytes + layer.bytes > choice.budget_bytes) break;
+    choice.bytes += layer.bytes;
+    choice.chosen.push_back(index);
+  }
+  if (choice.chosen.empty()) {
+    choice.why_none = any_saved ? "the first layer's saved activations do not fit in the link's budget"
+                                : "no layer but the last saved anything that may move";
+  }
+  return choice;
+}
+
+}  // namespace actpage::engine

@@ -1,0 +1,53 @@
+// choose_near_free: auto mode's decision (goal near_free), a pure function of what the first pass
+// showed, so that tests need no device and `actpage plan` can share it.
+//
+// Contract:
+// - Input: the layers in forward order with the bytes autograd saved in each (counted in the layer
+//   that allocated them), the device-to-host rate and the forward pass's GPU time.
+// - The budget is what the link copies out while forward runs: rate x forward GPU time x
+//   kNearFreeMargin, capped by the host memory allowed (host_pool.bytes).
+// - Chosen: the longest prefix of the layers, earliest first, whose saved bytes together fit in the
+//   budget. A layer an "offload": false rule protects is skipped (neither chosen nor counted); the
+//   first layer that does not fit ends the prefix (a later, smaller one is not taken instead: it
+//   would leave later, when less of the forward pass is left to hide its copy). The last layer is
+//   never chosen: backward reads it first, right where forward ends, so its copy would have no
+//   forward time left to hide in and would come straight back.
+// - Nothing chosen comes with the reason (why_none), for the user.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace actpage::engine {
+
+// The share of the link's measured rate the decision counts on. The copies do not run back to
+// back from the forward's start: each layer's may begin only at the layer's end (its release
+// point), they go in chunks the offload worker feeds, and an access grant holds them; the job may
+// copy to the host too. 0.8 leaves a fifth of the forward for that.
+inline constexpr double kNearFreeMargin = 0.8;
+
+struct LayerSaved {
+  std::string name;        // the layer's range ("model.layers.3")
+  std::uint64_t bytes = 0; // saved by autograd, allocated in this layer
+  bool protected_by_rule = false;  // an "offload": false rule matches it (or a range around it)
+};
+
+struct NearFreeInputs {
+  std::vector<LayerSaved> layers;  // in forward order
+  double d2h_bytes_per_s = 0;      // the link, device to host
+  std::uint64_t forward_gpu_ns = 0;
+  std::uint64_t host_limit_bytes = 0;  // 0: no limit
+  double margin = kNearFreeMargin;
+};
+
+struct NearFreeChoice {
+  std::vector<std::size_t> chosen;  // indices into NearFreeInputs::layers, in forward order
+  std::uint64_t bytes = 0;          // saved bytes of the chosen layers (a pass's)
+  std::uint64_t budget_bytes = 0;
+  std::string why_none;             // when nothing is chosen
+};
+
+NearFreeChoice choose_near_free(const NearFreeInputs& inputs);
+
+}  // namespace actpage::engine

@@ -1,0 +1,330 @@
+// Auto mode (AutoSelect, issue 37) on the simulated device: no module rule selects anything; the
+// engine watches pass 1 unpaged, chooses the earliest layers the link's budget holds, and pages
+// them from pass 2 on. The link's rate and the forward's GPU time are set by the test
+// (set_auto_measurements), never measured from the host's speed. Every byte backward reads is
+// checked, with the residual pattern: a layer's output is saved by the next layer.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "sim_job.hpp"
+
+namespace actpage::engine {
+namespace {
+
+using device::SimDeviceConfig;
+using testing::Tensor;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kBytes = 2 * kMiB;  // each tensor; a layer saves two (4 MiB)
+constexpr int kLayers = 6;
+
+SimDeviceConfig sim_config() {
+  SimDeviceConfig config;
+  config.seed = 37;
+  config.max_delay_us = 20;
+  config.fresh_memory_pattern = std::uint8_t{0xa5};
+  return config;
+}
+
+// No policy: the defaults the engine tests use, without their "*.mlp" rule.
+Options auto_options() {
+  Options options = testing::small_offload_options();
+  options.modules.clear();
+  options.prefetch_ahead_bytes = 0;
+  return options;
+}
+
+// A budget of `budget` bytes: rate x 1 s x kNearFreeMargin.
+AutoMeasurements budget_of(std::uint64_t budget) {
+  AutoMeasurements measurements;
+  measurements.forward_gpu_ns = 1'000'000'000;
+  measurements.d2h_bytes_per_s = static_cast<double>(budget) / 0.8 + 1;
+  return measurements;
+}
+
+struct Rig : testing::EngineRig {
+  Rig(const Options& options, const AutoMeasurements& measurements, bool hooks = true)
+      : EngineRig(options, sim_config()) {
+    engine.set_auto_measurements(measurements);
+    if (hooks) {
+      EXPECT_TRUE(engine.saved_tensor_hooks_installed());
+    }
+  }
+};
+
+// A model of kLayers layers ("model.layers.<i>"): each layer's mlp saves its activation and makes
+// a temporary it frees; the layer's output is saved by the next layer's mlp (and by the head for
+// the last), whose residual add reads it once more at the layer's end.
+class LayerJob {
+ public:
+  explicit LayerJob(Rig& rig) : rig_(rig), job_(*rig.job) {}
+
+  void forward() {
+    acts_.clear();
+    outputs_.clear();
+    job_.push("model");
+    Tensor previous = job_.allocate(kBytes);  // the embedding's output, under no layer
+    job_.write(previous);
+    embedding_ = previous;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      job_.push(name);
+      job_.push(name + ".mlp");
+      rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
+      job_.check(previous);
+      const Tensor act = job_.allocate(kBytes);
+      job_.write(act);
+      rig_.engine.tensor_saved(act.va);
+      const Tensor temporary = job_.allocate(kBytes);
+      job_.write(temporary);
+      job_.free(temporary);
+      job_.pop();
+      const Tensor output = job_.allocate(kBytes);
+      job_.check(previous);  // the residual add reads the input last, saving nothing
+      job_.write(output);
+      job_.pop();
+      acts_.push_back(act);
+      outputs_.push_back(output);
+      owned_.push_back(act.owned || output.owned);
+      previous = output;
+    }
+    job_.push("model.head");
+    rig_.engine.tensor_saved(previous.va);
+    job_.check(previous);
+    job_.pop();
+    job_.pop();
+  }
+
+  // Backward on autograd's thread: the model's marker, each layer's marker, then the unpacks of
+  // what it saved. `after_model_marker` runs right after the model's marker, before any layer's.
+  void backward(const std::function<void()>& after_model_marker = {}) {
+    std::thread autograd([&] {
+      job_.marker("model.backward");
+      if (after_model_marker) after_model_marker();
+      read(outputs_.back());
+      for (int layer = kLayers; layer-- > 0;) {
+        job_.marker("model.layers." + std::to_string(layer) + ".backward");
+        read(acts_[layer]);
+        read(layer > 0 ? outputs_[layer - 1] : embedding_);
+        job_.free(acts_[layer]);
+        job_.free(outputs_[layer]);
+      }
+    });
+    autograd.join();
+    job_.free(embedding_);
+  }
+
+  void pass(bool settle_before_backward = true, const std::function<void()>& after_model_marker = {}) {
+    owned_.clear();
+    forward();
+    if (settle_before_backward) rig_.engine.quiesce();  // every copy out before backward asks
+    backward(after_model_marker);
+    rig_.engine.quiesce();
+  }
+
+  // Whether layer i's tensors were served by actpage in the last pass.
+  const std::vector<bool>& owned() const { return owned_; }
+
+ private:
+  void read(const Tensor& tensor) {
+    if (rig_.engine.tensor_unpacking(tensor.va)) rig_.engine.tensor_wait(tensor.va, rig_.stream);
+    job_.check(tensor);
+  }
+
+  Rig& rig_;
+  testing::SimJob& job_;
+  Tensor embedding_;
+  std::vector<Tensor> acts_;
+  std::vector<Tensor> outputs_;
+  std::vector<bool> owned_;
+};
+
+void expect_every_read_right(Rig& rig) {
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  EXPECT_GT(rig.job->checks(), 0u);
+}
+
+TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
+  // 4 MiB saved a layer (its activation, and its output the next layer saves): 14 MiB hold three.
+  Rig rig(auto_options(), budget_of(14 * kMiB));
+  LayerJob job(rig);
+  EXPECT_FALSE(rig.engine.wants_pass_through_addresses());
+  job.pass();
+  EXPECT_EQ(rig.engine.stats().allocations_served, 0u) << "pass 1 runs unpaged";
+  EXPECT_TRUE(rig.engine.wants_pass_through_addresses());
+  EXPECT_TRUE(rig.engine.auto_chosen().empty());
+
+  constexpr int kPasses = 4;
+  for (int pass = 2; pass <= kPasses; ++pass) {
+    job.pass();
+    EXPECT_EQ(rig.engine.auto_chosen(),
+              (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+    EXPECT_FALSE(rig.engine.wants_pass_through_addresses());
+    EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "pass " << pass;
+  }
+  const EngineStats stats = rig.engine.stats();
+  constexpr std::uint64_t kPaged = kPasses - 1;
+  // Per paged pass and chosen layer: the activation, the temporary and the output are served; the
+  // temporary (never saved) stays; the activation and the output (saved by the next layer, so it
+  // leaves at that layer's end) go and come back.
+  EXPECT_EQ(stats.allocations_served, kPaged * 3 * 3);
+  EXPECT_EQ(stats.offloads_completed, kPaged * 3 * 2);
+  EXPECT_EQ(stats.reloads_completed, kPaged * 3 * 2);
+  EXPECT_EQ(stats.release_points_moved, kPaged * 3);
+  EXPECT_EQ(stats.auto_layers_chosen, 3u);
+  EXPECT_EQ(stats.auto_bytes_chosen, 3 * 2 * kBytes);
+  EXPECT_EQ(stats.auto_forward_gpu_ns, 1'000'000'000u);
+  // Read where the GPU began each backward (when exactly depends on the threads: only that they were).
+  EXPECT_GT(stats.auto_used_unpaged_bytes, 0u);
+  EXPECT_GT(stats.auto_used_paged_bytes, 0u);
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("auto (near-free): paged model.layers.0-2 (12 MiB a pass"), std::string::npos)
+      << summary[0];
+}
+
+TEST(AutoMode, TheModelsBackwardMarkerAsksForNoLayer) {
+  // The chosen layers' groups are asked for by their own markers: the model's, which comes first,
+  // would bring every layer back at backward's start, at the peak.
+  Rig rig(auto_options(), budget_of(14 * kMiB));
+  LayerJob job(rig);
+  job.pass();
+  std::uint64_t reloads_at_model_marker = 0;
+  std::uint64_t offloads_before_backward = 0;
+  job.pass(/*settle_before_backward=*/true, [&] {
+    rig.engine.quiesce();
+    const EngineStats stats = rig.engine.stats();
+    reloads_at_model_marker = stats.reloads_completed;
+    offloads_before_backward = stats.offloads_completed;
+  });
+  EXPECT_EQ(offloads_before_backward, 6u);
+  EXPECT_EQ(reloads_at_model_marker, 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 6u);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, CopiesStillRunningWhenBackwardComesReadRight) {
+  Rig rig(auto_options(), budget_of(1000 * kMiB));  // everything but the last layer
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass(/*settle_before_backward=*/false);
+  EXPECT_EQ(rig.engine.auto_chosen().size(), static_cast<std::size_t>(kLayers - 1));
+  EXPECT_GT(rig.engine.stats().allocations_served, 0u);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, OffloadFalseRulesProtectTheirLayers) {
+  Options options = auto_options();
+  options.modules = {ModuleRule{{"model.layers.1"}, false, std::nullopt}};
+  Rig rig(options, budget_of(12 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.auto_chosen(),
+            (std::vector<std::string>{"model.layers.0", "model.layers.2", "model.layers.3"}));
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, false, true, true, false, false}));
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, NothingFitsPagesNothing) {
+  Rig rig(auto_options(), budget_of(3 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EXPECT_TRUE(rig.engine.auto_chosen().empty());
+  EXPECT_FALSE(rig.engine.wants_pass_through_addresses()) << "decided: observation ended";
+  EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("paged nothing"), std::string::npos) << summary[0];
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, WithoutTheSavedTensorHooksNothingIsPaged) {
+  Rig rig(auto_options(), budget_of(1000 * kMiB), /*hooks=*/false);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) {
+    job.pass();
+    EXPECT_FALSE(rig.engine.wants_pass_through_addresses());
+  }
+  EXPECT_TRUE(rig.engine.auto_chosen().empty());
+  EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, TheForwardsGpuTimeIsMeasuredWhenNotSet) {
+  AutoMeasurements rate_only = budget_of(1000 * kMiB);
+  rate_only.forward_gpu_ns = 0;  // the GPU clock's worker times pass 1's forward
+  Rig rig(auto_options(), rate_only);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 2; ++pass) job.pass();
+  EXPECT_GT(rig.engine.stats().auto_forward_gpu_ns, 0u);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, AnExplicitPolicyIsNotObserved) {
+  Options options = auto_options();
+  options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
+  Rig rig(options, budget_of(1000 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) {
+    job.pass();
+    EXPECT_FALSE(rig.engine.wants_pass_through_addresses());
+  }
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_layers_chosen, 0u);
+  EXPECT_GT(stats.allocations_served, 0u) << "the rule's modules are paged from pass 1 on";
+  EXPECT_TRUE(rig.engine.summary().empty());
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, AReplayRunsNoAutoMode) {
+  // Serialized (actpage replay): no kernels to time and no thread outside the turns.
+  Options options = auto_options();
+  device::SimDevice device(sim_config());
+  Engine engine(options, [&](int) -> Result<Device*> { return static_cast<Device*>(&device); });
+  engine.set_serialized(true);
+  engine.set_wait_for_host_memory(true);
+  ranges::set_listener(&engine);
+  {
+    const StreamHandle stream = *device.create_stream(0);
+    testing::SimJob job(device, engine, stream);
+    EXPECT_TRUE(engine.saved_tensor_hooks_installed());
+    for (int pass = 0; pass < 2; ++pass) {
+      job.push("model.layers.0");
+      const Tensor tensor = job.allocate(kBytes);
+      engine.tensor_saved(tensor.va);
+      job.pop();
+      job.push("model.layers.1");
+      job.pop();
+      job.marker("model.layers.0.backward");
+      job.free(tensor);
+    }
+    EXPECT_FALSE(engine.wants_pass_through_addresses());
+    EXPECT_EQ(engine.stats().allocations_served, 0u);
+    ranges::set_listener(nullptr);
+    engine.shutdown();
+    device.synchronize();
+    (void)device.destroy_stream(stream);
+  }
+}
+
+TEST(AutoMode, OffWhenTheGoalIsOff) {
+  Options options = auto_options();
+  options.auto_goal = AutoGoal::off;
+  Rig rig(options, budget_of(1000 * kMiB), /*hooks=*/false);
+  EXPECT_FALSE(rig.engine.saved_tensor_hooks_installed());
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 2; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
+  EXPECT_TRUE(rig.engine.summary().empty());
+}
+
+}  // namespace
+}  // namespace actpage::engine

@@ -1,0 +1,113 @@
+// choose_near_free (near_free.hpp): auto mode's decision, a pure function: no device.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/auto_select.hpp"
+#include "engine/near_free.hpp"
+
+namespace actpage::engine {
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+
+// `count` layers of `bytes` each; a budget of `budget` bytes (rate x 1 s x margin 1).
+NearFreeInputs layers(std::size_t count, std::uint64_t bytes, std::uint64_t budget) {
+  NearFreeInputs inputs;
+  for (std::size_t index = 0; index < count; ++index) {
+    inputs.layers.push_back(LayerSaved{"model.layers." + std::to_string(index), bytes, false});
+  }
+  inputs.d2h_bytes_per_s = static_cast<double>(budget);
+  inputs.forward_gpu_ns = 1'000'000'000;
+  inputs.margin = 1.0;
+  return inputs;
+}
+
+TEST(NearFree, BudgetIsRateTimesForwardTimeTimesMargin) {
+  NearFreeInputs inputs = layers(4, kMiB, 0);
+  inputs.d2h_bytes_per_s = 50e9;
+  inputs.forward_gpu_ns = 65'000'000;
+  inputs.margin = kNearFreeMargin;
+  const NearFreeChoice choice = choose_near_free(inputs);
+  EXPECT_NEAR(static_cast<double>(choice.budget_bytes), 50e9 * 0.065 * 0.8, 1.0);
+  EXPECT_EQ(kNearFreeMargin, 0.8);
+}
+
+TEST(NearFree, ChoosesTheLongestPrefixThatFits) {
+  const NearFreeChoice choice = choose_near_free(layers(8, 4 * kMiB, 14 * kMiB));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(choice.bytes, 12 * kMiB);
+  EXPECT_TRUE(choice.why_none.empty());
+}
+
+TEST(NearFree, ABudgetExactlyReachedIsAFit) {
+  const NearFreeChoice choice = choose_near_free(layers(8, 4 * kMiB, 12 * kMiB));
+  EXPECT_EQ(choice.chosen.size(), 3u);
+  EXPECT_EQ(choice.bytes, 12 * kMiB);
+}
+
+TEST(NearFree, TheLastLayerIsNeverChosen) {
+  const NearFreeChoice choice = choose_near_free(layers(4, kMiB, 1000 * kMiB));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 1, 2}));
+  const NearFreeChoice one = choose_near_free(layers(1, kMiB, 1000 * kMiB));
+  EXPECT_TRUE(one.chosen.empty());
+  EXPECT_FALSE(one.why_none.empty());
+}
+
+TEST(NearFree, APrefixEndsAtTheFirstLayerThatDoesNotFit) {
+  NearFreeInputs inputs = layers(6, kMiB, 4 * kMiB);
+  inputs.layers[1].bytes = 10 * kMiB;  // too big: the small ones after it leave too late to count on
+  const NearFreeChoice choice = choose_near_free(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+}
+
+TEST(NearFree, LayersARuleProtectsAreSkippedNotChosen) {
+  NearFreeInputs inputs = layers(6, 4 * kMiB, 12 * kMiB);
+  inputs.layers[1].protected_by_rule = true;
+  const NearFreeChoice choice = choose_near_free(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 2, 3}));
+  EXPECT_EQ(choice.bytes, 12 * kMiB);
+}
+
+TEST(NearFree, LayersThatSavedNothingNeitherCountNorEndThePrefix) {
+  NearFreeInputs inputs = layers(5, 4 * kMiB, 8 * kMiB);
+  inputs.layers[0].bytes = 0;
+  const NearFreeChoice choice = choose_near_free(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{1, 2}));
+}
+
+TEST(NearFree, NothingFitsIsSaid) {
+  const NearFreeChoice choice = choose_near_free(layers(6, 4 * kMiB, 3 * kMiB));
+  EXPECT_TRUE(choice.chosen.empty());
+  EXPECT_EQ(choice.bytes, 0u);
+  EXPECT_NE(choice.why_none.find("do not fit"), std::string::npos);
+}
+
+TEST(NearFree, UnknownRateOrTimeChoosesNothing) {
+  NearFreeInputs no_rate = layers(6, kMiB, 0);
+  EXPECT_TRUE(choose_near_free(no_rate).chosen.empty());
+  EXPECT_NE(choose_near_free(no_rate).why_none.find("rate"), std::string::npos);
+  NearFreeInputs no_time = layers(6, kMiB, 100 * kMiB);
+  no_time.forward_gpu_ns = 0;
+  EXPECT_TRUE(choose_near_free(no_time).chosen.empty());
+  EXPECT_NE(choose_near_free(no_time).why_none.find("time"), std::string::npos);
+}
+
+TEST(NearFree, TheHostPoolsLimitCapsTheBudget) {
+  NearFreeInputs inputs = layers(8, 4 * kMiB, 100 * kMiB);
+  inputs.host_limit_bytes = 9 * kMiB;
+  const NearFreeChoice choice = choose_near_free(inputs);
+  EXPECT_EQ(choice.budget_bytes, 9 * kMiB);
+  EXPECT_EQ(choice.chosen.size(), 2u);
+}
+
+TEST(LayerList, ConsecutiveLayersAreOneRange) {
+  EXPECT_EQ(layer_list({"model.layers.0", "model.layers.1", "model.layers.2"}), "model.layers.0-2");
+  EXPECT_EQ(layer_list({"model.layers.0", "model.layers.2"}), "model.layers.0, model.layers.2");
+  EXPECT_EQ(layer_list({"transformer.h.7"}), "transformer.h.7");
+  EXPECT_EQ(layer_list({}), "nothing");
+}
+
+}  // namespace
+}  // namespace actpage::engine
