@@ -78,6 +78,10 @@ class Device {
   virtual std::size_t granularity() const = 0;
   // Makes this device's context current on the calling thread.
   virtual Status bind_thread() = 0;
+  // The same, only for a thread with no current context at all (a job's thread that has not made a
+  // CUDA call yet: autograd's at backward's first marker); a thread with one keeps it (the job's
+  // current device is the job's). Default: bind_thread().
+  virtual Status bind_thread_if_unbound() { return bind_thread(); }
   virtual Result<MemInfo> mem_info() = 0;
   // Whether physical memory can be created on the host and mapped at a device address
   // (needed by StrayAccess::host_mapped).

@@ -159,6 +159,16 @@ Status CudaDevice::bind_thread() {
                        "making the context of " + device_text(ordinal_) + " current");
 }
 
+Status CudaDevice::bind_thread_if_unbound() {
+  CUcontext current = nullptr;
+  if (Status s = driver_.check(driver_.cuCtxGetCurrent(&current), "cuCtxGetCurrent",
+                               "asking for the calling thread's current context");
+      !s.ok()) {
+    return s;
+  }
+  return current != nullptr ? Status{} : bind_thread();
+}
+
 Result<MemInfo> CudaDevice::mem_info() {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;

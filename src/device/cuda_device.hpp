@@ -51,6 +51,7 @@ class CudaDevice final : public Device {
   int ordinal() const override { return ordinal_; }
   std::size_t granularity() const override { return granularity_; }
   Status bind_thread() override;
+  Status bind_thread_if_unbound() override;  // cuCtxGetCurrent, then cuCtxSetCurrent if none
   Result<MemInfo> mem_info() override;
   bool supports_host_physical() const override { return host_numa_supported_ || host_supported_; }
 

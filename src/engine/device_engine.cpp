@@ -143,6 +143,19 @@ void DeviceEngine::shutdown() {
 
 // --- Job threads ----------------------------------------------------------------------------
 
+void DeviceEngine::bind_job_thread() {
+  // Autograd's thread reaches its first backward marker before any CUDA call of its own: with no
+  // current context the driver calls made for it (the marker's capture query and event, a reload's
+  // stream wait) fail with CUDA_ERROR_INVALID_CONTEXT. Once per thread and device engine.
+  thread_local const DeviceEngine* bound_for = nullptr;
+  if (bound_for == this) return;
+  bound_for = this;
+  if (Status status = core_.device.bind_thread_if_unbound(); !status.ok()) {
+    std::lock_guard<std::mutex> lock(core_.mutex);
+    core_.note_failure("making the device's context current on a job's thread", status);
+  }
+}
+
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict) {
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started || core_.stopping) return 0;
@@ -228,6 +241,7 @@ std::optional<StreamHandle> stream_of(const std::vector<Group*>& groups) {
 }  // namespace
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
+  bind_job_thread();
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started) return;
   turns_.take_job_turn(lock);
@@ -271,6 +285,7 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
 void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
 
 void DeviceEngine::tensor_saved(DevPtr address) {
+  bind_job_thread();
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
@@ -279,6 +294,7 @@ void DeviceEngine::tensor_saved(DevPtr address) {
 }
 
 bool DeviceEngine::tensor_unpacking(DevPtr address) {
+  bind_job_thread();
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started || core_.stopping) return false;
   turns_.take_job_turn(lock);
@@ -287,6 +303,7 @@ bool DeviceEngine::tensor_unpacking(DevPtr address) {
 }
 
 void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
+  bind_job_thread();
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);

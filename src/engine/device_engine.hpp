@@ -131,6 +131,8 @@ class DeviceEngine {
   void drain_at_backward_start();
 
  private:
+  // A job's thread with no current context gets this device's (Device::bind_thread_if_unbound).
+  void bind_job_thread();
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   // A marker's groups, let through the reload gate: counted ahead of the GPU for `marker`, asked

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "common/units.hpp"
 #include "device/cuda_device.hpp"
@@ -225,6 +226,24 @@ TEST_F(FakeDriver, AContextOfAnotherDeviceIsLeftAloneAndRestored) {
   ASSERT_NE(device, nullptr);
   EXPECT_EQ(device->context(), primary_context(0));
   EXPECT_EQ(current_context(), job) << "create() did not restore the caller's context";
+}
+
+TEST_F(FakeDriver, AThreadWithoutAContextIsBoundAndOneWithAContextKeepsIt) {
+  auto device = make_device(0);
+  ASSERT_NE(device, nullptr);
+  // A fresh thread (autograd's at backward's first marker): no current context, so it gets ours.
+  void* bound = reinterpret_cast<void*>(1);
+  std::thread fresh([&] {
+    ACTPAGE_EXPECT_OK(device->bind_thread_if_unbound());
+    bound = current_context();
+  });
+  fresh.join();
+  EXPECT_EQ(bound, device->context());
+  // A thread whose current context is another device's (the job's current device) keeps it.
+  use_job_context(1);
+  void* job = current_context();
+  ACTPAGE_EXPECT_OK(device->bind_thread_if_unbound());
+  EXPECT_EQ(current_context(), job);
 }
 
 TEST_F(FakeDriver, StreamsAndEventsAreMadeInTheDevicesContextWhateverIsCurrent) {

@@ -160,6 +160,28 @@ void run_backward(SimJob& job, Forward& forward, int layers, const std::function
   autograd.join();
 }
 
+TEST(Engine, AutogradsThreadWithoutAContextGetsTheDevicesAtItsFirstMarker) {
+  // On the GPU, autograd's thread reaches backward's first marker before any CUDA call of its own:
+  // the marker's capture query failed with CUDA_ERROR_INVALID_CONTEXT and no marker was recorded.
+  SimDeviceConfig config = sim_config(1, 20);
+  config.require_bind_thread = true;  // an unbound thread's calls fail as without a context
+  Rig rig(testing::small_offload_options(), config);
+  // Forward's thread: the job's own CUDA calls bound it (the rig's stream, made before, failed).
+  ASSERT_TRUE(rig.device.bind_thread().ok());
+  rig.stream = *rig.device.create_stream(0);
+  rig.job = std::make_unique<testing::SimJob>(rig.device, rig.engine, rig.stream);
+  Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
+  rig.engine.quiesce();
+  run_backward(*rig.job, forward, 4);  // a thread of its own, never bound by the test
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.failures, 0u);
+  EXPECT_GE(stats.gpu_markers, 4u);
+  EXPECT_EQ(stats.reloads_completed, 8u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
 TEST(Engine, OffloadsSelectedActivationsAndBringsEveryByteBack) {
   Rig rig(testing::small_offload_options());
   Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
