@@ -167,6 +167,21 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
       return Push::observing;
     case Phase::backward:
       if (thread != forward_thread_) return Push::observing;  // a recomputation in backward
+      if (pass_ < kObservedPasses) {
+        // The first pass is no measure of a forward's time (cuBLAS and cuDNN set-up, autotuning,
+        // lazy initialisation: 5-10x the steady forward on the zoo's jobs). What it learnt of the
+        // layers and their saved bytes stands; the next pass is timed.
+        ++pass_;
+        phase_ = Phase::forward;
+        parts_.groups.paging_begins();  // no served allocation tells the groups a forward began
+        pass_start_marked_ = false;
+        pass_start_marker_ = 0;
+        forward_start_ns_ = 0;
+        backward_marker_ = 0;
+        forward_gpu_ns_ = 0;
+        seen_.clear();
+        return Push::observing;
+      }
       decide(lock);
       return Push::decided;
     default:
@@ -175,6 +190,7 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
 }
 
 void AutoSelect::forget_observation() {
+  pass_ = 1;  // counted again from here
   seen_.clear();
   saved_bytes_.clear();
   layers_.clear();
@@ -187,13 +203,14 @@ void AutoSelect::allocation_passed(ranges::PathId path, std::size_t bytes, Strea
                                    std::thread::id thread) {
   if (phase_ != Phase::forward || thread != forward_thread_) return;
   stream_ = stream;
+  const bool counting = pass_ == 1;  // the later observed passes are timed, not counted again
   parts_.clock.saw_stream(stream);  // backward's markers go on the job's stream
   if (!pass_start_marked_) {
     // The forward's first layer begins on the GPU about here: its first allocation's stream.
     pass_start_marked_ = true;
     pass_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
   }
-  if (bytes < options_.min_bytes) return;
+  if (!counting || bytes < options_.min_bytes) return;
   // Every one, inside a layer or not: an address the job's allocator reuses outside the layers must
   // not be counted to the layer that had it before.
   seen_[ptr] = Observed{ranges::layer_of(path), bytes, false};
@@ -232,7 +249,7 @@ bool AutoSelect::protected_by_rule(ranges::PathId layer) const {
 
 void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
-  // The GPU has pass 1's backward queued: waiting for it to reach backward's start costs no GPU time.
+  // The GPU has the timed pass's backward queued: waiting for it to reach backward's start costs no GPU time.
   const bool timed = injected_.forward_gpu_ns == 0 && pass_start_marker_ != 0 && backward_marker_ != 0;
   parts_.turns.wait_yielding(lock, core.issued_cv, [&] {
     return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0));
@@ -267,7 +284,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
             format_bytes(observed) + "; link budget " + budget + ")";
   } else {
     line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
-            " layers from pass 2 on: " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) +
+            " layers from pass " + std::to_string(pass_ + 1) + " on: " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) +
             " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
   }
   ACTPAGE_LOG_INFO("{}", line);
@@ -277,9 +294,9 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     return;
   }
   phase_ = Phase::paging;
-  pass_ = 2;
-  first_paged_pass_ = 2;
-  // This push begins a forward pass: pass 1's backward is over for the groups.
+  ++pass_;
+  first_paged_pass_ = pass_;
+  // This push begins a forward pass: the observed backward is over for the groups.
   parts_.groups.paging_begins();
   // Pinned memory for what will leave, in the background, before the first offload asks for it
   // (a quarter more: each allocation's block is rounded, and copies overlap their reloads).
@@ -316,8 +333,8 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   lock.lock();
   if (!info.ok()) return;
   const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
-  if (pass == 1) {
-    used_unpaged_ = used;
+  if (pass <= kObservedPasses) {
+    used_unpaged_ = std::max(used_unpaged_, used);
   } else if (phase_ == Phase::paging) {
     used_paged_ = std::max(used_paged_, used);
     last_paged_pass_ = std::max(last_paged_pass_, pass);
@@ -351,7 +368,8 @@ std::optional<std::string> AutoSelect::summary() const {
             budget_text() + ")";
   }
   if (used_unpaged_ != 0) {
-    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (pass 1)";
+    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (passes 1-" +
+            std::to_string(kObservedPasses) + ")";
     if (used_paged_ != 0) {
       line += " -> " + format_bytes(used_paged_) + " (passes " + std::to_string(first_paged_pass_) + "-" +
               std::to_string(last_paged_pass_) + ")";

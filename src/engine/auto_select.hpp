@@ -11,24 +11,25 @@
 // - Off without the saved-tensor hooks (SavedTensors::installed() when the first layer comes):
 //   releasing a whole layer at its end is safe only because packs move the release point of what
 //   the next layer saves (saved_tensors.hpp). One info line says so; nothing is paged.
-// - Pass 1 (observation): allocations pass through to the job's allocator; Engine hands on their
-//   addresses (allocation_passed) while it observes. A pack of such an address (exact base
-//   address: with the cudaMallocAsync backend a storage is one allocation) counts its bytes once,
-//   to the layer that allocated it. The forward's GPU time runs from a point recorded on the job's
-//   stream at the pass's first allocation to backward's first marker, as the GPU clock's worker
-//   sees the GPU reach them (GpuClock).
+// - Passes 1..kObservedPasses (observation): allocations pass through to the job's allocator;
+//   Engine hands on their addresses (allocation_passed) while it observes. In pass 1 a pack of
+//   such an address (exact base address: with the cudaMallocAsync backend a storage is one
+//   allocation) counts its bytes once, to the layer that allocated it. The forward's GPU time of
+//   the last observed pass (the first is slowed by the libraries' set-up and autotuning) runs from
+//   a point recorded on the job's stream at the pass's first allocation to backward's first
+//   marker, as the GPU clock's worker sees the GPU reach them (GpuClock).
 // - The link's device-to-host rate is measured once, on a thread of its own at start(), by timed
 //   copies of kMeasureBytes into pinned memory (or set by set_measurements(), for tests: the
 //   simulated device's copies are no link).
-// - The decision comes at pass 2's first layer push, on the job's thread: it waits (lock released)
-//   until the rate and the forward's GPU time are known; the GPU has pass 1's backward queued, so
-//   that costs no GPU time. It is logged (info). With layers chosen: Groups forgets pass 1's
+// - The decision comes at the first layer push after the observed passes, on the job's thread: it waits (lock released)
+//   until the rate and the forward's GPU time are known; the GPU has the last observed pass's backward queued, so
+//   that costs no GPU time. It is logged (info). With layers chosen: Groups forgets that pass's
 //   backward (the new pass is forward), the host pool grows to the chosen bytes in the background,
-//   and when the GPU reaches pass 2's start the job's pool is trimmed by the chosen bytes (the
+//   and when the GPU reaches the first paged pass's start the job's pool is trimmed by the chosen bytes (the
 //   reserve of the unpaged peak would otherwise stay beside what paging saves, vmm.trim_job_pool).
 //   Engine then selects the chosen layers (a classifier of its own).
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
-//   each backward's start: pass 1's is the unpaged figure, the largest of the paged passes' the
+//   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats).
 // - Everything with the engine's lock held, but start()/stop() and the measuring thread's copies.
 #pragma once
@@ -66,6 +67,9 @@ struct AutoOptions {
 class AutoSelect {
  public:
   static constexpr std::size_t kMeasureBytes = std::size_t{64} << 20;
+  // Passes observed unpaged before the decision: the first learns the layers and their saved
+  // bytes, the last is timed (the first pass's forward is no measure of the others').
+  static constexpr std::uint64_t kObservedPasses = 2;
 
   AutoSelect(EngineParts& parts, AutoOptions options, const Options& all_options)
       : parts_(parts), options_(options), matcher_(all_options), on_(options.on) {}
@@ -80,11 +84,11 @@ class AutoSelect {
 
   enum class Push { ignored, observing, decided };
   // A layer range pushed on `thread`. `decided` with chosen() filled when this push made the
-  // decision (pass 2 begins), and also when auto mode ends here with nothing (no hooks, or off).
+  // decision (the first paged pass begins), and also when auto mode ends here with nothing (no hooks, or off).
   Push layer_pushed(ranges::PathId node, std::thread::id thread, std::unique_lock<std::mutex>& lock);
-  // The job's allocator served an allocation under `path` at `ptr` (pass 1).
+  // The job's allocator served an allocation under `path` at `ptr` (observed passes).
   void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread);
-  // A pack of an address none of ours (pass 1).
+  // A pack of an address none of ours (counted in pass 1).
   void tensor_saved(DevPtr address);
   // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
   void backward_begins(std::uint64_t marker);
@@ -126,7 +130,7 @@ class AutoSelect {
   std::thread::id forward_thread_;
   ranges::PathId first_layer_ = ranges::kNoPath;
   std::optional<StreamHandle> stream_;        // of the newest allocation seen
-  std::unordered_map<DevPtr, Observed> seen_;  // pass 1's allocations by address
+  std::unordered_map<DevPtr, Observed> seen_;  // pass 1's allocations by address (counted once)
   std::vector<ranges::PathId> layers_;         // in forward order
   std::unordered_map<ranges::PathId, std::uint64_t> saved_bytes_;
 

@@ -70,8 +70,9 @@ class Groups {
   // A backward marker came: the first of this iteration begins backward (what is held back stays
   // resident, the cache's forward ranges go).
   void backward_begins();
-  // Auto mode's first paged pass begins (AutoSelect): the backward of the unpaged pass before it
-  // set in_backward() with no group of this thread yet, and this pass is forward.
+  // Auto mode's next observed pass or its first paged one begins (AutoSelect): the backward of the
+  // unpaged pass before it set in_backward() with no group of this thread yet, and this pass is
+  // forward.
   void paging_begins() { in_backward_ = false; }
   // The groups a backward marker for `module_name` asks for, newest first, and the place in forward
   // order of the oldest (for the prefetch before it); with a forward pass id, only that pass's.
