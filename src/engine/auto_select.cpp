@@ -193,6 +193,7 @@ void AutoSelect::forget_observation() {
   pass_ = 1;  // counted again from here
   seen_.clear();
   saved_bytes_.clear();
+  saved_keys_.clear();
   layers_.clear();
   pass_start_marked_ = false;
   pass_start_marker_ = 0;
@@ -200,7 +201,7 @@ void AutoSelect::forget_observation() {
 }
 
 void AutoSelect::allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
-                                   std::thread::id thread) {
+                                   std::thread::id thread, std::uint64_t key) {
   if (phase_ != Phase::forward || thread != forward_thread_) return;
   stream_ = stream;
   const bool counting = pass_ == 1;  // the later observed passes are timed, not counted again
@@ -213,7 +214,7 @@ void AutoSelect::allocation_passed(ranges::PathId path, std::size_t bytes, Strea
   if (!counting || bytes < options_.min_bytes) return;
   // Every one, inside a layer or not: an address the job's allocator reuses outside the layers must
   // not be counted to the layer that had it before.
-  seen_[ptr] = Observed{ranges::layer_of(path), bytes, false};
+  seen_[ptr] = Observed{ranges::layer_of(path), bytes, key, false};
 }
 
 void AutoSelect::tensor_saved(DevPtr address) {
@@ -222,6 +223,7 @@ void AutoSelect::tensor_saved(DevPtr address) {
   if (found == seen_.end() || found->second.saved || found->second.layer == ranges::kNoPath) return;
   found->second.saved = true;
   saved_bytes_[found->second.layer] += found->second.bytes;
+  saved_keys_[found->second.layer].push_back(found->second.key);
 }
 
 void AutoSelect::backward_begins(std::uint64_t marker) {
@@ -272,9 +274,14 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   decided_ = true;
   budget_bytes_ = choice.budget_bytes;
   chosen_bytes_ = choice.bytes;
-  for (std::size_t index : choice.chosen) chosen_names_.push_back(inputs.layers[index].name);
+  for (std::size_t index : choice.chosen) {
+    chosen_names_.push_back(inputs.layers[index].name);
+    const auto keys = saved_keys_.find(layers_[index]);
+    if (keys != saved_keys_.end()) chosen_keys_.insert(chosen_keys_.end(), keys->second.begin(), keys->second.end());
+  }
   seen_.clear();
   saved_bytes_.clear();
+  saved_keys_.clear();
   std::uint64_t observed = 0;
   for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
   const std::string budget = budget_text();

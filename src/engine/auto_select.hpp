@@ -27,7 +27,8 @@
 //   backward (the new pass is forward), the host pool grows to the chosen bytes in the background,
 //   and when the GPU reaches the first paged pass's start the job's pool is trimmed by the chosen bytes (the
 //   reserve of the unpaged peak would otherwise stay beside what paging saves, vmm.trim_job_pool).
-//   Engine then selects the chosen layers (a classifier of its own).
+//   Engine then selects the chosen layers (a classifier of its own), and in them only the
+//   allocations whose key (allocation_key.hpp) was saved in pass 1 (chosen_keys()).
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats).
@@ -87,7 +88,9 @@ class AutoSelect {
   // decision (the first paged pass begins), and also when auto mode ends here with nothing (no hooks, or off).
   Push layer_pushed(ranges::PathId node, std::thread::id thread, std::unique_lock<std::mutex>& lock);
   // The job's allocator served an allocation under `path` at `ptr` (observed passes).
-  void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread);
+  // `key`: its next_allocation_key() (the candidates from the decision on are the keys saved here).
+  void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread,
+                         std::uint64_t key);
   // A pack of an address none of ours (counted in pass 1).
   void tensor_saved(DevPtr address);
   // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
@@ -97,6 +100,9 @@ class AutoSelect {
 
   // The chosen layers' names, in forward order (empty until the decision, or when none).
   const std::vector<std::string>& chosen() const { return chosen_names_; }
+  // The keys of the allocations the chosen layers saved in pass 1: the only candidates from the
+  // decision on (allocation_key.hpp).
+  const std::vector<std::uint64_t>& chosen_keys() const { return chosen_keys_; }
   // The pinned memory auto mode asked the host pool for (0: none): its first paged pass's misses
   // are its own doing, not a preallocation the user could have known (DeviceEngine::advice()).
   std::uint64_t host_target_bytes() const { return host_target_bytes_; }
@@ -109,6 +115,7 @@ class AutoSelect {
   struct Observed {
     ranges::PathId layer = ranges::kNoPath;  // kNoPath: made outside every layer
     std::uint64_t bytes = 0;
+    std::uint64_t key = 0;  // next_allocation_key() (allocation_key.hpp)
     bool saved = false;
   };
 
@@ -133,6 +140,7 @@ class AutoSelect {
   std::unordered_map<DevPtr, Observed> seen_;  // pass 1's allocations by address (counted once)
   std::vector<ranges::PathId> layers_;         // in forward order
   std::unordered_map<ranges::PathId, std::uint64_t> saved_bytes_;
+  std::unordered_map<ranges::PathId, std::vector<std::uint64_t>> saved_keys_;  // by allocating layer
 
   double link_bytes_per_s_ = 0;
   bool link_measured_ = false;  // the measurement ended (it may have failed: rate 0)
@@ -145,6 +153,7 @@ class AutoSelect {
 
   // The decision.
   std::vector<std::string> chosen_names_;
+  std::vector<std::uint64_t> chosen_keys_;
   std::uint64_t chosen_bytes_ = 0;
   std::uint64_t budget_bytes_ = 0;
   bool decided_ = false;

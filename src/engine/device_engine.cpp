@@ -319,12 +319,13 @@ AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
   return auto_.layer_pushed(node, std::this_thread::get_id(), lock);
 }
 
-void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr) {
+void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
+                                          std::uint64_t key) {
   std::unique_lock<std::mutex> lock(core_.mutex);
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
-  auto_.allocation_passed(path, bytes, stream, ptr, std::this_thread::get_id());
+  auto_.allocation_passed(path, bytes, stream, ptr, std::this_thread::get_id(), key);
 }
 
 void DeviceEngine::auto_tensor_saved(DevPtr address) {
@@ -333,6 +334,11 @@ void DeviceEngine::auto_tensor_saved(DevPtr address) {
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   auto_.tensor_saved(address);
+}
+
+std::vector<std::uint64_t> DeviceEngine::auto_chosen_keys() const {
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  return auto_.chosen_keys();
 }
 
 std::vector<std::string> DeviceEngine::auto_chosen() const {

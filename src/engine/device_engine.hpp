@@ -92,9 +92,10 @@ class DeviceEngine {
   // Auto mode (AutoSelect): a layer range pushed; an allocation the job's allocator served at `ptr`
   // while observing; a pack of an address none of ours; the chosen layers once decided.
   AutoSelect::Push auto_layer_pushed(ranges::PathId node);
-  void auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr);
+  void auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::uint64_t key);
   void auto_tensor_saved(DevPtr address);
   std::vector<std::string> auto_chosen() const;
+  std::vector<std::uint64_t> auto_chosen_keys() const;
   // Before start(): the link's rate and the forward's GPU time to use instead of measuring them.
   void set_auto_measurements(const AutoMeasurements& measurements) { auto_.set_measurements(measurements); }
   // Auto mode's end-of-run line, or nullopt.

@@ -6,6 +6,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "engine/allocation_key.hpp"
 #include "engine/forward_pass.hpp"
 
 namespace actpage::engine {
@@ -83,6 +84,14 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   }
   const NodeVerdict verdict = classifier().classify(request.path);
   if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  if (const auto* keys = auto_keys_now_.load(std::memory_order_acquire); keys != nullptr) {
+    // Auto mode: in a chosen layer only what autograd saved when it watched is worth moving.
+    if (!keys->contains(next_allocation_key(request.path))) {
+      auto_key_passed_.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
+    auto_key_candidates_.fetch_add(1, std::memory_order_relaxed);
+  }
   JobThreadTimer timer(engine);
   return engine->allocate(request.bytes, request.stream, verdict);
 }
@@ -164,8 +173,10 @@ void Engine::passed_through(const AllocRequest& request, DevPtr ptr) noexcept {
       devices_[request.device].load(std::memory_order_acquire) != observer) {
     return;
   }
+  // Counted as try_allocate counts them from the decision on: allocations of at least min_bytes.
+  const std::uint64_t key = request.bytes >= options_.min_bytes ? next_allocation_key(request.path) : 0;
   JobThreadTimer timer(observer);
-  observer->auto_allocation_passed(request.path, request.bytes, request.stream, ptr);
+  observer->auto_allocation_passed(request.path, request.bytes, request.stream, ptr, key);
 }
 
 void Engine::auto_layer_pushed(ranges::PathId node) {
@@ -188,7 +199,7 @@ void Engine::auto_layer_pushed(ranges::PathId node) {
       break;
     }
     case AutoSelect::Push::decided:
-      select_layers(observer->auto_chosen());
+      select_layers(observer->auto_chosen(), observer->auto_chosen_keys());
       auto_phase_.store(kAutoDecided, std::memory_order_relaxed);
       break;
     case AutoSelect::Push::ignored:
@@ -208,7 +219,7 @@ std::string exact_glob(const std::string& name) {
 }
 }  // namespace
 
-void Engine::select_layers(const std::vector<std::string>& layers) {
+void Engine::select_layers(const std::vector<std::string>& layers, const std::vector<std::uint64_t>& keys) {
   if (layers.empty()) return;
   // The user's "offload": false rules first (the innermost matching range decides, so a rule on a
   // module inside a chosen layer still keeps it), then one rule naming the chosen layers.
@@ -223,6 +234,8 @@ void Engine::select_layers(const std::vector<std::string>& layers) {
   chosen.modules.push_back(std::move(rule));
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (auto_classifier_) return;  // decided once per process
+  auto_keys_ = std::make_unique<const std::unordered_set<std::uint64_t>>(keys.begin(), keys.end());
+  auto_keys_now_.store(auto_keys_.get(), std::memory_order_release);
   auto_classifier_ = std::make_unique<NodeClassifier>(chosen);
   classifier_now_.store(auto_classifier_.get(), std::memory_order_release);
 }
@@ -284,6 +297,8 @@ EngineStats Engine::stats() const {
     if (!engine) continue;
     total += engine->stats();
   }
+  total.auto_key_candidates = auto_key_candidates_.load(std::memory_order_relaxed);
+  total.auto_key_passed = auto_key_passed_.load(std::memory_order_relaxed);
   return total;
 }
 

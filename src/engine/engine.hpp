@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
@@ -91,7 +92,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // A layer range was pushed while auto mode has not decided yet.
   void auto_layer_pushed(ranges::PathId node);
   // The decision: `layers` become selected (a classifier of their own), "offload": false rules kept.
-  void select_layers(const std::vector<std::string>& layers);
+  // `keys`: the chosen layers' allocations saved when auto mode watched, the only candidates.
+  void select_layers(const std::vector<std::string>& layers, const std::vector<std::uint64_t>& keys);
 
   static constexpr int kAutoWaiting = 0;    // no layer seen yet (or auto mode off: never leaves it)
   static constexpr int kAutoObserving = 1;  // the first pass runs unpaged
@@ -102,6 +104,12 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   NodeClassifier classifier_;
   std::unique_ptr<NodeClassifier> auto_classifier_;  // guarded by create_mutex_ until published
   std::atomic<const NodeClassifier*> classifier_now_;
+  // Auto mode's candidate keys (allocation_key.hpp), published before the classifier that selects
+  // the chosen layers; immutable once published.
+  std::unique_ptr<const std::unordered_set<std::uint64_t>> auto_keys_;
+  std::atomic<const std::unordered_set<std::uint64_t>*> auto_keys_now_{nullptr};
+  std::atomic<std::uint64_t> auto_key_candidates_{0};
+  std::atomic<std::uint64_t> auto_key_passed_{0};
   const bool auto_mode_;
   std::atomic<int> auto_phase_{kAutoWaiting};
   std::atomic<DeviceEngine*> auto_engine_{nullptr};  // the device engine that observes and decides

@@ -71,8 +71,10 @@ namespace actpage::engine {
 //   unpacks_not_back: unpacks that found the allocation not resident and asked for it as a marker does
 //   auto_*: auto mode's decision (auto_select.hpp): layers chosen, their saved bytes a pass, the
 //     link budget, the device-to-host rate (bytes/s) and the forward's GPU time it came from, and
-//     device memory in use (cudaMemGetInfo) where the GPU began backward: pass 1's (unpaged) and the
-//     most of the paged passes'
+//     device memory in use (cudaMemGetInfo) where the GPU began backward: the observed passes'
+//     (unpaged) and the most of the paged passes'; auto_key_candidates / auto_key_passed: allocations
+//     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
+//     job's allocator: allocation_key.hpp)
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -143,6 +145,8 @@ namespace actpage::engine {
   X(auto_forward_gpu_ns) \
   X(auto_used_unpaged_bytes) \
   X(auto_used_paged_bytes) \
+  X(auto_key_candidates) \
+  X(auto_key_passed) \
   X(job_thread_ns)
 
 struct EngineStats {
