@@ -251,7 +251,8 @@ bool AutoSelect::protected_by_rule(ranges::PathId layer) const {
 
 void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
-  // The GPU has the timed pass's backward queued: waiting for it to reach backward's start costs no GPU time.
+  // The GPU has the timed pass's backward queued: waiting for it to reach backward's start costs no
+  // GPU time.
   const bool timed = injected_.forward_gpu_ns == 0 && pass_start_marker_ != 0 && backward_marker_ != 0;
   parts_.turns.wait_yielding(lock, core.issued_cv, [&] {
     return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0));
@@ -291,8 +292,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
             format_bytes(observed) + "; link budget " + budget + ")";
   } else {
     line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
-            " layers from pass " + std::to_string(pass_ + 1) + " on: " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) +
-            " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
+            " layers from pass " + std::to_string(pass_ + 1) + " on: " + layer_list(chosen_names_) + " (" +
+            format_bytes(chosen_bytes_) + " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
   }
   ACTPAGE_LOG_INFO("{}", line);
   core.events.message(line);  // `actpage dump` shows it with the run's other messages
