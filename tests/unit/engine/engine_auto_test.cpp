@@ -5,6 +5,7 @@
 // checked, with the residual pattern: a layer's output is saved by the next layer.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -87,6 +88,7 @@ class LayerJob {
       }
       const Tensor act = job_.allocate(kBytes);
       job_.write(act);
+      if (layer == 0 && during_forward) during_forward();
       rig_.engine.tensor_saved(act.va);
       const Tensor temporary = job_.allocate(kBytes);
       job_.write(temporary);
@@ -138,6 +140,8 @@ class LayerJob {
   // Whether layer i's tensors were served by actpage in the last pass.
   const std::vector<bool>& owned() const { return owned_; }
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
+  // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
+  std::function<void()> during_forward;
 
  private:
   void read(const Tensor& tensor) {
@@ -217,6 +221,31 @@ TEST(AutoMode, APassWhoseAllocationsComeInAnotherOrderStaysBitForBit) {
   job.extra_allocation = false;
   job.pass();
   EXPECT_GT(rig.engine.stats().allocations_served, served_before);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, ASlowFirstPassDoesNotSetTheBudget) {
+  // On a real GPU pass 1's forward carries the job's set-up (autotuning, lazy initialisation): 5-10x
+  // a later one's. Here a kernel of pass 1's forward sleeps 400 ms on the job's stream. Its budget
+  // would hold every layer but the last (20 MiB at 400 ms); pass 2's forward, the one that counts,
+  // takes milliseconds: one layer's 4 MiB would need 80 ms of it.
+  constexpr std::uint64_t kSlowMs = 400;
+  AutoMeasurements rate_only;
+  rate_only.d2h_bytes_per_s = 20.0 * kMiB / (static_cast<double>(kSlowMs) / 1e3 * 0.8) + 1;
+  rate_only.forward_gpu_ns = 0;  // timed by the GPU clock's worker
+  Rig rig(auto_options(), rate_only);
+  LayerJob job(rig);
+  job.during_forward = [&] {
+    (void)rig.device.launch(rig.stream, [=] { std::this_thread::sleep_for(std::chrono::milliseconds(kSlowMs)); });
+  };
+  job.pass();
+  job.during_forward = nullptr;
+  for (int pass = 2; pass <= 4; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GT(stats.auto_forward_gpu_ns, 0u);
+  // Pass 2's, with a wide margin for a loaded machine: never pass 1's.
+  EXPECT_LT(stats.auto_forward_gpu_ns, kSlowMs / 2 * 1'000'000);
+  EXPECT_LE(rig.engine.auto_chosen().size(), 2u);
   expect_every_read_right(rig);
 }
 
