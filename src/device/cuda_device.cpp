@@ -287,19 +287,20 @@ Result<CUmemoryPool> CudaDevice::current_pool() {
   return pool;
 }
 
+Result<std::uint64_t> CudaDevice::pool_attribute(CUmemoryPool pool, CUmemPool_attribute which, const char* what) {
+  cuuint64_t value = 0;
+  if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(pool, which, &value), "cuMemPoolGetAttribute",
+                               std::string("reading the ") + what + " of the memory pool of " + device_text(ordinal_));
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<std::uint64_t>(value);
+}
+
 Result<PoolUsage> CudaDevice::usage_of(CUmemoryPool pool) {
-  auto attribute = [&](CUmemPool_attribute which, const char* what) -> Result<std::uint64_t> {
-    cuuint64_t value = 0;
-    if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(pool, which, &value), "cuMemPoolGetAttribute",
-                                 std::string("reading the ") + what + " of the memory pool of " + device_text(ordinal_));
-        !s.ok()) {
-      return s;
-    }
-    return static_cast<std::uint64_t>(value);
-  };
-  auto reserved = attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, "reserve");
+  auto reserved = pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, "reserve");
   if (!reserved.ok()) return reserved.status();
-  auto used = attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "bytes in use");
+  auto used = pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "bytes in use");
   if (!used.ok()) return used.status();
   return PoolUsage{*reserved, *used};
 }
@@ -313,13 +314,8 @@ Result<PoolUsage> CudaDevice::job_pool_usage() {
 Result<std::uint64_t> CudaDevice::take_job_pool_high() {
   auto pool = current_pool();
   if (!pool.ok()) return pool.status();
-  cuuint64_t high = 0;
-  if (Status s = driver_.check(driver_.cuMemPoolGetAttribute(*pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &high),
-                               "cuMemPoolGetAttribute",
-                               "reading the high-water mark of the memory pool of " + device_text(ordinal_));
-      !s.ok()) {
-    return s;
-  }
+  auto high = pool_attribute(*pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, "high-water mark");
+  if (!high.ok()) return high.status();
   // The driver accepts only 0 here, which restarts the mark from what is in use now.
   cuuint64_t zero = 0;
   if (Status s = driver_.check(driver_.cuMemPoolSetAttribute(*pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
@@ -328,7 +324,7 @@ Result<std::uint64_t> CudaDevice::take_job_pool_high() {
       !s.ok()) {
     return s;
   }
-  return static_cast<std::uint64_t>(high);
+  return *high;
 }
 
 Result<std::size_t> CudaDevice::trim_job_pool(std::size_t bytes) {

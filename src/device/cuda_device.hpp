@@ -109,6 +109,8 @@ class CudaDevice final : public Device {
   // The device's current pool, asked each time: a job may set another one (cudaDeviceSetMemPool).
   Result<CUmemoryPool> current_pool();
   Result<PoolUsage> usage_of(CUmemoryPool pool);
+  // cuMemPoolGetAttribute; the error says "reading the <what> of the memory pool of device N".
+  Result<std::uint64_t> pool_attribute(CUmemoryPool pool, CUmemPool_attribute which, const char* what);
 
   const DriverApi& driver_;
   int ordinal_ = 0;
