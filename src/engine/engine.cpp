@@ -245,15 +245,17 @@ std::vector<std::string> Engine::auto_chosen() const {
   return observer != nullptr ? observer->auto_chosen() : std::vector<std::string>{};
 }
 
-std::vector<std::string> Engine::summary() const {
+std::vector<std::string> Engine::lines_of(std::optional<std::string> (DeviceEngine::*line_of)() const) const {
   std::vector<std::string> lines;
   for (const auto& slot : devices_) {
     const DeviceEngine* engine = slot.load(std::memory_order_acquire);
     if (!engine) continue;
-    if (std::optional<std::string> line = engine->auto_summary()) lines.push_back(std::move(*line));
+    if (std::optional<std::string> line = (engine->*line_of)()) lines.push_back(std::move(*line));
   }
   return lines;
 }
+
+std::vector<std::string> Engine::summary() const { return lines_of(&DeviceEngine::auto_summary); }
 
 void Engine::on_push(ranges::PathId node) {
   const NodeClassifier& now = classifier();
@@ -304,15 +306,7 @@ EngineStats Engine::stats() const {
 
 std::string Engine::report() const { return stats_json(stats()); }
 
-std::vector<std::string> Engine::advice() const {
-  std::vector<std::string> lines;
-  for (const auto& slot : devices_) {
-    const DeviceEngine* engine = slot.load(std::memory_order_acquire);
-    if (!engine) continue;
-    if (std::optional<std::string> line = engine->advice()) lines.push_back(std::move(*line));
-  }
-  return lines;
-}
+std::vector<std::string> Engine::advice() const { return lines_of(&DeviceEngine::advice); }
 
 std::string stats_json(const EngineStats& s) {
   nlohmann::ordered_json json;

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 #include "actpage/device.hpp"
@@ -94,6 +95,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // The decision: `layers` become selected (a classifier of their own), "offload": false rules kept.
   // `keys`: the chosen layers' allocations saved when auto mode watched, the only candidates.
   void select_layers(const std::vector<std::string>& layers, const std::vector<std::uint64_t>& keys);
+  // One line from each device engine that has one (`line_of`), in ordinal order.
+  std::vector<std::string> lines_of(std::optional<std::string> (DeviceEngine::*line_of)() const) const;
 
   static constexpr int kAutoWaiting = 0;    // no layer seen yet (or auto mode off: never leaves it)
   static constexpr int kAutoObserving = 1;  // the first pass runs unpaged
