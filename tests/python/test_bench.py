@@ -93,6 +93,13 @@ def write_manifest(path, jobs):
         json.dump({"jobs": jobs}, handle)
 
 
+def run_script(name, args, env, timeout):
+    """Runs scripts/<name> with `args` under bash in `env`: (exit status, stdout and stderr together)."""
+    done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", name)] + list(args), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
+    return done.returncode, done.stdout
+
+
 def read(path, mode="r"):
     with open(path, mode) as handle:
         return handle.read()
@@ -473,10 +480,7 @@ class BenchScriptTest(unittest.TestCase):
             BENCH_CPU_PROBE="0.005"))
 
     def bench(self, *args, **env):
-        done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench.sh")] + list(args),
-                              env=dict(self.env, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=280)
-        return done.returncode, done.stdout
+        return run_script("bench.sh", args, dict(self.env, **env), timeout=280)
 
     def calls(self):
         with open(self.log) as handle:
@@ -629,10 +633,7 @@ class BenchBeforeAfterTest(unittest.TestCase):
             BENCH_ACTPAGE=self.after, BENCH_STEPS="5", BENCH_WARMUP="1"))
 
     def bench_ab(self, *args, **env):
-        done = subprocess.run(["bash", os.path.join(helpers.SOURCE_DIR, "scripts", "bench_ab.sh")] + list(args),
-                              env=dict(self.env, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=120)
-        return done.returncode, done.stdout
+        return run_script("bench_ab.sh", args, dict(self.env, **env), timeout=120)
 
     def test_each_policy_runs_under_both_builds_interleaved(self):
         code, printed = self.bench_ab(self.before, "llama")
