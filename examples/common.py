@@ -176,6 +176,10 @@ class CudaRuntime:
 class MemorySampler:
     """Peak of the device memory in use, sampled every `interval_ms` on a thread of its own.
 
+    Two peaks: over the whole run (`peak_bytes`: what decides whether a job fits), and over the
+    steady steps only (`steady_peak_bytes`: from the end of the `steady_after` warm-up steps, told by
+    step_ended(); what a method holds once it runs as it will for the rest of the run: a method that
+    watches the first steps before it acts, as actpage's auto mode does, lowers only this one).
     Without CUDA (or without a libcudart in the process) it does nothing and reports None. `query`
     can be given a callable returning the bytes in use (tests)."""
 
@@ -184,6 +188,10 @@ class MemorySampler:
         self.device_index = device_index
         self.peak_bytes = None
         self.first_bytes = None
+        self.steady_peak_bytes = None
+        self.steady_after = None  # warm-up steps; None: no steady peak
+        self.steps_ended = 0
+        self._steady = False
         self.samples = 0
         self.source = None
         self._stop = threading.Event()
@@ -230,7 +238,17 @@ class MemorySampler:
                 self.first_bytes = used
             if self.peak_bytes is None or used > self.peak_bytes:
                 self.peak_bytes = used
+            if self._steady and (self.steady_peak_bytes is None or used > self.steady_peak_bytes):
+                self.steady_peak_bytes = used
         return used
+
+    def step_ended(self):
+        """A training step has ended (its work synchronised). After `steady_after` of them, the
+        samples count toward the steady peak too, from one taken here."""
+        self.steps_ended += 1
+        if self.steady_after is not None and self.steps_ended == self.steady_after and not self._steady:
+            self._steady = True
+            self.sample()
 
     def _run(self):
         if self._runtime is not None:
@@ -260,6 +278,9 @@ class MemorySampler:
 
     def peak_mib(self):
         return None if self.peak_bytes is None else round(self.peak_bytes / MIB, 1)
+
+    def steady_peak_mib(self):
+        return None if self.steady_peak_bytes is None else round(self.steady_peak_bytes / MIB, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,6 +744,7 @@ def train(job, args, out=None):
     cuda = device.type == "cuda"
     device_index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
     sampler = MemorySampler(device_index, interval_ms=args.sample_ms, enabled=cuda)
+    sampler.steady_after = max(args.warmup, args.graph_warmup + 1) if args.method == "cuda_graph" else args.warmup
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -765,7 +787,7 @@ def train(job, args, out=None):
     profile = None
     try:
         if method == "cuda_graph":
-            _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms)
+            _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms, sampler)
         else:
             for step in range(args.steps):
                 if alternate:
@@ -792,6 +814,7 @@ def train(job, args, out=None):
                 spans = timer.spans_ms()
                 losses.append(float(loss.detach().float().item()))
                 step_ms.append(elapsed)
+                sampler.step_ended()
                 fwd_ms.append(spans[0])
                 bwd_ms.append(spans[1])
                 del loss, batch
@@ -826,6 +849,7 @@ def train(job, args, out=None):
         "median_step_ms": _median(measured),
         "median_fwd_ms": _median(fwd_ms[warmup:] if len(fwd_ms) > warmup else fwd_ms),
         "device_used_peak_mib": sampler.peak_mib(),
+        "device_used_steady_peak_mib": sampler.steady_peak_mib(),
         "device_used_start_mib": None if sampler.first_bytes is None else round(sampler.first_bytes / MIB, 1),
         "device_memory_samples": sampler.samples,
         "device_memory_source": sampler.source,
@@ -846,7 +870,7 @@ def train(job, args, out=None):
     return result
 
 
-def _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms):
+def _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms, sampler):
     """Eager steps on a side stream (torch's recipe for whole-network capture), then one captured
     training step (forward, backward, optimizer step) replayed for every later step."""
     import torch
@@ -884,6 +908,7 @@ def _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms):
             value = static_loss.detach()
         torch.cuda.synchronize()
         step_ms.append((time.perf_counter() - start) * 1000.0)
+        sampler.step_ended()
         losses.append(float(value.float().item()))
         fwd_ms.append(float("nan"))
         bwd_ms.append(float("nan"))

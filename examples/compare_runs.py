@@ -472,6 +472,8 @@ def summarize(variants, records, baseline_name=None, within=None):
             "step_ms_max": _max([r["result"].get("median_step_ms") for r in ok]),
             "ratio_to_reference": (round(median_ms / ref_ms, 4) if median_ms is not None and ref_ms else None),
             "device_used_peak_mib": _round(_median([r["result"].get("device_used_peak_mib") for r in ok])),
+            "device_used_steady_peak_mib": _round(_median([r["result"].get("device_used_steady_peak_mib")
+                                                          for r in ok])),
             "torch_peak_mib": _round(_median([r["result"].get("torch_peak_mib") for r in ok])),
             "actpage_active": _any([((r["result"].get("actpage") or {}).get("active")) for r in ok]),
             "policy": variant.policy,
@@ -556,7 +558,8 @@ def within_lines(rows, tolerance):
 
 def format_table(rows):
     header = ["variant", "actpage", "allocator", "ok/runs", "losses = ref", "ref", "stable", "median step ms",
-              "x ref", "device used peak MiB", "torch peak MiB", "paired x ref [95%]", "x ref of means [95%]"]
+              "x ref", "device used peak MiB", "after warm-up MiB", "torch peak MiB", "paired x ref [95%]",
+              "x ref of means [95%]"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for row in rows:
         cells = [
@@ -570,6 +573,7 @@ def format_table(rows):
             _cell(row["median_step_ms"], "%.1f"),
             _cell(row["ratio_to_reference"], "%.3f"),
             _cell(row["device_used_peak_mib"], "%.0f"),
+            _cell(row.get("device_used_steady_peak_mib"), "%.0f"),
             _cell(row["torch_peak_mib"], "%.0f"),
             format_ratio(row["paired_ratio_median"], row["paired_ratio_ci95"]),
             format_ratio(row["ratio_of_means"], row["ratio_of_means_ci95"]),
@@ -590,7 +594,8 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
         if args_record.get("policy"):
             handle.write("Policy: `%s`\n\n" % args_record["policy"])
         handle.write("Repetitions: %d, interleaved. Losses compared bit for bit (float.hex) with the reference "
-                     "run; step time is the median over repetitions of each run's median after warm-up.\n\n"
+                     "run; step time is the median over repetitions of each run's median after warm-up. Device used: "
+                     "cudaMemGetInfo's peak over the whole run, and over the steps after warm-up.\n\n"
                      % args_record["reps"])
         handle.write(table + "\n")
         handle.write("\nPaired: the median over reps of each rep's ratio to the reference's run of the same rep, "

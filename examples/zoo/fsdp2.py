@@ -12,9 +12,9 @@ Deterministic with --deterministic, on a fixed machine and rank count (NCCL's re
 order); to be confirmed on the GPUs.
 
 Only rank 0 prints the ACTPAGE_RESULT line: its own fields (losses, step times are rank 0's: the
-ranks step together), `ranks` with each rank's {rank, device_used_peak_mib, torch_peak_mib,
-median_step_ms, median_fwd_ms, losses}, and the aggregates device_used_peak_mib and torch_peak_mib as
-the maximum over the ranks, median_step_ms_slowest_rank the slowest rank's median.
+ranks step together), `ranks` with each rank's {rank, device_used_peak_mib, device_used_steady_peak_mib,
+torch_peak_mib, median_step_ms, median_fwd_ms, losses}, and the aggregates device_used_peak_mib,
+device_used_steady_peak_mib and torch_peak_mib as the maximum over the ranks, median_step_ms_slowest_rank the slowest rank's median.
 
 --parallel ddp (DistributedDataParallel, no sharding) is for a torch without fully_shard: the CPU
 tests run two gloo processes that way on torch 1.13. On such a torch, --parallel fsdp2 stops with a
@@ -54,7 +54,8 @@ def parse_args(argv=None):
     return args
 
 
-SUMMARY_FIELDS = ("device_used_peak_mib", "torch_peak_mib", "median_step_ms", "median_fwd_ms")
+SUMMARY_FIELDS = ("device_used_peak_mib", "device_used_steady_peak_mib", "torch_peak_mib", "median_step_ms",
+                  "median_fwd_ms")
 
 
 def gather_summaries(dist, torch, result, rank, world, device):
@@ -63,7 +64,7 @@ def gather_summaries(dist, torch, result, rank, world, device):
     destroyed. (all_gather_object let a gloo worker thread free the last Python-owned tensor while the
     main thread, holding the GIL, joined it at teardown: torch 1.13 hung there.)"""
     nan = float("nan")
-    values = [float(rank)] + [nan if result[key] is None else float(result[key]) for key in SUMMARY_FIELDS]
+    values = [float(rank)] + [nan if result.get(key) is None else float(result[key]) for key in SUMMARY_FIELDS]
     values += [float.fromhex(h) for h in result["losses"]]
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(world)]
@@ -82,13 +83,14 @@ def gather_summaries(dist, torch, result, rank, world, device):
 def merge_ranks(rank0_result, summaries):
     """Rank 0's result with every rank's summary and the aggregates (peaks: the maximum over ranks)."""
     def largest(key):
-        values = [s[key] for s in summaries if s[key] is not None]
+        values = [s[key] for s in summaries if s.get(key) is not None]
         return max(values) if values else None
 
     merged = dict(rank0_result)
     merged["ranks"] = sorted(summaries, key=lambda s: s["rank"])
     merged["world_size"] = len(summaries)
     merged["device_used_peak_mib"] = largest("device_used_peak_mib")
+    merged["device_used_steady_peak_mib"] = largest("device_used_steady_peak_mib")
     merged["torch_peak_mib"] = largest("torch_peak_mib")
     merged["median_step_ms_slowest_rank"] = largest("median_step_ms")
     return merged

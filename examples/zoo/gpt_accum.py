@@ -168,6 +168,7 @@ def train_loop(args, model, device, name, config, microbatches, eval_every, eval
             optimizer.zero_grad(set_to_none=True)
             zoo_common.synchronize(device)
             step_ms.append((time.perf_counter() - start) * 1000.0)
+            sampler.step_ended()
             fwd_ms.append(timer.total_ms("forward"))
             bwd_ms.append(timer.total_ms("backward"))
             values = [float(v.float().item()) for v in step_losses]

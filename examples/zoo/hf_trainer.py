@@ -147,6 +147,8 @@ class StepRecorder:
         self.on_pre_optimizer_step()  # a Trainer without that event: the backward ends here
         zoo_common.synchronize(self.device)
         self.step_ms.append((time.perf_counter() - self.start) * 1000.0)
+        if self.sampler is not None:
+            self.sampler.step_ended()
         self.in_step = False
         self.fwd_ms.append(self.timer.total_ms("forward"))
         self.bwd_ms.append(self.timer.total_ms("backward"))

@@ -244,6 +244,7 @@ def start_memory_sampler(device, args):
     cuda = device.type == "cuda"
     index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
     sampler = common.MemorySampler(index, interval_ms=args.sample_ms, enabled=cuda)
+    sampler.steady_after = args.warmup  # the loop calls sampler.step_ended() after each step
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -278,6 +279,7 @@ def loop_result(name, args, device, config, losses, step_ms, fwd_ms, bwd_ms, sam
         "median_fwd_ms": common._median(measured(fwd_ms)),
         "median_bwd_ms": common._median(measured(bwd_ms)),
         "device_used_peak_mib": sampler.peak_mib(),
+        "device_used_steady_peak_mib": sampler.steady_peak_mib(),
         "device_used_start_mib": None if sampler.first_bytes is None else round(sampler.first_bytes / common.MIB, 1),
         "device_memory_samples": sampler.samples,
         "device_memory_source": sampler.source,

@@ -48,7 +48,8 @@ FAKE_JOB = textwrap.dedent("""
     print("some job output")
     print("ACTPAGE_RESULT " + json.dumps({
         "losses": [x.hex() for x in losses], "median_step_ms": step_ms,
-        "device_used_peak_mib": 800.0 if under_actpage else 1000.0, "torch_peak_mib": 500.0,
+        "device_used_peak_mib": 800.0 if under_actpage else 1000.0,
+        "device_used_steady_peak_mib": 700.0 if under_actpage else 1000.0, "torch_peak_mib": 500.0,
         "actpage": {"loaded": under_actpage, "active": under_actpage}}))
 """)
 
@@ -147,7 +148,7 @@ class CompareRunsTest(unittest.TestCase):
         with open(os.path.join(self.out, "results.md")) as handle:
             markdown = handle.read()
         for text in (printed, markdown):
-            self.assertIn("| actpage-async | yes | backend:cudaMallocAsync | 2/2 | yes | plain-async | yes | 110.0 | 1.100 | 800 | 500 |", text)
+            self.assertIn("| actpage-async | yes | backend:cudaMallocAsync | 2/2 | yes | plain-async | yes | 110.0 | 1.100 | 800 | 700 | 500 |", text)
             self.assertIn("| plain-expandable | no | expandable_segments:True | 2/2 | no (step 2) |", text)
         self.assertTrue(os.path.isfile(os.path.join(self.out, "logs", "actpage-async.rep2.out")))
 
@@ -322,7 +323,7 @@ class CompareRunsTest(unittest.TestCase):
         self.assertIn("- " + line + "\n", markdown)
         low, high = row["ratio_of_means_ci95"]
         for text in (printed, markdown):
-            self.assertIn("| 1.135 | 800 | 500 | x1.004 [1.004, 1.305] | x1.070 [%.3f, %.3f] |" % (low, high), text)
+            self.assertIn("| 1.135 | 800 | 700 | 500 | x1.004 [1.004, 1.305] | x1.070 [%.3f, %.3f] |" % (low, high), text)
         self.assertEqual(data["settings"]["within"], 0.01)
 
     def test_within_when_every_pair_is(self):

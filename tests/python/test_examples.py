@@ -211,6 +211,29 @@ class MemorySamplerTest(unittest.TestCase):
         self.assertEqual(sampler.first_bytes, 100 << 20)
         self.assertGreater(sampler.samples, 3)
 
+    def test_the_steady_peak_counts_only_what_comes_after_the_warm_up_steps(self):
+        # No sampling thread: each sample() takes the next value, as the thread would.
+        values = iter([900 << 20, 700 << 20, 400 << 20, 600 << 20, 500 << 20])
+        sampler = common.MemorySampler(query=lambda: next(values))
+        sampler.steady_after = 2
+        sampler.sample()        # 900: step 1, the warm-up's peak
+        sampler.step_ended()
+        sampler.sample()        # 700: step 2
+        self.assertIsNone(sampler.steady_peak_mib())
+        sampler.step_ended()    # the warm-up is over: takes 400
+        sampler.sample()        # 600
+        sampler.sample()        # 500
+        self.assertEqual(sampler.peak_mib(), 900.0)
+        self.assertEqual(sampler.steady_peak_mib(), 600.0)
+
+    def test_without_warm_up_steps_set_there_is_no_steady_peak(self):
+        sampler = common.MemorySampler(query=lambda: 100 << 20)
+        sampler.sample()
+        sampler.step_ended()
+        sampler.sample()
+        self.assertEqual(sampler.peak_mib(), 100.0)
+        self.assertIsNone(sampler.steady_peak_mib())
+
     def test_finds_libraries_mapped_into_the_process(self):
         self.assertIn("libc.so", common.find_process_library("libc.so"))
         self.assertIsNone(common.find_process_library("libnothing-like-this.so"))
