@@ -61,6 +61,10 @@ if [[ $what == tsan || $what == all ]]; then
   build=${ACTPAGE_TSAN_BUILD_DIR:-$root/build-tsan}
   targets=(engine_test engine_torture_test engine_fault_test engine_saved_test engine_gpu_clock_test engine_auto_test trace_writer_test)
   timed "tsan configure+build" bash -c "cmake -S '$root' -B '$build' ${common[*]} -DACTPAGE_SANITIZE=thread >/dev/null && cmake --build '$build' -j $jobs --target ${targets[*]} >/dev/null"
-  # Fewer torture cases: TSan runs them ~10x slower.
-  timed "tsan tests" bash -c "cd '$build' && ACTPAGE_TORTURE_SHORT_SEEDS=\${ACTPAGE_TORTURE_SHORT_SEEDS:-100} ctest --output-on-failure -j $jobs -R '^(Engine|EngineTorture|EngineFault|SavedTensors|GpuClock|AutoMode|TraceWriter)[./]'"
+  # Fewer torture cases: TSan runs them ~10x slower. The slowest single-scenario engine tests stay in
+  # the plain suite only (15-66 s each under TSan, 225 s together on 2 cores, 2026-11-27): their
+  # threads are the workers the torture, fault and threaded tests drive here (ACTPAGE_TSAN_SKIP=''
+  # runs them too).
+  skip=${ACTPAGE_TSAN_SKIP-'^Engine\.(PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants|PrefillCreatesNoMoreThanTheJobsPoolGivesBack|RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges|TheLayersEndWaitsUntilEverySealedActivationHasLeft|EachCopiedActivationsPagesGoBackWithAtMostOneUnmap|OffloadCopiesGoOutInChunksAndEveryByteComesBack|TheTraceShowsTheJobsWaitsAndThePoolsPinning)$'}
+  timed "tsan tests" bash -c "cd '$build' && ACTPAGE_TORTURE_SHORT_SEEDS=\${ACTPAGE_TORTURE_SHORT_SEEDS:-50} ctest --output-on-failure -j $jobs -R '^(Engine|EngineTorture|EngineFault|SavedTensors|GpuClock|AutoMode|TraceWriter)[./]' -E '${skip:-^\$}'"
 fi

@@ -155,6 +155,11 @@ void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {
   job_pool_high_ = std::max(job_pool_high_, job_pool_used_);
 }
 
+void SimDevice::job_pool_frees(std::uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  job_pool_used_ -= std::min(bytes, job_pool_used_);
+}
+
 Result<std::uint64_t> SimDevice::take_job_pool_high() {
   std::lock_guard<std::mutex> lock(memory_mutex_);
   const std::uint64_t high = job_pool_high_;

@@ -184,6 +184,8 @@ class SimDevice final : public Device {
 
   // The job's pool: `reserved` bytes held, `used` of them in allocations (see the model above).
   void set_job_pool(std::uint64_t reserved, std::uint64_t used);
+  // The job frees `bytes` of the pool's allocations (its reserve stays; trims see them unused).
+  void job_pool_frees(std::uint64_t bytes);
   std::uint64_t job_pool_reserved() const;
   Result<PoolUsage> job_pool_usage() override;
   Result<std::uint64_t> take_job_pool_high() override;

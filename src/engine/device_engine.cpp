@@ -260,6 +260,10 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   if (clock_.wait_for_room(marker, clock_.uncounted_bytes(asked), lock)) {
     asked = groups_.asked_for(module_name, forward_pass, first_position);  // the lock was released
   }
+  // And until the job's pool has made room for their pages (or the GPU is one marker before).
+  if (job_pool_.make_room(marker, clock_.uncounted_bytes(asked), /*may_wait=*/true, lock).waited) {
+    asked = groups_.asked_for(module_name, forward_pass, first_position);
+  }
   request_groups(asked, marker, first_position, forward_pass, lock);
 }
 
@@ -278,7 +282,7 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
   // For the STALL record: the module waited for (`actpage dump` charges the stall to it).
   const ranges::PathId waited_for = needed.front().second->group->selected;
   const std::uint32_t waited_group = needed.front().second->group->id;
-  reload_.prefetch_before(first_position, forward_pass);
+  reload_.prefetch_before(marker, first_position, forward_pass, lock);
   reload_.bring_back(needed, waited_for, waited_group, lock);
 }
 

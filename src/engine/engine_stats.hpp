@@ -33,6 +33,8 @@ namespace actpage::engine {
 //   pool_fit_looks, pool_fits, pool_fit_bytes: the VMM worker's reads of the job's pool's high-water
 //     mark at a forward's start (vmm.trim_job_pool), the trims down to it they made, and what those
 //     gave back
+//   pool_waits, pool_wait_ns: backward markers whose thread the room gate held until the job's pool
+//     gave back the bytes their reloads needed (or the GPU was one marker before them), and how long
 //   reload_pool_waits: times a prefetch that needed new pages waited (0.5 ms at most) for the pool
 //     to give back what earlier reloads' pages were owed
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -112,6 +114,8 @@ namespace actpage::engine {
   X(pool_fit_looks) \
   X(pool_fits) \
   X(pool_fit_bytes) \
+  X(pool_waits) \
+  X(pool_wait_ns) \
   X(reload_pool_waits) \
   X(backlog_waits) \
   X(backlog_wait_ns) \

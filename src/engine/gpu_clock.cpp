@@ -169,6 +169,7 @@ void GpuClock::reached_oldest(std::uint64_t now_ns) {
   if (marker.backward_begins) note_lead(marker, now_ns);
   std::erase_if(counted_, [&](const auto& entry) { return entry.second.marker == marker.id; });
   markers_.pop_front();
+  ++reached_count_;
   core.recycle_event(marker.event);
 }
 

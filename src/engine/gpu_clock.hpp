@@ -81,6 +81,10 @@ class GpuClock {
   // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it
   // waited (the lock was released: look the groups up again).
   bool wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock);
+  // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
+  bool older_marker_ahead(std::uint64_t marker) const;
+  // Markers the GPU has reached so far (a waiter's wake-up: the GPU moved on).
+  std::uint64_t reached_count() const { return reached_count_; }
 
  private:
   struct Marker {
@@ -95,8 +99,6 @@ class GpuClock {
     std::uint64_t marker = 0;
   };
 
-  // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
-  bool older_marker_ahead(std::uint64_t marker) const;
   // Whether `marker` was recorded and the GPU has not reached it yet.
   bool pending(std::uint64_t marker) const;
   // The GPU reached the oldest marker at `now_ns`: the bytes it asked for are no longer ahead.
@@ -109,6 +111,7 @@ class GpuClock {
   const GpuClockOptions options_;
   std::optional<StreamHandle> stream_;  // of the newest served allocation
   std::uint64_t next_id_ = 1;
+  std::uint64_t reached_count_ = 0;
   // Recorded and not yet reached, oldest first (ids increasing): the worker watches the front and
   // pops it when the GPU has reached it.
   std::deque<Marker> markers_;

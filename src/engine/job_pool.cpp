@@ -5,6 +5,7 @@
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "engine/engine_core.hpp"
+#include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/turns.hpp"
 
@@ -51,7 +52,14 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
   // shrink), and backward has freed much of it by now: pages created here would stack on top of
   // that reserve. Giving the pool's unused bytes back first keeps device memory in use flat; the
   // pool grows back in the next forward pass, when these pages have been given back or recycled.
-  const std::optional<Trim> trim = options_.trim ? trim_by(bytes) : std::nullopt;
+  // What the room gate gave back already counts.
+  std::size_t prepaid = 0;
+  if (options_.trim) {
+    std::lock_guard<std::mutex> guard(core.mutex);
+    prepaid = static_cast<std::size_t>(std::min<std::uint64_t>(credit_, bytes));
+    credit_ -= prepaid;
+  }
+  const std::optional<Trim> trim = options_.trim && prepaid < bytes ? trim_by(bytes - prepaid) : std::nullopt;
   // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
   // may wait 10-16 ms for the job's queued work (docs/findings.md, section 4).
   const std::uint64_t started = monotonic_ns();
@@ -62,15 +70,79 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
   core.stats.reload_create_ns += create_ns;
   if (trim) record(*trim);
   if (options_.catch_up && parts_.groups.in_backward() && created.ok() && trim && trim->trimmed.ok() &&
-      *trim->trimmed < bytes) {
+      *trim->trimmed < bytes - prepaid) {
     // The pool's unused bytes here are mostly backward's first frees, not yet run by the device,
     // or in blocks that still hold live tensors: it gives them back a few layers later.
-    const std::uint64_t shortfall = bytes - *trim->trimmed;
+    const std::uint64_t shortfall = bytes - prepaid - *trim->trimmed;
     debt_ += shortfall;
     core.stats.pool_trim_debt_bytes += shortfall;
     if (!watch_open_) open_watch();
   }
   return created;
+}
+
+bool JobPool::gates_reloads() {
+  // A replay's GPU is where its host is; without trims (off, or failed) there is nothing to wait for.
+  if (!options_.trim || parts_.turns.serialized() || failed_.load(std::memory_order_relaxed)) return false;
+  // vmm.trim_job_pool_catch_up (experimental) lets reloads go and owes the pool instead.
+  if (options_.catch_up) return false;
+  // A pool with no reserve (another allocator, or one the job does not use) never gives anything
+  // back: nothing to wait for either.
+  Result<PoolUsage> usage = parts_.core.device.job_pool_usage();
+  return usage.ok() && usage->reserved_bytes > 0;
+}
+
+JobPool::Room JobPool::make_room(std::uint64_t marker, std::uint64_t bytes, bool may_wait,
+                                 std::unique_lock<std::mutex>& lock) {
+  EngineCore& core = parts_.core;
+  GpuClock& clock = parts_.clock;
+  Room room;
+  if (bytes == 0) return room;
+  ++busy_;
+  lock.unlock();
+  const bool gated = gates_reloads();
+  lock.lock();
+  --busy_;
+  if (!gated) return room;
+  // Each request trims for its own pages: credit still unused may be an earlier marker's whose
+  // reloads have not created their pages yet. Nor is the range cache counted: the VMM worker may
+  // give its pages back before a reload takes them. A trim that proves unneeded leaves the device
+  // lower, no worse.
+  std::uint64_t needed = bytes;
+  const std::uint64_t started = monotonic_ns();
+  while (!core.stopping) {
+    ++busy_;
+    lock.unlock();
+    const std::optional<Trim> trim = trim_by(needed);
+    lock.lock();
+    --busy_;
+    if (!trim) break;
+    record(*trim);
+    if (!trim->trimmed.ok()) break;
+    const std::uint64_t given = std::min<std::uint64_t>(*trim->trimmed, needed);
+    credit_ += given;
+    needed -= given;
+    if (needed == 0) break;  // room made
+    if (!may_wait) {
+      room.made = false;  // a prefetch goes only into room made for it
+      return room;
+    }
+    if (!clock.older_marker_ahead(marker)) break;  // the GPU is one marker before: go now
+    if (!room.waited) {
+      room.waited = true;
+      ++core.stats.pool_waits;
+    }
+    const std::uint64_t reached = clock.reached_count();
+    parts_.turns.wait_yielding(lock, core.issued_cv, [&] {  // the clock worker notifies it
+      return core.stopping || clock.reached_count() != reached || !clock.older_marker_ahead(marker);
+    });
+  }
+  if (room.waited) {
+    const std::uint64_t waited_ns = monotonic_ns() - started;
+    core.stats.pool_wait_ns += waited_ns;
+    core.events.waited_for_gpu(waited_ns);
+  }
+  return room;
 }
 
 bool JobPool::holds_back_new_pages() const {
@@ -93,6 +165,7 @@ void JobPool::backward_begins() {
 void JobPool::forward_begins() {
   // The pool grows back in this forward: nothing more to give back for backward's reloads.
   debt_ = 0;
+  credit_ = 0;
   watch_open_ = false;
 }
 

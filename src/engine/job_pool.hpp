@@ -6,6 +6,17 @@
 //   as many bytes of the pool's unused reserve back to the driver (trim_by, cuMemPoolTrimTo), so
 //   that the new pages take the reserve's place instead of adding to device memory in use. A
 //   failed trim warns once and ends trimming for the run (only the saving is at stake).
+// - vmm.trim_job_pool, the room gate: in a GPU-bound job the host asks for backward's reloads
+//   while the GPU is still near backward's start, the step's peak, where the pool's unused bytes are
+//   frees the device has not run: a reload's trim gives nothing there, and its pages would stand
+//   beside the pool's whole reserve. So a backward marker's thread, before its reloads are
+//   requested, trims the pool by the bytes they need, and while
+//   that falls short and the GPU has not reached a marker older than this one, waits for the GPU to
+//   pass the next marker (its frees run meanwhile) and trims again. The GPU has that older work
+//   queued: the wait costs no GPU time, and the reload still goes at the latest when the GPU is one
+//   marker before it. What the gate gave back is credit the reloads' pages use before trimming
+//   (forgotten when a forward begins: the pool grows back in forward). Not with a pool that has no
+//   reserve (nothing to give back), nor under vmm.trim_job_pool_catch_up, which owes instead.
 // - vmm.trim_job_pool_catch_up: what a reload's trim could not give back (at backward's start the
 //   pool's unused bytes are mostly frees the device has not run yet) is owed; while it is, a watch
 //   looks at the pool every millisecond (3 ms after a trim that gave nothing) on the VMM worker and
@@ -22,7 +33,7 @@
 //   if more than kFitSlackBytes above it. Backward and the optimizer grow it back as they need.
 // - Driver calls run without the engine's lock, but for the fit's on the job's thread (two
 //   attribute calls and an event record a pass, as GpuClock's records); everything else with it
-//   held.
+//   held. The room gate's trims run on the marker's thread (a job thread), without the lock.
 #pragma once
 
 #include <atomic>
@@ -59,6 +70,18 @@ class JobPool {
   // Creates device pages for a reload, first trimming the pool by as much (vmm.trim_job_pool); what
   // the trim fell short by is owed (catch-up). Called without the engine's lock; takes it.
   Result<PhysicalHandle> create_reload_pages(std::size_t bytes);
+  // The room gate, on a backward marker's thread (`marker`) before reloads of `bytes` are requested:
+  // trims the pool by them and, while it falls short, the GPU has not reached a marker older than
+  // this one and `may_wait` (a marker's own reloads; a prefetch does not wait), waits for the GPU to
+  // pass the next marker and trims again. `made`: the reloads may go (room made, the GPU one marker
+  // before, or no gate: trims off or failed, serialized, a pool with no reserve); false only for a
+  // prefetch short of room. `waited`: the lock was released for a while (look the groups up again).
+  // Lock held; unlocks around the driver calls and while waiting.
+  struct Room {
+    bool made = true;
+    bool waited = false;
+  };
+  Room make_room(std::uint64_t marker, std::uint64_t bytes, bool may_wait, std::unique_lock<std::mutex>& lock);
   // Whether prefetches that need new pages wait now: the pool owes earlier reloads' pages. Lock held.
   bool holds_back_new_pages() const;
   // Backward begins: nothing is owed yet. A forward begins: nothing is owed any more, and the watch
@@ -91,6 +114,8 @@ class JobPool {
 
  private:
   void open_watch();
+  // Whether make_room() applies (reads the pool's usage: without the lock).
+  bool gates_reloads();
   void fit_failed(const Status& status);
 
   EngineParts& parts_;
@@ -100,6 +125,8 @@ class JobPool {
   std::uint64_t next_look_ns_ = 0;   // monotonic_ns() of the next look
   // Bytes of reload pages created in this backward that the pool has not given back yet.
   std::uint64_t debt_ = 0;
+  // Bytes the room gate gave back that no reload's pages have used yet.
+  std::uint64_t credit_ = 0;
   bool fit_failed_ = false;         // the pool's high-water mark cannot be read: no fits this run
   EventHandle fit_event_{};          // a forward's start in the GPU's queue; 0: no fit waits
   std::uint64_t forward_need_ = 0;   // the most the pool held in the last forward (0: unknown)

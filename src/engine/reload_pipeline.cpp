@@ -162,17 +162,30 @@ void ReloadPipeline::request(Allocation& allocation, bool urgent) {
   }
 }
 
-void ReloadPipeline::prefetch_before(std::uint64_t position, std::uint64_t forward_pass) {
+void ReloadPipeline::prefetch_before(std::uint64_t marker, std::uint64_t position, std::uint64_t forward_pass,
+                                     std::unique_lock<std::mutex>& lock) {
   // Newest first, a group at a time, while it fits ahead of the GPU (GpuClock): prefetch.ahead_bytes
   // bounds what is back on the device before the GPU needs it, prefetches and markers' reloads alike.
+  // And while the job's pool makes room for its pages now (JobPool::make_room): a prefetch at
+  // backward's start would otherwise stand beside the pool's whole reserve, at the step's peak.
   std::uint64_t room = parts_.clock.room();
-  for (Group* group : parts_.groups.before(position, forward_pass)) {
-    const std::uint64_t bytes = parts_.clock.uncounted_bytes(*group);
-    if (bytes == 0) continue;  // resident, or already asked for
-    if (bytes > room) return;
+  while (true) {
+    Group* next = nullptr;
+    std::uint64_t bytes = 0;
+    for (Group* group : parts_.groups.before(position, forward_pass)) {
+      bytes = parts_.clock.uncounted_bytes(*group);
+      if (bytes == 0) continue;  // resident, or already asked for
+      next = group;
+      break;
+    }
+    if (next == nullptr || bytes > room) return;
+    const std::uint32_t id = next->id;
+    if (!parts_.job_pool.make_room(marker, bytes, /*may_wait=*/false, lock).made) return;
+    // The lock was released around the trim: the group may be gone, or asked for meanwhile.
+    if (!parts_.groups.all().contains(id) || parts_.clock.uncounted_bytes(*next) != bytes) continue;
     room -= bytes;
-    parts_.clock.count_prefetch(*group);  // before the requests change the allocations' states
-    for (Allocation* allocation : group->allocations) request(*allocation, /*urgent=*/false);
+    parts_.clock.count_prefetch(*next);  // before the requests change the allocations' states
+    for (Allocation* allocation : next->allocations) request(*allocation, /*urgent=*/false);
   }
 }
 

@@ -55,7 +55,10 @@ class ReloadPipeline {
   // Requests the groups before `position` in forward order, newest first, each whole while it fits
   // ahead of the GPU (GpuClock::room); with a forward pass id, only that forward call's (and unknown
   // ones'): another micro-batch's backward is not next.
-  void prefetch_before(std::uint64_t position, std::uint64_t forward_pass);
+  // `marker`: the backward marker whose thread prefetches (the job pool's room gate, which a
+  // prefetch short of room ends). Unlocks around the pool's trims.
+  void prefetch_before(std::uint64_t marker, std::uint64_t position, std::uint64_t forward_pass,
+                       std::unique_lock<std::mutex>& lock);
   // Its offload ended after backward had asked for it: queued now.
   void queue_after_offload(Allocation& allocation);
   // The job freed it while it waited in the queue.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -298,6 +299,77 @@ TEST(GpuClock, TheTraceShowsTheHostsLeadAndItsWaitsForTheGpu) {
   EXPECT_NE(report.str().find("at backward's start (the host 3 backward markers ahead), 8 MiB asked back by then"),
             std::string::npos)
       << report.str();
+}
+
+// The room gate (JobPool::wait_for_room): with no bound on the bytes ahead, the host asks for every
+// layer's reload while the GPU is still at backward's start, the step's peak, where the job's pool
+// has one layer's worth unused (the loss's temporaries) and the rest in use. Layer 5's reload takes
+// that layer's place; each later one waits until the GPU has run the backward before it, whose
+// frees let the pool give the bytes back, so device memory in use (cudaMemGetInfo's view: the
+// pool's reserve and actpage's pages) never rises above the peak. Without the gate every reload
+// would come at once, five layers above it. Every byte comes back.
+TEST(GpuClock, ReloadsWaitUntilTheJobsPoolGivesBackTheirBytes) {
+  Options options = every_mlp(kUnbounded);
+  options.vmm_trim_job_pool = true;
+  Rig rig(options);
+  Saved saved = forward(rig);
+  rig.gpu.allow_through(kBackwardPoint - 1);
+  ASSERT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
+  ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+  // The GPU at backward's start: the pool holds the step's peak, all but one layer's worth in use.
+  const std::uint64_t reserve = (kLayers + 2) * kLayerBytes;
+  rig.device.set_job_pool(reserve, reserve - kLayerBytes);
+  auto used_now = [&] {
+    auto info = rig.device.mem_info();
+    return info.ok() ? info->total_bytes - info->free_bytes : 0;
+  };
+  const std::uint64_t peak = used_now();
+
+  std::thread autograd([&] {
+    SimJob& job = *rig.job;
+    for (int layer = kLayers; layer-- > 0;) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      job.marker(name + ".backward");
+      job.marker(name + ".mlp.backward");
+      for (const Tensor& tensor : saved[layer]) job.check(tensor);
+      for (const Tensor& tensor : saved[layer]) job.free(tensor);
+      // The layer's other frees, the job's own (its attention's), run when the GPU gets here.
+      ASSERT_TRUE(rig.device.launch(rig.stream, [&rig] { rig.device.job_pool_frees(kLayerBytes); }).ok());
+      job.marker(name + ".attn.backward");
+    }
+  });
+  // The host at layer 4's marker, held (or, without the gate, every reload asked for).
+  EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) {
+    return s.pool_waits >= 1 || s.reloads_completed == kLayers * kPerModule;
+  }));
+  EXPECT_GE(rig.engine.stats().pool_waits, 1u);
+  EXPECT_LE(used_now(), peak) << "reloads came before the pool could make room";
+  EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.reloads_completed >= kPerModule; }));
+  EXPECT_LE(used_now(), peak);
+
+  // The GPU runs backward; a thread watches device memory in use meanwhile.
+  std::atomic<bool> watching{true};
+  std::atomic<std::uint64_t> most{0};
+  std::thread watch([&] {
+    while (watching.load()) {
+      std::uint64_t seen = used_now();
+      std::uint64_t known = most.load();
+      while (seen > known && !most.compare_exchange_weak(known, seen)) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  rig.gpu.open_all();
+  autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  watching.store(false);
+  watch.join();
+  EXPECT_LE(most.load(), peak);
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, static_cast<std::uint64_t>(kLayers * kPerModule));
+  EXPECT_GE(stats.pool_trimmed_bytes, kLayers * kLayerBytes) << "every reload's pages took the pool's place";
+  expect_every_byte_back(rig, "room gate");
 }
 
 // A GPU that keeps up with the host (a launch-bound job): the engine still marks every backward

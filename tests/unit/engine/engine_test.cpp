@@ -741,7 +741,7 @@ TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
   // vmm.trim_job_pool trims the job's pool by what a reload creates, but at backward's start the
   // pool has nothing to give (here: all of it in use), and the reloads' pages then add to the peak.
   // With vmm.trim_job_pool_catch_up the pool gives that back once backward frees (here: two layers
-  // in), exactly that and no more; without, it keeps its reserve.
+  // in), exactly that and no more; without, the room gate holds the reloads for it instead.
   for (bool catch_up : {false, true}) {
     Options options = testing::small_offload_options();
     options.vmm_trim_job_pool = true;
@@ -776,11 +776,12 @@ TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         EXPECT_EQ(rig.device.job_pool_reserved(), 3 * kGiB - created) << where << ": trimmed beyond the reloads";
       } else {
+        // The room gate instead: each marker's reloads waited for the pool to give their bytes back
+        // (or for the GPU to be one marker before them), so nothing was owed.
         EXPECT_EQ(owed, 0u) << where;
         EXPECT_EQ(waits, 0u) << where;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        // Only what was created after the pool had unused bytes came out of it.
-        EXPECT_GT(rig.device.job_pool_reserved(), 3 * kGiB - created) << where;
+        EXPECT_LE(rig.device.job_pool_reserved(), 3 * kGiB) << where;
       }
     }
     rig.device.synchronize();
@@ -1283,12 +1284,11 @@ TEST(Engine, ReloadsTrimTheJobsPoolSoDeviceMemoryInUseDoesNotRise) {
     EXPECT_EQ(rig.device.fault_count(), 0u) << "trim " << trim;
     ASSERT_EQ(stats.reloads_completed, 8u) << "trim " << trim;
     if (trim) {
-      // One trim before each reload that creates pages, by the reload's mapped size (3 MiB maps as
-      // 4 MiB). Most create: a range freed in backward is given back at once with no cache, though
-      // a reload may catch one before the worker does.
+      // Trims before the reloads' pages: the room gate's, by the bytes each marker asks back, and
+      // the reload's own for the rest of its mapped size (3 MiB maps as 4 MiB). Every page created
+      // took the pool's place (a gate's trim for a reload that caught a freed range is extra).
       EXPECT_GE(stats.pool_trims, 4u);
-      EXPECT_LE(stats.pool_trims, 8u);
-      EXPECT_EQ(stats.pool_trimmed_bytes, stats.pool_trims * 4 * kMiB);
+      EXPECT_GE(stats.pool_trimmed_bytes, stats.reload_creates * 4 * kMiB);
       EXPECT_EQ(rig.device.job_pool_reserved(), kGiB - stats.pool_trimmed_bytes);
       EXPECT_LE(peak, at_backward);
     } else {
