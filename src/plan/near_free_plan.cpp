@@ -57,6 +57,17 @@ bool protected_by_rule(const policy::ModuleMatcher& matcher, const std::vector<s
   return false;
 }
 
+// A glob that matches `name` and nothing else: the glob characters in it escaped (a range named
+// "blocks[3]" is no class).
+std::string glob_matching_only(const std::string& name) {
+  std::string glob;
+  for (char c : name) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') glob += '\\';
+    glob += c;
+  }
+  return glob;
+}
+
 std::uint64_t median(std::vector<std::uint64_t> values) {
   std::sort(values.begin(), values.end());
   return values[(values.size() - 1) / 2];
@@ -193,7 +204,14 @@ Result<NearFreePlan> plan_near_free(const trace::TraceFile& trace, const Options
   }
   plan.timed_iterations = forward_times.size();
 
-  const policy::ModuleMatcher matcher(base);
+  // Only the exclusions: they come first in the written policy, where the first match wins, so a
+  // layer one of them matches would not be paged even if chosen (and auto mode runs with no other).
+  Options exclusions = base;
+  exclusions.modules.clear();
+  for (const ModuleRule& rule : base.modules) {
+    if (!rule.offload) exclusions.modules.push_back(rule);
+  }
+  const policy::ModuleMatcher matcher(exclusions);
   for (std::size_t i = 0; i < layers.size(); ++i) {
     engine::LayerSaved layer;
     layer.name = layers[i].name;
@@ -214,17 +232,15 @@ Result<NearFreePlan> plan_near_free(const trace::TraceFile& trace, const Options
   plan.policy.auto_goal = AutoGoal::off;
   plan.policy.release_after = ReleaseAfter::range_end;
   plan.policy.keep_last = 0;
-  plan.policy.modules.clear();
-  bool replaced = false;
-  for (const ModuleRule& rule : base.modules) {
-    if (rule.offload) {
-      replaced = true;
-    } else {
-      plan.policy.modules.push_back(rule);
-    }
+  plan.policy.modules = exclusions.modules;
+  if (exclusions.modules.size() != base.modules.size()) {
+    plan.notes.push_back("the base policy's \"offload\": true rules are replaced by the chosen layers");
   }
-  if (replaced) plan.notes.push_back("the base policy's \"offload\": true rules are replaced by the chosen layers");
-  if (!plan.chosen.empty()) plan.policy.modules.push_back(ModuleRule{plan.chosen, true, std::nullopt});
+  if (!plan.chosen.empty()) {
+    ModuleRule chosen{{}, true, std::nullopt};
+    for (const std::string& name : plan.chosen) chosen.match.push_back(glob_matching_only(name));
+    plan.policy.modules.push_back(std::move(chosen));
+  }
   return plan;
 }
 

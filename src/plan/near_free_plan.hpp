@@ -19,10 +19,12 @@
 //   (none is whole) over the last one, whose backlog is unknown (a note says so).
 // - The rate: the calibration's device-to-host rate at the size auto mode measures with
 //   (AutoSelect::kMeasureBytes). host_pool.bytes caps the budget, as it does in auto mode.
-// - Protection: the base policy's "offload": false rules, matched as auto mode matches them (the
-//   innermost range around the layer, the layer itself included, that a rule matches decides).
+// - Protection: the base policy's "offload": false rules (only those: they come first in the
+//   written policy), matched as auto mode matches them (the innermost range around the layer, the
+//   layer itself included, that a rule matches decides).
 // - The policy: the base's options with mode offload, auto off, the base's "offload": false rules
-//   first and then one rule naming the chosen layers, release_after range_end and keep_last 0 (what
+//   first and then one rule naming the chosen layers (each a glob matching that name only),
+//   release_after range_end and keep_last 0 (what
 //   auto mode runs its layers with). The base's "offload": true rules are replaced (a note says so).
 //   Nothing chosen gives a policy that pages nothing.
 #pragma once

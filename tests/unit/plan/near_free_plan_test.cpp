@@ -136,14 +136,17 @@ TEST(NearFreePlan, NothingFitsSaysWhyAndThePolicyPagesNothing) {
 TEST(NearFreePlan, ALayerAnOffloadFalseRuleProtectsIsSkippedAndTheRuleKept) {
   const trace::TraceFile file = near_free_trace();
   Options base = Options::defaults();
-  base.modules = {ModuleRule{{"model.layers.1"}, false, std::nullopt},
-                  ModuleRule{{"*.mlp"}, true, std::nullopt}};  // replaced by the choice
+  // The "offload": true rule (first here) is replaced by the choice; the exclusion still protects
+  // layer 1, since it comes first in the written policy.
+  base.modules = {ModuleRule{{"model.layers.*"}, true, std::nullopt},
+                  ModuleRule{{"model.layers.1"}, false, std::nullopt}};
   auto planned = plan_near_free(file, base, costs_for_budget(25 * MiB));
   ASSERT_TRUE(planned.ok()) << planned.status().message();
   EXPECT_TRUE(planned->inputs.layers[1].protected_by_rule);
+  EXPECT_FALSE(planned->inputs.layers[0].protected_by_rule);
   EXPECT_EQ(planned->chosen, (std::vector<std::string>{"model.layers.0", "model.layers.2"}));
   ASSERT_EQ(planned->policy.modules.size(), 2u);
-  EXPECT_EQ(planned->policy.modules[0], base.modules[0]);  // first: first match wins
+  EXPECT_EQ(planned->policy.modules[0], base.modules[1]);  // first: first match wins
   EXPECT_EQ(planned->policy.modules[1].match, planned->chosen);
   ASSERT_EQ(planned->notes.size(), 1u);
   EXPECT_NE(planned->notes[0].find("\"offload\": true rules are replaced"), std::string::npos);
