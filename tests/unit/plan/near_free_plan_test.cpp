@@ -11,6 +11,7 @@
 #include "common/units.hpp"
 #include "plan/calibration.hpp"
 #include "plan/near_free_plan.hpp"
+#include "policy/module_matcher.hpp"
 #include "policy/policy.hpp"
 #include "trace/builder.hpp"
 #include "trace/reader.hpp"
@@ -29,7 +30,7 @@ std::string temp_file(const std::string& name) { return ::testing::TempDir() + "
 // thread 2 from 120 ms: a marker per layer every 20 ms, each freeing its layer's saved allocation,
 // the last at 202 ms; then the step's wait until the next iteration (the GPU's backlog).
 // Without `saved` the trace has no SAVED records (a trace from before they existed).
-trace::TraceBuilder near_free_builder(bool saved = true) {
+trace::TraceBuilder near_free_builder(bool saved = true, const std::string& prefix = "model.layers.") {
   trace::TraceBuilder b;
   b.at(0, 1);
   const std::uint32_t model = b.path("model");
@@ -39,7 +40,7 @@ trace::TraceBuilder near_free_builder(bool saved = true) {
     std::vector<std::uint64_t> kept(kLayers);
     b.at(t0, 1).range_push(model);
     for (int layer = 0; layer < kLayers; ++layer) {
-      const std::string name = "model.layers." + std::to_string(layer);
+      const std::string name = prefix + std::to_string(layer);
       const std::uint32_t layer_path = b.path("model/" + name);
       const std::uint32_t mlp = b.path("model/" + name + "/" + name + ".mlp");
       const std::uint64_t t = t0 + 10 * ms + static_cast<std::uint64_t>(layer) * 20 * ms;
@@ -57,7 +58,7 @@ trace::TraceBuilder near_free_builder(bool saved = true) {
     }
     b.at(t0 + 110 * ms, 1).range_pop(model);
     for (int layer = kLayers - 1; layer >= 0; --layer) {
-      const std::uint32_t marker = b.path("model.layers." + std::to_string(layer) + ".backward", trace::kPathBackward);
+      const std::uint32_t marker = b.path(prefix + std::to_string(layer) + ".backward", trace::kPathBackward);
       const std::uint64_t m = t0 + 120 * ms + static_cast<std::uint64_t>(kLayers - 1 - layer) * 20 * ms;
       b.at(m, 2).range_push(marker);
       b.at(m + ms, 2).range_pop(marker);
@@ -150,6 +151,20 @@ TEST(NearFreePlan, ALayerAnOffloadFalseRuleProtectsIsSkippedAndTheRuleKept) {
   EXPECT_EQ(planned->policy.modules[1].match, planned->chosen);
   ASSERT_EQ(planned->notes.size(), 1u);
   EXPECT_NE(planned->notes[0].find("\"offload\": true rules are replaced"), std::string::npos);
+}
+
+TEST(NearFreePlan, LayerNamesWithGlobCharactersAreWrittenAsGlobsMatchingOnlyThem) {
+  auto file = trace::read_trace_bytes(near_free_builder(true, "model.h[*].").bytes(), "glob.trace");
+  ASSERT_TRUE(file.ok());
+  auto planned = plan_near_free(*file, Options::defaults(), costs_for_budget(25 * MiB));
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  EXPECT_EQ(planned->chosen, (std::vector<std::string>{"model.h[*].0", "model.h[*].1"}));
+  ASSERT_EQ(planned->policy.modules.size(), 1u);
+  EXPECT_EQ(planned->policy.modules[0].match, (std::vector<std::string>{"model.h\\[\\*\\].0", "model.h\\[\\*\\].1"}));
+  const policy::ModuleMatcher matcher(planned->policy);
+  EXPECT_TRUE(matcher.match("model.h[*].1").has_value());
+  EXPECT_FALSE(matcher.match("model.hx.1").has_value());
+  EXPECT_FALSE(matcher.match("model.h[*].2").has_value());
 }
 
 TEST(NearFreePlan, ATraceWithoutSavedRecordsIsAnErrorSayingHowToRecordOne) {
