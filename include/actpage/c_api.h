@@ -44,12 +44,14 @@ int actpage_set_recording(int on);
    the library is inert. docs/engine.md ("Saved tensors") has the rules. */
 /* The Python side installs the hooks in this process (called once, before it pushes them): from
    now on only the allocations autograd saves are offloaded. Returns 1 when the library uses what
-   the hooks tell (an offload engine runs and the policy selects a module), 0 when they would only
-   cost time (observe mode, no module selected, inert): then the caller leaves them out. */
+   the hooks tell (an offload engine runs and the policy selects a module, or auto mode runs) or
+   records it (a trace is being written: each pack becomes a SAVED record, observe mode included),
+   0 when they would only cost time (no trace and no module selected, inert): then the caller
+   leaves them out. */
 int actpage_saved_tensor_hooks_installed(void);
 /* Pack: autograd saves the tensor at `address`; called on the thread running forward, inside the
    ranges of the module saving it. A module that saves it after its release point keeps it on the
-   device until that module's layer ends. Returns 1 when the library serves that address (then the
+   device until that module's layer ends. While a trace is written it is recorded. Returns 1 when the library serves that address (then the
    unpack must ask about it), 0 when it is none of the library's (the unpack may skip the call). */
 int actpage_tensor_saved(unsigned long long address);
 /* Unpack, on autograd's thread: 1 when the tensor at `address` is not back for sure and the stream

@@ -58,6 +58,7 @@ enum class RecordType : std::uint16_t {
   host_pin = 20,      // HostPinPayload: the host pool pinned a slab (on its own thread)
   engine_memory = 21, // EngineMemoryPayload: what holds device memory, taken with each MEM_SAMPLE
   gpu_lead = 22,      // GpuLeadPayload: the GPU reached backward's first marker: how far the host was ahead
+  saved = 23,         // SavedPayload: autograd saved a tensor for backward (the saved-tensor hooks' pack)
 };
 
 struct RecordHeader {
@@ -208,12 +209,21 @@ struct IterationPayload {
   std::uint64_t index;
 };
 
+// Written on the job's thread whenever actpage's saved-tensor hooks report a pack of a device
+// tensor while a trace is written (observe mode too): `ptr` is the address of the tensor's storage,
+// which pairs with the live ALLOC of that base address (what autograd keeps for backward). `actpage
+// plan --near-free` learns each layer's saved bytes from them.
+struct SavedPayload {
+  std::uint64_t ptr;
+};
+
 // The layout is the format: a change to any of these sizes is a format change (docs/trace-format.md).
 static_assert(std::endian::native == std::endian::little, "the trace is written in the host's byte order");
 static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(AllocPayload) == 40 &&
               sizeof(FreePayload) == 24 && sizeof(RangePayload) == 8 && sizeof(PagePayload) == 24 &&
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&
-              sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40 && sizeof(GpuLeadPayload) == 24);
+              sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40 && sizeof(GpuLeadPayload) == 24 &&
+              sizeof(SavedPayload) == 8);
 
 }  // namespace actpage::trace

@@ -7,8 +7,9 @@ mode (see _mode.py) and, unless it is off, registers global module hooks (see _h
 a range per module forward, named by module path ("model.layers.3.mlp"), and mark each module's
 backward with a range "<path>.backward". libactpage.so, loaded as the NVTX injection library, sees
 those ranges and tags device allocations with them. With the module hooks on, it also installs
-torch's default saved-tensor hooks (see _saved.py) when the library offloads: they tell it which
-allocations autograd saves and make backward wait for one that is not back yet.
+torch's default saved-tensor hooks (see _saved.py) when the library offloads or writes a trace: they
+tell it which allocations autograd saves (recorded in the trace: SAVED records) and make backward
+wait for one that is not back yet.
 
 Public functions, for jobs and tests:
   install(mode=None, force=False, push=None, pop=None)  registers the hooks now (imports torch)
@@ -151,7 +152,7 @@ def on_torch_imported(torch_module=None):
 
 def install_saved_tensor_hooks(torch_module=None, sink=None):
     """With the module hooks installed, installs the saved-tensor hooks (_saved.install: only when
-    the library exports their entry points and uses them) on the calling thread. Returns them, or
+    the library exports their entry points and uses or records them) on the calling thread. Returns them, or
     None. `sink` stands in for the library (tests)."""
     if _installed is None:  # python_hooks off: the library sees no module ranges either
         return None

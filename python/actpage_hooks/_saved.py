@@ -6,8 +6,10 @@ thread when backward is about to read it. These hooks tell libactpage.so both, b
 the tensor's storage (the allocation the library served):
 
   installed()            once, before the hooks are pushed: the library answers whether it uses them
-                         (an offload engine runs and the policy selects a module); when it does not,
-                         they are left out (they would only cost time);
+                         (an offload engine runs and the policy selects a module, or auto mode runs)
+                         or records them (a trace is being written, observe mode included: each
+                         pack is a SAVED record); when it does neither, they are left out (they
+                         would only cost time);
   saved(address)         the allocation is read by backward: only such allocations are worth moving,
                          and the module saving it now reads it in forward, so its pages may not leave
                          before that module ends. It answers whether the library serves the address;
@@ -205,8 +207,9 @@ def supported(torch_module):
 
 def install(sink=None, torch_module=None):
     """Installs the hooks over `sink` (default: the library's entry points) and returns them, or
-    None when there is nothing to tell: no library entry points, a library that does not use them
-    (its installed() answers 0: observe mode), or a torch without default saved-tensor hooks.
+    None when there is nothing to tell: no library entry points, a library that neither uses nor
+    records them (its installed() answers 0: observe mode without a trace), or a torch without
+    default saved-tensor hooks.
     Idempotent."""
     global _installed
     with _lock:
@@ -223,7 +226,7 @@ def install(sink=None, torch_module=None):
             return None
         notify = getattr(sink, "installed", None)
         if notify is not None and not notify():
-            _log.debug("saved-tensor hooks: the library does not use them (not offloading)")
+            _log.debug("saved-tensor hooks: the library does not use them (not offloading, not tracing)")
             return None
         _installed = SavedTensorHooks(sink, torch_module).install()
         return _installed

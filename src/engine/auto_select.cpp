@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdio>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -18,23 +17,6 @@
 
 namespace actpage::engine {
 namespace {
-
-// "52.3 GB/s" style rates, for people (MB/s below 1 GB/s).
-std::string format_rate(double bytes_per_s) {
-  char text[32];
-  if (bytes_per_s >= 1e9) {
-    std::snprintf(text, sizeof text, "%.1f GB/s", bytes_per_s / 1e9);
-  } else {
-    std::snprintf(text, sizeof text, "%.1f MB/s", bytes_per_s / 1e6);
-  }
-  return text;
-}
-
-std::string format_ms(std::uint64_t ns) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f ms", static_cast<double>(ns) / 1e6);
-  return text;
-}
 
 // Splits "model.layers.12" into "model.layers." and 12; false without a trailing number.
 bool split_number(const std::string& name, std::string& prefix, std::uint64_t& number) {
@@ -350,10 +332,7 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
 }
 
 std::string AutoSelect::budget_text() const {
-  char margin[16];
-  std::snprintf(margin, sizeof margin, "%.2g", kNearFreeMargin);
-  return format_bytes(budget_bytes_) + " = " + format_rate(link_bytes_per_s_) + " x " + format_ms(forward_gpu_ns_) +
-         " x " + margin;
+  return near_free_budget_text(budget_bytes_, link_bytes_per_s_, forward_gpu_ns_);
 }
 
 void AutoSelect::add_stats(EngineStats& stats) const {

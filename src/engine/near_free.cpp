@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include "common/units.hpp"
 
 namespace actpage::engine {
 
@@ -34,6 +37,19 @@ NearFreeChoice choose_near_free(const NearFreeInputs& inputs) {
                                 : "no layer but the last saved anything that may move";
   }
   return choice;
+}
+
+std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_per_s, std::uint64_t forward_gpu_ns,
+                                  double margin) {
+  char rate[32];
+  if (d2h_bytes_per_s >= 1e9) {
+    std::snprintf(rate, sizeof rate, "%.1f GB/s", d2h_bytes_per_s / 1e9);
+  } else {
+    std::snprintf(rate, sizeof rate, "%.1f MB/s", d2h_bytes_per_s / 1e6);
+  }
+  char rest[64];
+  std::snprintf(rest, sizeof rest, " x %.1f ms x %.2g", static_cast<double>(forward_gpu_ns) / 1e6, margin);
+  return format_bytes(budget_bytes) + " = " + rate + rest;
 }
 
 }  // namespace actpage::engine

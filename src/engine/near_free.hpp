@@ -50,4 +50,9 @@ struct NearFreeChoice {
 
 NearFreeChoice choose_near_free(const NearFreeInputs& inputs);
 
+// "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8": the budget and what it came from, for people (auto mode's
+// log line and `actpage plan --near-free` say it the same way).
+std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_per_s, std::uint64_t forward_gpu_ns,
+                                  double margin = kNearFreeMargin);
+
 }  // namespace actpage::engine

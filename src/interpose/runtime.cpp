@@ -431,14 +431,24 @@ engine::AllocationHandler* active_handler() noexcept {
 }  // namespace
 
 int saved_tensor_hooks_installed() noexcept {
-  engine::AllocationHandler* handler = active_handler();
-  if (handler == nullptr) return 0;
-  ReentryGuard guard;  // the engine's own device calls pass through
-  return handler->saved_tensor_hooks_installed() ? 1 : 0;
+  if (!ensure_active()) return 0;
+  engine::AllocationHandler* handler = interposer_instance().handler();
+  bool engine_uses_them = false;
+  if (handler != nullptr) {
+    ReentryGuard guard;  // the engine's own device calls pass through
+    engine_uses_them = handler->saved_tensor_hooks_installed();
+  }
+  // While a trace is written the packs are recorded (SAVED records), observe mode included: that
+  // is how `actpage plan --near-free` learns what autograd saves in each layer.
+  return engine_uses_them || trace::active() != nullptr ? 1 : 0;
 }
 
 int tensor_saved(std::uint64_t address) noexcept {
-  engine::AllocationHandler* handler = active_handler();
+  if (!ensure_active()) return 0;
+  if (trace::Writer* writer = trace::active(); writer != nullptr && trace::recording()) {
+    writer->record(trace::RecordType::saved, trace::SavedPayload{address});
+  }
+  engine::AllocationHandler* handler = interposer_instance().handler();
   if (handler == nullptr) return 0;
   if (!handler->owns(address)) {
     // Auto mode's first pass counts what autograd saves of the job's own allocations.

@@ -45,8 +45,9 @@ int python_hooks_call() noexcept;
 int module_rule_matches(const char* name) noexcept;
 void flush_trace() noexcept;
 // The saved-tensor hooks' calls (include/actpage/c_api.h), handed to the engine; no-ops while the
-// library is inert or exiting, or without an engine (observe mode); tensor_unpacking() then is 0,
-// and so is saved_tensor_hooks_installed() (1: the engine uses what the hooks tell).
+// library is inert or exiting. Without an engine (observe mode) tensor_unpacking() is 0.
+// saved_tensor_hooks_installed() is 1 when the engine uses what the hooks tell or a trace is being
+// written: tensor_saved() then records each pack (a SAVED record) before handing it on.
 int saved_tensor_hooks_installed() noexcept;
 int tensor_saved(std::uint64_t address) noexcept;
 int tensor_unpacking(std::uint64_t address) noexcept;

@@ -174,6 +174,8 @@ TraceBuilder& TraceBuilder::engine_memory(const EngineMemoryPayload& payload) {
   return record(RecordType::engine_memory, payload);
 }
 
+TraceBuilder& TraceBuilder::saved(std::uint64_t ptr) { return record(RecordType::saved, SavedPayload{ptr}); }
+
 TraceBuilder& TraceBuilder::gpu_lead(std::uint64_t lead_ns, std::uint32_t markers_ahead, std::uint64_t bytes_ahead) {
   return record(RecordType::gpu_lead, GpuLeadPayload{lead_ns, bytes_ahead, markers_ahead, 0});
 }

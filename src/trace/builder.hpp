@@ -77,6 +77,7 @@ class TraceBuilder {
   TraceBuilder& host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result = 0);
   TraceBuilder& gpu_lead(std::uint64_t lead_ns, std::uint32_t markers_ahead, std::uint64_t bytes_ahead = 0);
   TraceBuilder& message(std::uint32_t id, std::string_view text);
+  TraceBuilder& saved(std::uint64_t ptr);
 
   // The whole file: header, then the records.
   std::vector<std::byte> bytes() const;

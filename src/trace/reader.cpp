@@ -58,6 +58,7 @@ class Decoder {
       case RecordType::host_pin: add(file_.host_pins, header, body, offset, index); return;
       case RecordType::engine_memory: add(file_.engine_memory, header, body, offset, index); return;
       case RecordType::gpu_lead: add(file_.gpu_leads, header, body, offset, index); return;
+      case RecordType::saved: add(file_.saved, header, body, offset, index); return;
     }
     ++file_.unknown_records;
     ++unknown_by_type_[static_cast<std::uint16_t>(header.type)];
@@ -281,6 +282,7 @@ const char* record_type_name(RecordType type) noexcept {
     case RecordType::host_pin: return "host_pin";
     case RecordType::engine_memory: return "engine_memory";
     case RecordType::gpu_lead: return "gpu_lead";
+    case RecordType::saved: return "saved";
   }
   return "unknown";
 }

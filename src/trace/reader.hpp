@@ -83,6 +83,7 @@ struct TraceFile {
   std::vector<Timed<HostPinPayload>> host_pins;
   std::vector<Timed<EngineMemoryPayload>> engine_memory;
   std::vector<Timed<GpuLeadPayload>> gpu_leads;
+  std::vector<Timed<SavedPayload>> saved;           // saved-tensor packs (none in older traces)
   std::vector<Timed<TextPayload>> messages;
 
   // The text of a NAME id; empty when the file never defines it.

@@ -246,6 +246,9 @@ void write_text_report(const Summary& s, std::ostream& out) {
   out << "  duration  " << format_duration(s.duration_ns) << '\n';
   out << "  records   " << s.records << " (" << s.lost_records << " lost, " << s.unknown_records << " unknown, "
       << s.malformed_records << " malformed)" << (s.truncated ? ", truncated" : "") << '\n';
+  // Only where the job ran with actpage's saved-tensor hooks: the line tells a trace that can feed
+  // `actpage plan --near-free` from one that cannot.
+  if (s.saved_tensors != 0) out << "  saved     " << s.saved_tensors << " saved-tensor packs (SAVED records)\n";
   out << "  warnings  " << (s.warnings.empty() ? std::string("none") : std::to_string(s.warnings.size())) << '\n';
   for (const std::string& warning : s.warnings) out << "    " << warning << '\n';
   if (!s.advice.empty()) {
@@ -380,7 +383,8 @@ nlohmann::ordered_json json_report(const Summary& s) {
                        {"lost", s.lost_records},
                        {"unknown", s.unknown_records},
                        {"malformed", s.malformed_records},
-                       {"truncated", s.truncated}};
+                       {"truncated", s.truncated},
+                       {"saved_tensors", s.saved_tensors}};
   report["warnings"] = s.warnings;
   report["advice"] = s.advice;
   report["allocations"] = {{"count", s.allocations},

@@ -349,6 +349,7 @@ Summary summarize(const TraceFile& trace, const Pairing& pairing) {
   summary.unknown_records = trace.unknown_records;
   summary.malformed_records = trace.malformed_records;
   summary.lost_records = trace.lost_records;
+  summary.saved_tensors = trace.saved.size();
   summary.truncated = trace.truncated;
   summary.warnings = trace.warnings;
   for (const auto& message : trace.messages) {

@@ -119,6 +119,7 @@ struct Summary {
   std::uint64_t unknown_records = 0;
   std::uint64_t malformed_records = 0;
   std::uint64_t lost_records = 0;
+  std::uint64_t saved_tensors = 0;  // SAVED records: packs the saved-tensor hooks reported (older traces: 0)
   bool truncated = false;
   std::vector<std::string> warnings;
   // What the library advised at the end of the run (MESSAGE records "advice <sentence>", written

@@ -57,6 +57,7 @@ struct PlanArgs {
   std::string trace_path;
   std::string target_peak;    // --target-peak 18GiB
   std::string max_slowdown;   // --max-slowdown 3%
+  bool near_free = false;     // --near-free: auto mode's choice, pinned (plan/near_free_plan.hpp)
   std::string out_path = "actpage-plan.json";  // --out: the policy written
   std::string base_policy;    // --policy: every other setting of the written policy
   std::string calibration_path;

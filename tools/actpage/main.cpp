@@ -78,10 +78,12 @@ int main(int argc, char** argv) {
                          "Write the predicted run (copies, stalls) as a trace for `actpage dump`");
 
   PlanArgs plan_args;
-  auto* plan_cmd = app.add_subcommand("plan", "Search policies by timed replay and write the best one for a goal");
+  auto* plan_cmd = app.add_subcommand("plan", "Search policies by timed replay (or take auto mode's choice) and write the best one for a goal");
   plan_cmd->add_option("trace", plan_args.trace_path, "Observe-only trace of the job")->required();
   plan_cmd->add_option("--target-peak", plan_args.target_peak, "Goal: peak memory at most this (e.g. 18GiB)");
   plan_cmd->add_option("--max-slowdown", plan_args.max_slowdown, "Goal: the most saving within this slowdown (e.g. 3%)");
+  plan_cmd->add_flag("--near-free", plan_args.near_free,
+                     "Goal: the layers auto mode would page (their copies hide in the forward pass), as a policy to pin");
   plan_cmd->add_option("--out,-o", plan_args.out_path, "Policy file to write (default actpage-plan.json)");
   plan_cmd->add_option("--policy,-p", plan_args.base_policy, "Policy whose other settings the plan keeps");
   plan_cmd->add_option("--calibration", plan_args.calibration_path, "Costs from `actpage calibrate`");

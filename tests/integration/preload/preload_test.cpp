@@ -317,8 +317,9 @@ TEST_F(PreloadTest, PausedRecordingLeavesAllocationsOutOfTheTraceAndStillPassesT
 TEST_F(PreloadTest, TheSavedTensorCallsLeaveAddressesTheLibraryDidNotServeAlone) {
   // Active (observe, and offload: the fake driver gives the engine no device) and inert (a bad
   // policy): every call returns, saved and unpacking answer 0 (the addresses are not the library's),
-  // the job's memory is untouched. Only an offload engine whose policy selects a module, or that
-  // runs auto mode (offload with no module selected), wants the hooks (the first number).
+  // the job's memory is untouched. Without a trace, only an offload engine whose policy selects a
+  // module, or that runs auto mode (offload with no module selected), wants the hooks (the first
+  // number).
   const fs::path policy = dir_ / "bad.json";
   std::ofstream(policy) << R"({ "version": 1, "min_bytes": "lots" })";
   for (const auto& [setting, expected] :
@@ -326,6 +327,7 @@ TEST_F(PreloadTest, TheSavedTensorCallsLeaveAddressesTheLibraryDidNotServeAlone)
         std::pair{"offload-auto-off", "0 0/0 0/0 0/0 freed"}, std::pair{"offload-mlp", "1 0/0 0/0 0/0 freed"},
         std::pair{"inert", "0 0/0 0/0 0/0 freed"}}) {
     auto env = preloaded_env();
+    env.erase("ACTPAGE_TRACE_PATH");  // a trace wants the hooks too (the next test)
     if (std::string(setting) == "inert") {
       env["ACTPAGE_POLICY"] = policy.string();
     } else if (std::string(setting) == "offload-auto-off") {
@@ -342,6 +344,23 @@ TEST_F(PreloadTest, TheSavedTensorCallsLeaveAddressesTheLibraryDidNotServeAlone)
     ASSERT_EQ(outcome.code, 0) << setting << ": " << outcome.err;
     EXPECT_EQ(read_text(output), expected) << setting;
   }
+}
+
+TEST_F(PreloadTest, WhileTracingTheSavedTensorHooksAreWantedAndEachPackIsRecorded) {
+  // Observe mode with a trace: the hooks are wanted (the packs are what `actpage plan --near-free`
+  // learns from), each pack is a SAVED record of the address reported, and nothing else changes.
+  const fs::path output = dir_ / "saved.txt";
+  const Outcome outcome = run(dir_, {kProgram.string(), "saved", output.string()}, preloaded_env());
+  ASSERT_EQ(outcome.code, 0) << outcome.err;
+  EXPECT_EQ(read_text(output), "1 0/0 0/0 0/0 freed");
+  const std::vector<fs::path> traces = trace_files_in(dir_);
+  ASSERT_EQ(traces.size(), 1u);
+  const trace::TraceFile file = read_trace(traces[0]);
+  ASSERT_EQ(file.allocs.size(), 1u);
+  std::vector<std::uint64_t> saved;
+  for (const auto& record : file.saved) saved.push_back(record.data.ptr);
+  EXPECT_EQ(saved, (std::vector<std::uint64_t>{file.allocs[0].data.ptr, 0u, 4096u}));
+  EXPECT_GE(file.saved.at(0).time_ns, file.allocs[0].time_ns);
 }
 
 TEST_F(PreloadTest, WithoutADriverTheLibraryStaysInertAndSaysWhyOnce) {

@@ -461,5 +461,40 @@ TEST(TraceFormatGolden, TracesWrittenBeforeTheVmmDurationStillRead) {
   EXPECT_LT(testing::read_bytes(path).size(), format_sample().bytes().size());
 }
 
+// SAVED records (a pack of the saved-tensor hooks), added after the three files above were written:
+// `format_v1_saved.trace.bin` is the sample with one more record. The fuzzer's seeds are the golden
+// traces, so it sees one too. Readers without the type skip it as unknown.
+TraceBuilder format_sample_with_saved() {
+  TraceBuilder b = format_sample();
+  b.at(10, 5).saved(0x1000);
+  return b;
+}
+
+TEST(TraceFormatGolden, SavedRecordLayoutIsStable) {
+  const std::string path = kGoldenDir + "format_v1_saved.trace.bin";
+  const std::vector<std::byte> built = format_sample_with_saved().bytes();
+  if (updating()) {
+    ASSERT_TRUE(format_sample_with_saved().write_file(path).ok());
+    return;
+  }
+  const std::vector<std::byte> committed = testing::read_bytes(path);
+  ASSERT_FALSE(committed.empty()) << path << " is missing: run with ACTPAGE_UPDATE_GOLDEN=1";
+  EXPECT_TRUE(committed == built) << "the builder no longer writes the committed version-1 bytes";
+  EXPECT_EQ(committed.size(), format_sample().bytes().size() + 24);  // header 16 + ptr 8
+  auto file = read_trace_file(path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_TRUE(file->warnings.empty()) << file->warnings.front();
+  EXPECT_EQ(file->unknown_records, 0u);
+  ASSERT_EQ(file->saved.size(), 1u);
+  EXPECT_EQ(file->saved[0].data.ptr, 0x1000u);
+  EXPECT_EQ(file->saved[0].tid, 5u);
+  EXPECT_EQ(file->saved[0].time_ns, 10u);
+  EXPECT_STREQ(record_type_name(file->saved[0].type), "saved");
+  // The older files have none, and read as before.
+  auto older = read_trace_file(kGoldenDir + "format_v1_alloc_duration.trace.bin");
+  ASSERT_TRUE(older.ok());
+  EXPECT_TRUE(older->saved.empty());
+}
+
 }  // namespace
 }  // namespace actpage::trace

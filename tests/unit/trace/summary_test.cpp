@@ -291,6 +291,26 @@ TEST(TraceSummary, ThePeakIsSplitByWhatHeldIt) {
   EXPECT_EQ(old_text.str().find("at the peak:"), std::string::npos);
 }
 
+TEST(TraceSummary, SavedTensorPacksAreCountedAndShownOnlyWhenThere) {
+  // SAVED records (the saved-tensor hooks' packs while tracing) get a line of their own: it tells a
+  // trace `actpage plan --near-free` can read from one it cannot.
+  TraceBuilder b;
+  b.at(10, 1).alloc(0x1000, 4096, 0).saved(0x1000).saved(0x1000);
+  const Summary s = summarize_built(b);
+  EXPECT_EQ(s.saved_tensors, 2u);
+  std::ostringstream text;
+  write_text_report(s, text);
+  EXPECT_NE(text.str().find("  saved     2 saved-tensor packs (SAVED records)\n"), std::string::npos) << text.str();
+
+  TraceBuilder old;
+  old.at(10, 1).alloc(0x1000, 4096, 0);
+  const Summary without = summarize_built(old);
+  EXPECT_EQ(without.saved_tensors, 0u);
+  std::ostringstream old_text;
+  write_text_report(without, old_text);
+  EXPECT_EQ(old_text.str().find("  saved "), std::string::npos) << old_text.str();
+}
+
 TEST(TraceSummary, LayersInModelOrderAndKindsSummedOverLayers) {
   TraceBuilder b;
   b.at(0, 1);
