@@ -11,6 +11,7 @@
 #include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
+#include "engine/memory_goal.hpp"
 #include "engine/near_free.hpp"
 #include "engine/saved_tensors.hpp"
 #include "engine/turns.hpp"
@@ -236,10 +237,13 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // The GPU has the timed pass's backward queued: waiting for it to reach backward's start costs no
   // GPU time.
   const bool timed = injected_.forward_gpu_ns == 0 && pass_start_marker_ != 0 && backward_marker_ != 0;
+  const bool memory_goal = options_.device_memory_target != 0;
   parts_.turns.wait_yielding(lock, core.issued_cv, [&] {
-    return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0));
+    return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0) &&
+                             (!memory_goal || injected_.unpaged_used_bytes != 0 || !unpaged_reading_pending()));
   });
   if (injected_.forward_gpu_ns != 0) forward_gpu_ns_ = injected_.forward_gpu_ns;
+  if (injected_.unpaged_used_bytes != 0) used_unpaged_ = injected_.unpaged_used_bytes;
   NearFreeInputs inputs;
   auto& registry = ranges::Registry::instance();
   for (ranges::PathId layer : layers_) {
@@ -253,7 +257,20 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   inputs.d2h_bytes_per_s = link_bytes_per_s_;
   inputs.forward_gpu_ns = forward_gpu_ns_;
   inputs.host_limit_bytes = options_.host_limit_bytes;
-  const NearFreeChoice choice = choose_near_free(inputs);
+  NearFreeChoice choice = choose_near_free(inputs);
+  if (memory_goal) {
+    // The link's budget is said for comparison; the target decides.
+    MemoryGoalInputs goal;
+    goal.layers = inputs.layers;
+    goal.unpaged_used_bytes = used_unpaged_;
+    goal.target_bytes = options_.device_memory_target;
+    goal.host_limit_bytes = options_.host_limit_bytes;
+    const MemoryGoalChoice chosen = choose_for_device_memory(goal);
+    choice.chosen = chosen.chosen;
+    choice.bytes = chosen.bytes;
+    choice.why_none = chosen.why_none;
+    short_bytes_ = chosen.short_bytes;
+  }
   decided_ = true;
   budget_bytes_ = choice.budget_bytes;
   chosen_bytes_ = choice.bytes;
@@ -268,7 +285,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   std::uint64_t observed = 0;
   for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
   const std::string budget = budget_text();
-  std::string line = "auto mode (near-free) on device " + std::to_string(core.device.ordinal());
+  std::string line = "auto mode (" + goal_text() + ") on device " + std::to_string(core.device.ordinal());
   if (chosen_names_.empty()) {
     line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
             format_bytes(observed) + "; link budget " + budget + ")";
@@ -276,6 +293,10 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
             " layers from pass " + std::to_string(pass_ + 1) + " on: " + layer_list(chosen_names_) + " (" +
             format_bytes(chosen_bytes_) + " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
+  }
+  if (memory_goal && used_unpaged_ != 0) {
+    line += "; unpaged peak " + format_bytes(used_unpaged_);
+    if (short_bytes_ != 0) line += ": offloading cannot reach the target, it misses it by " + format_bytes(short_bytes_);
   }
   ACTPAGE_LOG_INFO("{}", line);
   core.events.message(line);  // `actpage dump` shows it with the run's other messages
@@ -318,9 +339,12 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   const std::uint64_t pass = found->second;
   backward_markers_.erase(backward_markers_.begin(), std::next(found));
   // Near the step's peak: what the driver says is in use (the job's pool with its reserve, and ours).
+  const bool observed = pass <= kObservedPasses;
+  if (observed) ++unpaged_reads_;  // the device-memory goal's decision waits for it
   lock.unlock();
   Result<MemInfo> info = core.device.mem_info();
   lock.lock();
+  if (observed) --unpaged_reads_;
   if (!info.ok()) return;
   const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
   if (pass <= kObservedPasses) {
@@ -329,6 +353,17 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
     used_paged_ = std::max(used_paged_, used);
     last_paged_pass_ = std::max(last_paged_pass_, pass);
   }
+}
+
+bool AutoSelect::unpaged_reading_pending() const {
+  if (unpaged_reads_ != 0) return true;
+  return std::any_of(backward_markers_.begin(), backward_markers_.end(),
+                     [](const auto& entry) { return entry.second <= kObservedPasses; });
+}
+
+std::string AutoSelect::goal_text() const {
+  if (options_.device_memory_target == 0) return "near-free";
+  return "device memory <= " + format_bytes(options_.device_memory_target);
 }
 
 std::string AutoSelect::budget_text() const {
@@ -347,19 +382,25 @@ void AutoSelect::add_stats(EngineStats& stats) const {
 
 std::optional<std::string> AutoSelect::summary() const {
   if (!decided_) return std::nullopt;
-  std::string line = "auto (near-free): ";
+  std::string line = "auto (" + goal_text() + "): ";
   if (chosen_names_.empty()) {
     line += "paged nothing (link budget " + budget_text() + ")";
   } else {
     line += "paged " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
             budget_text() + ")";
   }
+  if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
   if (used_unpaged_ != 0) {
     line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (passes 1-" +
             std::to_string(kObservedPasses) + ")";
     if (used_paged_ != 0) {
       line += " -> " + format_bytes(used_paged_) + " (passes " + std::to_string(first_paged_pass_) + "-" +
               std::to_string(last_paged_pass_) + ")";
+      const std::uint64_t target = options_.device_memory_target;
+      if (target != 0) {
+        line += used_paged_ <= target ? ", within the target"
+                                      : ", over the target by " + format_bytes(used_paged_ - target);
+      }
     }
   }
   return line;

@@ -32,6 +32,10 @@
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats).
+// - The goal "device memory" (auto_device_memory set): the decision waits for the unpaged figure
+//   too, and chooses with choose_for_device_memory (memory_goal.hpp) instead: the least paging that
+//   covers what that figure is over the target, whatever the link hides; the log line and summary()
+//   say the target and by how much the choice misses it.
 // - Everything with the engine's lock held, but start()/stop() and the measuring thread's copies.
 #pragma once
 
@@ -57,12 +61,14 @@ namespace actpage::engine {
 struct AutoMeasurements {
   double d2h_bytes_per_s = 0;
   std::uint64_t forward_gpu_ns = 0;
+  std::uint64_t unpaged_used_bytes = 0;  // the device-memory goal's unpaged peak
 };
 
 struct AutoOptions {
   bool on = false;                    // auto_mode(options)
   std::uint64_t min_bytes = 0;        // min_bytes
   std::uint64_t host_limit_bytes = 0; // host_pool.bytes
+  std::uint64_t device_memory_target = 0;  // auto_device_memory (0: the goal is near-free)
 };
 
 class AutoSelect {
@@ -122,8 +128,12 @@ class AutoSelect {
   void measure_link();
   void decide(std::unique_lock<std::mutex>& lock);
   bool protected_by_rule(ranges::PathId layer) const;
-  // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people.
+  // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people; for the device-memory goal, the target.
   std::string budget_text() const;
+  // "near-free" or "device memory <= 20.0 GiB".
+  std::string goal_text() const;
+  // Whether an observed pass's device memory in use is still to be read (the goal waits for it).
+  bool unpaged_reading_pending() const;
   void forget_observation();
 
   EngineParts& parts_;
@@ -156,6 +166,7 @@ class AutoSelect {
   std::vector<std::uint64_t> chosen_keys_;
   std::uint64_t chosen_bytes_ = 0;
   std::uint64_t budget_bytes_ = 0;
+  std::uint64_t short_bytes_ = 0;  // the device-memory goal: what the choice leaves over the target
   bool decided_ = false;
   std::uint64_t host_target_bytes_ = 0;
 
@@ -163,6 +174,7 @@ class AutoSelect {
   std::uint64_t pass_ = 0;  // the pass now running
   std::deque<std::pair<std::uint64_t, std::uint64_t>> backward_markers_;  // marker id, pass
   std::uint64_t used_unpaged_ = 0;
+  std::uint32_t unpaged_reads_ = 0;  // readings of an observed pass under way (lock released)
   std::uint64_t used_paged_ = 0;
   std::uint64_t first_paged_pass_ = 0;
   std::uint64_t last_paged_pass_ = 0;

@@ -34,6 +34,7 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.auto_select.on = auto_mode(options);
   parts.auto_select.min_bytes = options.min_bytes;
   parts.auto_select.host_limit_bytes = options.host_pool_bytes;
+  parts.auto_select.device_memory_target = options.auto_device_memory;
   if (parts.auto_select.on) {
     // Auto mode pages whole layers: a layer's activations leave at the layer's own end (packs move
     // what the next layer saves, SavedTensors), and the last layers stay because the decision never

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actpage/options.hpp"
+#include "common/units.hpp"
 #include "commands.hpp"
 #include "policy/policy.hpp"
 
@@ -74,11 +75,19 @@ int check(const CheckArgs& args, std::ostream& out, std::ostream& err) {
     out << policy::to_json(result.options) << '\n';
   } else {
     print_table(result, out);
-    if (auto_mode(result.options)) {
+    if (auto_mode(result.options) && result.options.auto_device_memory != 0) {
+      out << "paging: auto mode (device memory <= " << format_bytes(result.options.auto_device_memory)
+          << "): no module rule selects a module, so the first two forward and backward passes run unpaged, "
+             "then the earliest layers whose saved activations cover what their device memory in use was over "
+             "the target are paged (\"offload\": false rules still protect what they match)\n";
+    } else if (auto_mode(result.options)) {
       out << "paging: auto mode (near-free): no module rule selects a module, so the first forward and backward "
              "pass runs unpaged, then the earliest layers whose saved activations the link copies out within the "
              "forward pass's GPU time are paged (\"offload\": false rules still protect what they match; "
              "\"auto\": \"off\" pages nothing)\n";
+    } else if (result.options.auto_device_memory != 0) {
+      out << "note: auto_device_memory is set but auto mode does not run (a module rule selects modules, or "
+             "\"auto\" is off): the target is not used\n";
     }
   }
   return 0;

@@ -324,9 +324,12 @@ int run_child(const std::vector<std::string>& command, Environment& env, std::os
 
 int run(const RunArgs& args, std::ostream& err) {
   if (args.command.empty()) {
-    err << kName << ": error: no command given. Usage: actpage run [--policy P] [--trace T] -- CMD...\n";
+    err << kName << ": error: no command given. Usage: actpage run [--policy P] [--trace T] [--device-memory SIZE] -- CMD...\n";
     return 2;
   }
+  // --device-memory is the option auto_device_memory, checked with the policy below (an error there
+  // names ACTPAGE_AUTO_DEVICE_MEMORY) and passed on to the job in its environment.
+  if (!args.device_memory.empty()) ::setenv("ACTPAGE_AUTO_DEVICE_MEMORY", args.device_memory.c_str(), 1);
   Environment env = Environment::current();
 
   // 1. The policy: the one given, else the one the environment already names.
@@ -342,6 +345,10 @@ int run(const RunArgs& args, std::ostream& err) {
   const Options& options = loaded.options;
   const bool warn = options.log_level <= LogLevel::warn;
   const bool info = options.log_level <= LogLevel::info;
+  if (warn && options.auto_device_memory != 0 && !auto_mode(options)) {
+    err << kName << " run: warning: a device-memory target is set but auto mode does not run (a module rule "
+        << "selects modules, or \"auto\" is off): the target is not used\n";
+  }
 
   // 2. The environment.
   const Located found = locate(env, warn, err);

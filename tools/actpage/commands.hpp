@@ -29,6 +29,7 @@ int dump(const DumpArgs& args, std::ostream& out, std::ostream& err);
 struct RunArgs {
   std::string policy_path;
   std::string trace_path;
+  std::string device_memory;  // --device-memory: ACTPAGE_AUTO_DEVICE_MEMORY for the job (empty: unset)
   std::vector<std::string> command;  // what to run, after "--"
 };
 int run(const RunArgs& args, std::ostream& err);

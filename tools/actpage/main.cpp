@@ -32,7 +32,10 @@ std::vector<std::string> split_job_command(int& argc, char** argv) {
     }
     if (arg.empty() || arg[0] != '-') return {};  // the command starts here, without "--"
     // Skip the value of an option that takes one.
-    if (arg == "--policy" || arg == "-p" || arg == "--trace" || arg == "-t" || arg == "--work-dir") ++j;
+    if (arg == "--policy" || arg == "-p" || arg == "--trace" || arg == "-t" || arg == "--work-dir" ||
+        arg == "--device-memory") {
+      ++j;
+    }
   }
   return {};
 }
@@ -65,6 +68,9 @@ int main(int argc, char** argv) {
   auto* run_cmd = app.add_subcommand("run", "Run a command with libactpage preloaded: actpage run [opts] -- CMD...");
   run_cmd->add_option("--policy,-p", run_args.policy_path, "Policy file (checked before the job starts)");
   run_cmd->add_option("--trace,-t", run_args.trace_path, "Trace file to write (%p pid, %r rank)");
+  run_cmd->add_option("--device-memory", run_args.device_memory,
+                      "Auto mode's goal: a target for the peak of device memory in use, e.g. 20GiB "
+                      "(sets ACTPAGE_AUTO_DEVICE_MEMORY)");
   run_cmd->prefix_command();  // the command: everything from the first positional (or after "--")
 
   ReplayArgs replay_args;

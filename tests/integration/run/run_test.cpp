@@ -184,6 +184,15 @@ TEST_F(ActpageRun, PassesPolicyAndTraceAsAbsolutePaths) {
   EXPECT_EQ(env["ACTPAGE_TRACE_PATH"], (fs::canonical(dir_) / "job-%p.trace").string());
 }
 
+TEST_F(ActpageRun, ADeviceMemoryTargetReachesTheJobAndABadOneStopsItNamingTheVariable) {
+  auto env = job_env({}, {"--device-memory", "20GiB"});
+  EXPECT_EQ(env["ACTPAGE_AUTO_DEVICE_MEMORY"], "20GiB");
+  auto bad = run({"--device-memory", "lots", "--", "touch", "started"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("ACTPAGE_AUTO_DEVICE_MEMORY"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(dir_ / "started"));
+}
+
 TEST_F(ActpageRun, KeepsAnotherNvtxInjectionLibraryAndWarns) {
   Outcome outcome;
   auto env = job_env({{"NVTX_INJECTION64_PATH", "/opt/nsight/libother.so"}}, {}, &outcome);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/units.hpp"
 #include "engine/engine.hpp"
 #include "engine/forward_pass.hpp"
 #include "engine/near_free.hpp"
@@ -258,6 +259,50 @@ TEST(AutoMode, ASlowFirstPassDoesNotSetTheBudget) {
   const double budget = rate_only.d2h_bytes_per_s * static_cast<double>(stats.auto_forward_gpu_ns) * 1e-9 * kNearFreeMargin;
   EXPECT_NEAR(static_cast<double>(stats.auto_budget_bytes), budget, 1.0);
   EXPECT_LE(stats.auto_bytes_chosen, stats.auto_budget_bytes);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
+  // The unpaged peak 100 MiB (set), the target 91 MiB: 9 MiB over. Two layers of 4 MiB leave 1 MiB,
+  // three cover it; the link's budget (one layer) does not decide.
+  Options options = auto_options();
+  options.auto_device_memory = 91 * kMiB;
+  AutoMeasurements measurements = budget_of(5 * kMiB);
+  measurements.unpaged_used_bytes = 100 * kMiB;
+  Rig rig(options, measurements);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.auto_chosen(),
+            (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+  for (int layer = 0; layer < kLayers; ++layer) EXPECT_EQ(job.owned()[layer], layer < 3) << "layer " << layer;
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 3 * 2 * kBytes);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("auto (device memory <= 91 MiB): paged model.layers.0-2"), std::string::npos)
+      << summary[0];
+  EXPECT_EQ(summary[0].find("misses"), std::string::npos) << summary[0];
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) {
+  // The unpaged peak as the (simulated) driver reads it where the GPU reaches pass 2's backward: the
+  // decision waits for that reading. 1 MiB is out of reach: every layer but the last is paged.
+  Options options = auto_options();
+  options.auto_device_memory = kMiB;
+  Rig rig(options, budget_of(5 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  ASSERT_GT(stats.auto_used_unpaged_bytes, 0u) << "the decision did not wait for the unpaged reading";
+  const std::uint64_t needed = stats.auto_used_unpaged_bytes - kMiB;
+  const std::uint64_t movable = (kLayers - 1) * 2 * kBytes;
+  ASSERT_GT(needed, movable) << "the simulated job is too small for this test";
+  EXPECT_EQ(rig.engine.auto_chosen().size(), static_cast<std::size_t>(kLayers - 1));
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("offloading cannot reach the target: it misses it by " + format_bytes(needed - movable)),
+            std::string::npos)
+      << summary[0];
   expect_every_read_right(rig);
 }
 

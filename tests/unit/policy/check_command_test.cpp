@@ -165,6 +165,15 @@ TEST_F(CheckCommand, AutoModeIsSaidOnlyWhenItRuns) {
   EXPECT_THAT(run_check({"", false}).out, ::testing::Not(HasSubstr("auto mode")));
 }
 
+TEST_F(CheckCommand, ADeviceMemoryTargetIsSaidAsAutoModesGoalOrAsUnused) {
+  setenv("ACTPAGE_AUTO_DEVICE_MEMORY", "20GiB", 1);
+  EXPECT_THAT(run_check({"", false}).out, HasSubstr("paging: auto mode (device memory <= 20 GiB)"));
+  // A rule selects modules: auto mode does not run, and the target is said to be unused.
+  const std::string out = run_check({kDataDir + "good-policy.json", false}).out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("paging: auto mode")));
+  EXPECT_THAT(out, HasSubstr("auto_device_memory is set but auto mode does not run"));
+}
+
 TEST_F(CheckCommand, JsonPrintsTheEffectiveOptions) {
   const Output result = run_check({kDataDir + "good-policy.json", true});
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -1,0 +1,39 @@
+#include "engine/memory_goal.hpp"
+
+#include "common/units.hpp"
+
+namespace actpage::engine {
+
+MemoryGoalChoice choose_for_device_memory(const MemoryGoalInputs& inputs) {
+  MemoryGoalChoice choice;
+  if (inputs.unpaged_used_bytes == 0) {
+    choice.why_none = "the unpaged passes' device memory in use is unknown";
+    return choice;
+  }
+  if (inputs.unpaged_used_bytes <= inputs.target_bytes) {
+    choice.why_none = "the unpaged peak (" + format_bytes(inputs.unpaged_used_bytes) + ") is already within the target";
+    return choice;
+  }
+  choice.needed_bytes = inputs.unpaged_used_bytes - inputs.target_bytes;
+  choice.short_bytes = choice.needed_bytes;
+  if (inputs.layers.size() < 2) {
+    choice.why_none = inputs.layers.empty() ? "no layer saved anything" : "one layer only (backward needs it first)";
+    return choice;
+  }
+  const std::size_t last = inputs.layers.size() - 1;
+  for (std::size_t index = 0; index < last && choice.bytes < choice.needed_bytes; ++index) {
+    const LayerSaved& layer = inputs.layers[index];
+    if (layer.protected_by_rule || layer.bytes == 0) continue;
+    if (inputs.host_limit_bytes != 0 && choice.bytes + layer.bytes > inputs.host_limit_bytes) break;
+    choice.bytes += layer.bytes;
+    choice.chosen.push_back(index);
+  }
+  choice.short_bytes = choice.bytes >= choice.needed_bytes ? 0 : choice.needed_bytes - choice.bytes;
+  if (choice.chosen.empty()) {
+    choice.why_none = inputs.host_limit_bytes != 0 ? "no layer but the last saved anything that may move within host_pool.bytes"
+                                                   : "no layer but the last saved anything that may move";
+  }
+  return choice;
+}
+
+}  // namespace actpage::engine
