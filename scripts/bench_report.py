@@ -202,6 +202,7 @@ def job_report(job, data):
     reference = base_runs[0]["result"].get("losses") if base_runs else None
     bound = link_bound(meta, base)
     base_ms, base_used = base.get("median_step_ms"), base.get("device_used_peak_mib")
+    base_steady = base.get("device_used_steady_peak_mib")
     names = [n for n in VARIANTS if n in summary] + [n for n in summary if n not in VARIANTS]
     rows, problems, notes = [], [], []
     for name in names:
@@ -210,6 +211,10 @@ def job_report(job, data):
         ratio = ms / base_ms if ms is not None and base_ms else None
         saved = base_used - used if used is not None and base_used is not None else None
         saved_gib = None if saved is None else saved / GIB_IN_MIB
+        # After the warm-up steps: what a method that watches the first steps (auto mode) gives back.
+        steady = row.get("device_used_steady_peak_mib")
+        saved_steady_gib = (base_steady - steady) / GIB_IN_MIB if steady is not None and base_steady is not None \
+            else None
         losses = compare_losses(_losses_of(runs, name), reference, rule) if name != BASELINE else \
             {"equal": None, "first_difference_step": None, "max_rel_diff": None}
         twin = row.get("reference")
@@ -225,6 +230,7 @@ def job_report(job, data):
             "median_step_ms": ms, "step_ms_min": row.get("step_ms_min"), "step_ms_max": row.get("step_ms_max"),
             "spread": _spread(row), "ratio": ratio,
             "device_used_peak_mib": used, "saved_mib": saved, "saved_gib": saved_gib,
+            "device_used_steady_peak_mib": steady, "saved_steady_gib": saved_steady_gib,
             "gib_per_pct": saved_gib / ((ratio - 1) * 100) if saved_gib and saved_gib > 0 and ratio and ratio > 1 else None,
             "free": bool(saved_gib and saved_gib > 0 and ratio is not None and ratio <= 1),
             "link_share": saved_gib / bound["bound_gib"] if saved_gib is not None and bound["bound_gib"] else None,
@@ -349,8 +355,10 @@ def format_table(job_data):
     traced = any(row["offloaded_at_peak_mib"] is not None for row in rows)
     watched = any(row["steal_s_max"] is not None for row in rows)
     probed = any(row["cpu_speed_min"] is not None for row in rows)
+    steady = any(row.get("saved_steady_gib") is not None for row in rows)
     header = ["front", "variant", "what", "ok/runs", "median step ms", "reps ms", "x none", "device used peak MiB",
               "saved GiB", "GiB per 1% slower", "of link bound", "losses = none", "torch peak MiB"]
+    header += ["saved after warm-up GiB"] * steady
     header += ["off at actpage's peak MiB"] * traced + ["host steal s"] * watched + ["slowest CPU"] * probed
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for row in rows:
@@ -364,6 +372,7 @@ def format_table(job_data):
             _saved_per_pct_cell(row), _cell(None if row["link_share"] is None else 100 * row["link_share"], "%.0f%%"),
             losses_cell(row, rule), _cell(row["torch_peak_mib"], "%.0f"),
         ]
+        cells += [_cell(row.get("saved_steady_gib"), "%.2f")] * steady
         cells += [_cell(row["offloaded_at_peak_mib"], "%.0f")] * traced
         cells += [_cell(row["steal_s_max"], "%.2f")] * watched + [_cell(row["cpu_speed_min"], "%.2f")] * probed
         lines.append("| " + " | ".join(cells) + " |")

@@ -53,7 +53,7 @@ BETA = {  # not deterministic, loss_tolerance 1e-3 (relative); its own checkpoin
 
 
 def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H, reps=1, fwd_ms=30.0,
-              manifest_extra=None, microbatches=None):
+              manifest_extra=None, microbatches=None, steady=None):
     """results.json made by compare_runs' own summarize() from fabricated runs, and bench.sh's meta.json."""
     variants, records = [], []
     for name, (ms, used, losses, failures) in table.items():
@@ -69,6 +69,8 @@ def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H
                       "device": "Fake GPU", "actpage": {"loaded": mode == "actpage", "active": mode == "actpage"}}
             if microbatches is not None:
                 result["microbatches"] = microbatches
+            if steady is not None and name in steady:
+                result["device_used_steady_peak_mib"] = steady[name]
             records.append({"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
                             "result": result if ok else None, "argv": []})
     rows = compare_runs.summarize(variants, records, "none")
@@ -151,6 +153,21 @@ class BenchReportTest(unittest.TestCase):
         for expected in ("date: 2026-11-28", "device: Fake GPU, 80 GiB", "commit: abc1234",
                          "D2H rate: 50.0 GB/s (actpage calibrate --quick)"):
             self.assertIn(expected, text)
+
+    def test_the_saving_after_warm_up_is_a_column_of_its_own_when_the_results_have_it(self):
+        # Auto mode watches the first steps: its whole run's peak is the job's, the later one lower.
+        fabricate(self.out, "alpha", ALPHA, steady={"none": 20000.0, "actpage": 18464.0})
+        report = self.report()
+        rows = self.rows(report, "alpha")
+        self.assertAlmostEqual(rows["actpage"]["saved_gib"], 0.0)
+        self.assertAlmostEqual(rows["actpage"]["saved_steady_gib"], 1.5)
+        self.assertIsNone(rows["checkpointing"]["saved_steady_gib"])  # no figure for it
+        text = bench_report.format_text(report)
+        self.assertIn("saved after warm-up GiB", text)
+        self.assertIn("| 20000 | 0.00 |", text)
+        self.assertIn("| 1.50 |", text)
+        fabricate(self.out, "alpha", ALPHA)
+        self.assertNotIn("saved after warm-up GiB", bench_report.format_text(self.report()))
 
     def test_losses_bit_for_bit_for_a_deterministic_job(self):
         fabricate(self.out, "alpha", ALPHA)
