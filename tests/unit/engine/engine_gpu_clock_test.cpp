@@ -159,9 +159,10 @@ Saved forward(Rig& rig) {
 }
 
 // Backward as autograd runs it, on a thread of its own: per layer, in reverse, its marker, its
-// MLP's and its attention's (which saved nothing), the MLP's saved tensors read and freed.
-std::thread backward(Rig& rig, Saved& saved) {
-  return std::thread([&rig, &saved] {
+// MLP's and its attention's (which saved nothing), the MLP's saved tensors read and freed, then
+// `after_mlp(layer)` when given, before the attention's marker.
+std::thread backward(Rig& rig, Saved& saved, std::function<void(int)> after_mlp = {}) {
+  return std::thread([&rig, &saved, after_mlp = std::move(after_mlp)] {
     SimJob& job = *rig.job;
     for (int layer = kLayers; layer-- > 0;) {
       const std::string name = "model.layers." + std::to_string(layer);
@@ -169,6 +170,7 @@ std::thread backward(Rig& rig, Saved& saved) {
       job.marker(name + ".mlp.backward");
       for (const Tensor& tensor : saved[layer]) job.check(tensor);
       for (const Tensor& tensor : saved[layer]) job.free(tensor);
+      if (after_mlp) after_mlp(layer);
       job.marker(name + ".attn.backward");
     }
   });
@@ -325,18 +327,9 @@ TEST(GpuClock, ReloadsWaitUntilTheJobsPoolGivesBackTheirBytes) {
   };
   const std::uint64_t peak = used_now();
 
-  std::thread autograd([&] {
-    SimJob& job = *rig.job;
-    for (int layer = kLayers; layer-- > 0;) {
-      const std::string name = "model.layers." + std::to_string(layer);
-      job.marker(name + ".backward");
-      job.marker(name + ".mlp.backward");
-      for (const Tensor& tensor : saved[layer]) job.check(tensor);
-      for (const Tensor& tensor : saved[layer]) job.free(tensor);
-      // The layer's other frees, the job's own (its attention's), run when the GPU gets here.
-      ASSERT_TRUE(rig.device.launch(rig.stream, [&rig] { rig.device.job_pool_frees(kLayerBytes); }).ok());
-      job.marker(name + ".attn.backward");
-    }
+  // Each layer's other frees, the job's own (its attention's), run when the GPU gets there.
+  std::thread autograd = backward(rig, saved, [&rig](int) {
+    ASSERT_TRUE(rig.device.launch(rig.stream, [&rig] { rig.device.job_pool_frees(kLayerBytes); }).ok());
   });
   // The host at layer 4's marker, held (or, without the gate, every reload asked for).
   EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) {
