@@ -346,7 +346,7 @@ int run(const RunArgs& args, std::ostream& err) {
   const bool warn = options.log_level <= LogLevel::warn;
   const bool info = options.log_level <= LogLevel::info;
   if (warn && options.auto_device_memory != 0 && !auto_mode(options)) {
-    err << kName << " run: warning: a device-memory target is set but auto mode does not run (a module rule "
+    err << kName << ": warning: a device-memory target is set but auto mode does not run (a module rule "
         << "selects modules, or \"auto\" is off): the target is not used\n";
   }
 

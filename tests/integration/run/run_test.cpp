@@ -191,6 +191,14 @@ TEST_F(ActpageRun, ADeviceMemoryTargetReachesTheJobAndABadOneStopsItNamingTheVar
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("ACTPAGE_AUTO_DEVICE_MEMORY"), std::string::npos) << bad.err;
   EXPECT_FALSE(fs::exists(dir_ / "started"));
+  // A policy that selects modules: auto mode does not run, the job does, and the user is told.
+  write("rules.json", "{\"version\": 1, \"modules\": [{\"match\": \"*.mlp\", \"offload\": true}]}\n");
+  auto unused = run({"--device-memory", "20GiB", "--policy", "rules.json", "--", "touch", "started"});
+  EXPECT_EQ(unused.code, 0) << unused.err;
+  EXPECT_TRUE(fs::exists(dir_ / "started"));
+  EXPECT_NE(unused.err.find("actpage run: warning: a device-memory target is set but auto mode does not run"),
+            std::string::npos)
+      << unused.err;
 }
 
 TEST_F(ActpageRun, KeepsAnotherNvtxInjectionLibraryAndWarns) {
