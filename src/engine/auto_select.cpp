@@ -1,6 +1,7 @@
 #include "engine/auto_select.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <charconv>
 
 #include "common/clock.hpp"
@@ -206,7 +207,7 @@ void AutoSelect::tensor_saved(DevPtr address) {
   if (found == seen_.end() || found->second.saved || found->second.layer == ranges::kNoPath) return;
   found->second.saved = true;
   saved_bytes_[found->second.layer] += found->second.bytes;
-  saved_keys_[found->second.layer].push_back(found->second.key);
+  saved_keys_[found->second.layer].push_back(SavedKey{found->second.key, found->second.bytes});
 }
 
 void AutoSelect::backward_begins(std::uint64_t marker) {
@@ -252,6 +253,9 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     auto bytes = saved_bytes_.find(layer);
     entry.bytes = bytes != saved_bytes_.end() ? bytes->second : 0;
     entry.protected_by_rule = protected_by_rule(layer);
+    if (auto keys = saved_keys_.find(layer); keys != saved_keys_.end()) {
+      for (const SavedKey& key : keys->second) entry.tensors.push_back(key.bytes);
+    }
     inputs.layers.push_back(std::move(entry));
   }
   inputs.d2h_bytes_per_s = link_bytes_per_s_;
@@ -267,6 +271,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     goal.host_limit_bytes = options_.host_limit_bytes;
     const MemoryGoalChoice chosen = choose_for_device_memory(goal);
     choice.chosen = chosen.chosen;
+    choice.partial_layer = chosen.partial_layer;
+    choice.partial_tensors = chosen.partial_tensors;
     choice.bytes = chosen.bytes;
     choice.why_none = chosen.why_none;
     short_bytes_ = chosen.short_bytes;
@@ -274,10 +280,23 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   decided_ = true;
   budget_bytes_ = choice.budget_bytes;
   chosen_bytes_ = choice.bytes;
+  auto choose_keys = [&](std::size_t index, std::size_t count) {
+    const auto keys = saved_keys_.find(layers_[index]);
+    if (keys == saved_keys_.end()) return;
+    for (std::size_t i = 0; i < keys->second.size() && i < count; ++i) chosen_keys_.push_back(keys->second[i].key);
+  };
   for (std::size_t index : choice.chosen) {
     chosen_names_.push_back(inputs.layers[index].name);
-    const auto keys = saved_keys_.find(layers_[index]);
-    if (keys != saved_keys_.end()) chosen_keys_.insert(chosen_keys_.end(), keys->second.begin(), keys->second.end());
+    choose_keys(index, SIZE_MAX);
+  }
+  whole_layers_ = chosen_names_.size();
+  if (choice.partial_layer != kNoPartialLayer) {
+    // Its range is selected like the others'; only its first saved tensors' keys are candidates.
+    const LayerSaved& layer = inputs.layers[choice.partial_layer];
+    chosen_names_.push_back(layer.name);
+    choose_keys(choice.partial_layer, choice.partial_tensors);
+    partial_text_ = "the first " + std::to_string(choice.partial_tensors) + " of " +
+                    std::to_string(layer.tensors.size()) + " saved tensors of " + layer.name;
   }
   seen_.clear();
   saved_bytes_.clear();
@@ -290,8 +309,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
             format_bytes(observed) + "; link budget " + budget + ")";
   } else {
-    line += " pages " + std::to_string(chosen_names_.size()) + " of " + std::to_string(inputs.layers.size()) +
-            " layers from pass " + std::to_string(pass_ + 1) + " on: " + layer_list(chosen_names_) + " (" +
+    line += " pages " + std::to_string(whole_layers_) + " of " + std::to_string(inputs.layers.size()) +
+            " layers from pass " + std::to_string(pass_ + 1) + " on: " + chosen_text() + " (" +
             format_bytes(chosen_bytes_) + " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
   }
   if (memory_goal && used_unpaged_ != 0) {
@@ -361,6 +380,13 @@ bool AutoSelect::unpaged_reading_pending() const {
                      [](const auto& entry) { return entry.second <= kObservedPasses; });
 }
 
+std::string AutoSelect::chosen_text() const {
+  const std::vector<std::string> whole(chosen_names_.begin(),
+                                       chosen_names_.begin() + static_cast<std::ptrdiff_t>(whole_layers_));
+  if (partial_text_.empty()) return layer_list(whole);
+  return whole.empty() ? partial_text_ : layer_list(whole) + " and " + partial_text_;
+}
+
 std::string AutoSelect::goal_text() const {
   if (options_.device_memory_target == 0) return "near-free";
   return "device memory <= " + format_bytes(options_.device_memory_target);
@@ -386,7 +412,7 @@ std::optional<std::string> AutoSelect::summary() const {
   if (chosen_names_.empty()) {
     line += "paged nothing (link budget " + budget_text() + ")";
   } else {
-    line += "paged " + layer_list(chosen_names_) + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
+    line += "paged " + chosen_text() + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
             budget_text() + ")";
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);

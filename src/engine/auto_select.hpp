@@ -28,7 +28,8 @@
 //   and when the GPU reaches the first paged pass's start the job's pool is trimmed by the chosen bytes (the
 //   reserve of the unpaged peak would otherwise stay beside what paging saves, vmm.trim_job_pool).
 //   Engine then selects the chosen layers (a classifier of its own), and in them only the
-//   allocations whose key (allocation_key.hpp) was saved in pass 1 (chosen_keys()).
+//   allocations whose key (allocation_key.hpp) was saved in pass 1 (chosen_keys()); of the layer
+//   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats).
@@ -104,7 +105,8 @@ class AutoSelect {
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
 
-  // The chosen layers' names, in forward order (empty until the decision, or when none).
+  // The chosen layers' names, in forward order (empty until the decision, or when none): the whole
+  // ones, then the one of which only the first saved tensors are (their keys are chosen_keys()).
   const std::vector<std::string>& chosen() const { return chosen_names_; }
   // The keys of the allocations the chosen layers saved in pass 1: the only candidates from the
   // decision on (allocation_key.hpp).
@@ -132,6 +134,8 @@ class AutoSelect {
   std::string budget_text() const;
   // "near-free" or "device memory <= 20.0 GiB".
   std::string goal_text() const;
+  // "model.layers.0-1 and the first 5 of 12 saved tensors of model.layers.2", for people.
+  std::string chosen_text() const;
   // Whether an observed pass's device memory in use is still to be read (the goal waits for it).
   bool unpaged_reading_pending() const;
   void forget_observation();
@@ -150,7 +154,12 @@ class AutoSelect {
   std::unordered_map<DevPtr, Observed> seen_;  // pass 1's allocations by address (counted once)
   std::vector<ranges::PathId> layers_;         // in forward order
   std::unordered_map<ranges::PathId, std::uint64_t> saved_bytes_;
-  std::unordered_map<ranges::PathId, std::vector<std::uint64_t>> saved_keys_;  // by allocating layer
+  struct SavedKey {
+    std::uint64_t key = 0;  // next_allocation_key() (allocation_key.hpp)
+    std::uint64_t bytes = 0;
+  };
+  // By allocating layer, in the order pass 1 saved them.
+  std::unordered_map<ranges::PathId, std::vector<SavedKey>> saved_keys_;
 
   double link_bytes_per_s_ = 0;
   bool link_measured_ = false;  // the measurement ended (it may have failed: rate 0)
@@ -162,7 +171,9 @@ class AutoSelect {
   std::uint64_t trim_marker_ = 0;
 
   // The decision.
-  std::vector<std::string> chosen_names_;
+  std::vector<std::string> chosen_names_;  // the whole layers, then the partial one if any
+  std::size_t whole_layers_ = 0;
+  std::string partial_text_;  // "the first 5 of 12 saved tensors of model.layers.1"; empty: none
   std::vector<std::uint64_t> chosen_keys_;
   std::uint64_t chosen_bytes_ = 0;
   std::uint64_t budget_bytes_ = 0;

@@ -1,5 +1,7 @@
 #include "engine/memory_goal.hpp"
 
+#include <cstdint>
+
 #include "common/units.hpp"
 
 namespace actpage::engine {
@@ -21,15 +23,29 @@ MemoryGoalChoice choose_for_device_memory(const MemoryGoalInputs& inputs) {
     return choice;
   }
   const std::size_t last = inputs.layers.size() - 1;
+  const std::uint64_t host_limit = inputs.host_limit_bytes != 0 ? inputs.host_limit_bytes : UINT64_MAX;
   for (std::size_t index = 0; index < last && choice.bytes < choice.needed_bytes; ++index) {
     const LayerSaved& layer = inputs.layers[index];
     if (layer.protected_by_rule || layer.bytes == 0) continue;
-    if (inputs.host_limit_bytes != 0 && choice.bytes + layer.bytes > inputs.host_limit_bytes) break;
+    const std::uint64_t left = choice.needed_bytes - choice.bytes;
+    const bool over_host = choice.bytes + layer.bytes > host_limit;
+    if (layer.bytes > left || over_host) {
+      // Only the first tensors that cover what is left, within the host memory allowed.
+      TensorPrefix part = take_until(layer, left);
+      if (choice.bytes + part.bytes > host_limit) part = take_within(layer, host_limit - choice.bytes);
+      if (part.count > 0 && part.count < layer.tensors.size()) {
+        choice.partial_layer = index;
+        choice.partial_tensors = part.count;
+        choice.bytes += part.bytes;
+        break;
+      }
+      if (over_host) break;
+    }
     choice.bytes += layer.bytes;
     choice.chosen.push_back(index);
   }
   choice.short_bytes = choice.bytes >= choice.needed_bytes ? 0 : choice.needed_bytes - choice.bytes;
-  if (choice.chosen.empty()) {
+  if (choice.chosen.empty() && choice.partial_layer == kNoPartialLayer) {
     choice.why_none = inputs.host_limit_bytes != 0 ? "no layer but the last saved anything that may move within host_pool.bytes"
                                                    : "no layer but the last saved anything that may move";
   }

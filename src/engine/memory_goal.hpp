@@ -9,7 +9,8 @@
 // - Needed: what the unpaged peak is over the target (nothing when it is not over: nothing chosen).
 // - Chosen: the least paging that reaches it: the earliest layers, in forward order, until their
 //   saved bytes together cover what is needed (the earliest have the most forward time to hide
-//   their copies behind). The last layer is never chosen (backward reads it first, where forward
+//   their copies behind); of the layer that would cover more than what is left, only its first
+//   saved tensors that cover it, when they are known (partial_layer, partial_tensors). The last layer is never chosen (backward reads it first, where forward
 //   ends), nor one an "offload": false rule protects; a layer that saved nothing is passed over. The
 //   host memory allowed (host_pool.bytes) caps the bytes chosen.
 // - When even every layer that may move does not cover what is needed, all of them are chosen and
@@ -32,8 +33,10 @@ struct MemoryGoalInputs {
 };
 
 struct MemoryGoalChoice {
-  std::vector<std::size_t> chosen;  // indices into MemoryGoalInputs::layers, in forward order
-  std::uint64_t bytes = 0;          // saved bytes of the chosen layers (a pass's)
+  std::vector<std::size_t> chosen;  // indices into MemoryGoalInputs::layers, in forward order (whole)
+  std::size_t partial_layer = kNoPartialLayer;  // as NearFreeChoice's
+  std::size_t partial_tensors = 0;
+  std::uint64_t bytes = 0;          // saved bytes of what is chosen (a pass's)
   std::uint64_t needed_bytes = 0;   // unpaged peak - target (0: already under it)
   std::uint64_t short_bytes = 0;    // what the chosen bytes leave of the needed ones
   std::string why_none;             // when nothing is chosen

@@ -28,15 +28,44 @@ NearFreeChoice choose_near_free(const NearFreeInputs& inputs) {
     if (layer.protected_by_rule) continue;
     if (layer.bytes == 0) continue;  // nothing to move: neither chosen nor the end of the prefix
     any_saved = true;
-    if (choice.bytes + layer.bytes > choice.budget_bytes) break;
+    if (choice.bytes + layer.bytes > choice.budget_bytes) {
+      // The budget's rest: this layer's first saved tensors that fit in it.
+      const TensorPrefix part = take_within(layer, choice.budget_bytes - choice.bytes);
+      if (part.count > 0) {
+        choice.partial_layer = index;
+        choice.partial_tensors = part.count;
+        choice.bytes += part.bytes;
+      }
+      break;
+    }
     choice.bytes += layer.bytes;
     choice.chosen.push_back(index);
   }
-  if (choice.chosen.empty()) {
+  if (choice.chosen.empty() && choice.partial_layer == kNoPartialLayer) {
     choice.why_none = any_saved ? "the first layer's saved activations do not fit in the link's budget"
                                 : "no layer but the last saved anything that may move";
   }
   return choice;
+}
+
+TensorPrefix take_within(const LayerSaved& layer, std::uint64_t room) {
+  TensorPrefix prefix;
+  for (std::uint64_t bytes : layer.tensors) {
+    if (prefix.bytes + bytes > room) break;
+    prefix.bytes += bytes;
+    ++prefix.count;
+  }
+  return prefix;
+}
+
+TensorPrefix take_until(const LayerSaved& layer, std::uint64_t needed) {
+  TensorPrefix prefix;
+  for (std::uint64_t bytes : layer.tensors) {
+    if (prefix.bytes >= needed) break;
+    prefix.bytes += bytes;
+    ++prefix.count;
+  }
+  return prefix;
 }
 
 std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_per_s, std::uint64_t forward_gpu_ns,

@@ -12,6 +12,10 @@
 //   would leave later, when less of the forward pass is left to hide its copy). The last layer is
 //   never chosen: backward reads it first, right where forward ends, so its copy would have no
 //   forward time left to hide in and would come straight back.
+// - The budget's rest: of the layer that ends the prefix (not the last, not protected), the first
+//   of its saved tensors, in the order they were saved, whose bytes fit in what the whole layers
+//   left (partial_layer, partial_tensors): a layer is 1-1.5 GiB on the zoo's Llamas against
+//   budgets of 1.8-2.5 GiB. Only when the layer's tensors are known (LayerSaved::tensors).
 // - Nothing chosen comes with the reason (why_none), for the user.
 #pragma once
 
@@ -31,7 +35,12 @@ struct LayerSaved {
   std::string name;        // the layer's range ("model.layers.3")
   std::uint64_t bytes = 0; // saved by autograd, allocated in this layer
   bool protected_by_rule = false;  // an "offload": false rule matches it (or a range around it)
+  // Each saved tensor's bytes, in the order they were saved (sum: bytes); empty: the layer moves
+  // whole or not at all.
+  std::vector<std::uint64_t> tensors;
 };
+
+inline constexpr std::size_t kNoPartialLayer = static_cast<std::size_t>(-1);
 
 struct NearFreeInputs {
   std::vector<LayerSaved> layers;  // in forward order
@@ -42,13 +51,25 @@ struct NearFreeInputs {
 };
 
 struct NearFreeChoice {
-  std::vector<std::size_t> chosen;  // indices into NearFreeInputs::layers, in forward order
-  std::uint64_t bytes = 0;          // saved bytes of the chosen layers (a pass's)
+  std::vector<std::size_t> chosen;  // indices into NearFreeInputs::layers, in forward order (whole)
+  // A layer of which only the first `partial_tensors` saved tensors are chosen (after the whole ones).
+  std::size_t partial_layer = kNoPartialLayer;
+  std::size_t partial_tensors = 0;
+  std::uint64_t bytes = 0;          // saved bytes of what is chosen (a pass's), the partial layer's part included
   std::uint64_t budget_bytes = 0;
   std::string why_none;             // when nothing is chosen
 };
 
 NearFreeChoice choose_near_free(const NearFreeInputs& inputs);
+
+// The first of `layer`'s saved tensors whose bytes together stay within `room` (take_within) or
+// first reach `needed` (take_until): their count and bytes. Both shared by the goals.
+struct TensorPrefix {
+  std::size_t count = 0;
+  std::uint64_t bytes = 0;
+};
+TensorPrefix take_within(const LayerSaved& layer, std::uint64_t room);
+TensorPrefix take_until(const LayerSaved& layer, std::uint64_t needed);
 
 // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8": the budget and what it came from, for people (auto mode's
 // log line and `actpage plan --near-free` say it the same way).

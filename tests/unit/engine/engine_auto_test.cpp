@@ -103,6 +103,8 @@ class LayerJob {
       acts_.push_back(act);
       outputs_.push_back(output);
       owned_.push_back(act.owned || output.owned);
+      act_owned_.push_back(act.owned);
+      output_owned_.push_back(output.owned);
       previous = output;
     }
     job_.push("model.head");
@@ -133,6 +135,8 @@ class LayerJob {
 
   void pass(bool settle_before_backward = true, const std::function<void()>& after_model_marker = {}) {
     owned_.clear();
+    act_owned_.clear();
+    output_owned_.clear();
     forward();
     if (settle_before_backward) rig_.engine.quiesce();  // every copy out before backward asks
     backward(after_model_marker);
@@ -141,6 +145,9 @@ class LayerJob {
 
   // Whether layer i's tensors were served by actpage in the last pass.
   const std::vector<bool>& owned() const { return owned_; }
+  // Layer i's activation, and its output, apart (the last pass).
+  const std::vector<bool>& act_owned() const { return act_owned_; }
+  const std::vector<bool>& output_owned() const { return output_owned_; }
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
@@ -157,6 +164,8 @@ class LayerJob {
   std::vector<Tensor> acts_;
   std::vector<Tensor> outputs_;
   std::vector<bool> owned_;
+  std::vector<bool> act_owned_;
+  std::vector<bool> output_owned_;
 };
 
 void expect_every_read_right(Rig& rig) {
@@ -168,8 +177,9 @@ void expect_every_read_right(Rig& rig) {
 }
 
 TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
-  // 4 MiB saved a layer (its activation, and its output the next layer saves): 14 MiB hold three.
-  Rig rig(auto_options(), budget_of(14 * kMiB));
+  // 4 MiB saved a layer (its activation, and its output the next layer saves): 13 MiB hold three,
+  // and the 1 MiB left no tensor of the fourth.
+  Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
   EXPECT_FALSE(rig.engine.wants_pass_through_addresses());
   for (int pass = 1; pass <= 2; ++pass) {
@@ -211,10 +221,31 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
       << summary[0];
 }
 
+TEST(AutoMode, TheBudgetsRestPagesTheFirstSavedTensorsOfTheNextLayer) {
+  // Each layer saves its activation, then (at the next layer's start) its output: 2 MiB each. A
+  // budget of 7 MiB holds layer 0 whole and layer 1's activation, not its output.
+  Rig rig(auto_options(), budget_of(7 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.auto_chosen(), (std::vector<std::string>{"model.layers.0", "model.layers.1"}));
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 3 * kBytes);
+  EXPECT_EQ(rig.engine.stats().auto_layers_chosen, 2u);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_EQ(job.act_owned()[layer], layer <= 1) << "layer " << layer;
+    EXPECT_EQ(job.output_owned()[layer], layer == 0) << "layer " << layer;
+  }
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("paged model.layers.0 and the first 1 of 2 saved tensors of model.layers.1 (6 MiB a pass"),
+            std::string::npos)
+      << summary[0];
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, APassWhoseAllocationsComeInAnotherOrderStaysBitForBit) {
   // Keys are (range, ordinal): an extra allocation shifts them. What is then served or left alone
   // may differ from what was saved when auto mode watched; what backward reads may not.
-  Rig rig(auto_options(), budget_of(14 * kMiB));
+  Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   const std::uint64_t served_before = rig.engine.stats().allocations_served;
@@ -264,7 +295,8 @@ TEST(AutoMode, ASlowFirstPassDoesNotSetTheBudget) {
 
 TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
   // The unpaged peak 100 MiB (set), the target 91 MiB: 9 MiB over. Two layers of 4 MiB leave 1 MiB,
-  // three cover it; the link's budget (one layer) does not decide.
+  // which the third's first saved tensor (its activation, 2 MiB) covers; the link's budget (one
+  // layer) does not decide.
   Options options = auto_options();
   options.auto_device_memory = 91 * kMiB;
   AutoMeasurements measurements = budget_of(5 * kMiB);
@@ -274,11 +306,16 @@ TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
   for (int pass = 1; pass <= 4; ++pass) job.pass();
   EXPECT_EQ(rig.engine.auto_chosen(),
             (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
-  for (int layer = 0; layer < kLayers; ++layer) EXPECT_EQ(job.owned()[layer], layer < 3) << "layer " << layer;
-  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 3 * 2 * kBytes);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_EQ(job.act_owned()[layer], layer < 3) << "layer " << layer;
+    EXPECT_EQ(job.output_owned()[layer], layer < 2) << "layer " << layer;
+  }
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 5 * kBytes);
   const std::vector<std::string> summary = rig.engine.summary();
   ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("auto (device memory <= 91 MiB): paged model.layers.0-2"), std::string::npos)
+  EXPECT_NE(summary[0].find("auto (device memory <= 91 MiB): paged model.layers.0-1 and the first 1 of 2 saved "
+                            "tensors of model.layers.2"),
+            std::string::npos)
       << summary[0];
   EXPECT_EQ(summary[0].find("misses"), std::string::npos) << summary[0];
   expect_every_read_right(rig);
@@ -309,7 +346,7 @@ TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) 
 TEST(AutoMode, TheModelsBackwardMarkerAsksForNoLayer) {
   // The chosen layers' groups are asked for by their own markers: the model's, which comes first,
   // would bring every layer back at backward's start, at the peak.
-  Rig rig(auto_options(), budget_of(14 * kMiB));
+  Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
   job.pass();
   job.pass();
@@ -349,7 +386,7 @@ TEST(AutoMode, OffloadFalseRulesProtectTheirLayers) {
 }
 
 TEST(AutoMode, NothingFitsPagesNothing) {
-  Rig rig(auto_options(), budget_of(3 * kMiB));
+  Rig rig(auto_options(), budget_of(1 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 4; ++pass) job.pass();
   EXPECT_TRUE(rig.engine.auto_chosen().empty());

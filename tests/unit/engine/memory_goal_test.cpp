@@ -16,7 +16,7 @@ constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 MemoryGoalInputs layers(std::size_t count, std::uint64_t bytes, std::uint64_t unpaged, std::uint64_t target) {
   MemoryGoalInputs inputs;
   for (std::size_t index = 0; index < count; ++index) {
-    inputs.layers.push_back(LayerSaved{"model.layers." + std::to_string(index), bytes, false});
+    inputs.layers.push_back(LayerSaved{"model.layers." + std::to_string(index), bytes, false, {}});
   }
   inputs.unpaged_used_bytes = unpaged;
   inputs.target_bytes = target;
@@ -79,6 +79,34 @@ TEST(MemoryGoal, WithoutTheUnpagedPeakOrLayersNothingIsChosen) {
             std::string::npos);
   EXPECT_NE(choose_for_device_memory(layers(0, 4 * kMiB, 100 * kMiB, 10 * kMiB)).why_none.find("no layer"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace actpage::engine
+
+namespace actpage::engine {
+namespace {
+
+TEST(MemoryGoal, OfTheLayerThatWouldCoverMoreOnlyItsFirstTensorsThatCoverWhatIsLeft) {
+  // 9 MiB over; layers of 1+2+3 MiB: one whole layer, then 1+2 of the next cover the 3 left.
+  MemoryGoalInputs inputs = layers(5, 0, 100 * kMiB, 91 * kMiB);
+  for (LayerSaved& layer : inputs.layers) {
+    layer.tensors = {kMiB, 2 * kMiB, 3 * kMiB};
+    layer.bytes = 6 * kMiB;
+  }
+  MemoryGoalChoice choice = choose_for_device_memory(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, 1u);
+  EXPECT_EQ(choice.partial_tensors, 2u);
+  EXPECT_EQ(choice.bytes, 9 * kMiB);
+  EXPECT_EQ(choice.short_bytes, 0u);
+  // Within 8 MiB of host memory: the part that fits, and what that leaves short.
+  inputs.host_limit_bytes = 8 * kMiB;
+  choice = choose_for_device_memory(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, 1u);
+  EXPECT_EQ(choice.partial_tensors, 1u);
+  EXPECT_EQ(choice.short_bytes, 2 * kMiB);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 NearFreeInputs layers(std::size_t count, std::uint64_t bytes, std::uint64_t budget) {
   NearFreeInputs inputs;
   for (std::size_t index = 0; index < count; ++index) {
-    inputs.layers.push_back(LayerSaved{"model.layers." + std::to_string(index), bytes, false});
+    inputs.layers.push_back(LayerSaved{"model.layers." + std::to_string(index), bytes, false, {}});
   }
   inputs.d2h_bytes_per_s = static_cast<double>(budget);
   inputs.forward_gpu_ns = 1'000'000'000;
@@ -107,6 +107,59 @@ TEST(LayerList, ConsecutiveLayersAreOneRange) {
   EXPECT_EQ(layer_list({"model.layers.0", "model.layers.2"}), "model.layers.0, model.layers.2");
   EXPECT_EQ(layer_list({"transformer.h.7"}), "transformer.h.7");
   EXPECT_EQ(layer_list({}), "nothing");
+}
+
+}  // namespace
+}  // namespace actpage::engine
+
+namespace actpage::engine {
+namespace {
+
+// `count` layers, each saving `tensors` (bytes each, in save order).
+NearFreeInputs layers_of(std::size_t count, const std::vector<std::uint64_t>& tensors, std::uint64_t budget) {
+  NearFreeInputs inputs = layers(count, 0, budget);
+  for (LayerSaved& layer : inputs.layers) {
+    layer.tensors = tensors;
+    for (std::uint64_t bytes : tensors) layer.bytes += bytes;
+  }
+  return inputs;
+}
+
+TEST(NearFree, TheBudgetsRestTakesTheFirstSavedTensorsOfTheNextLayer) {
+  // Layers of 1+2+3 MiB; 9 MiB holds one whole layer, then 1+2 of the next (the 3 would not fit).
+  const NearFreeChoice choice = choose_near_free(layers_of(5, {kMiB, 2 * kMiB, 3 * kMiB}, 9 * kMiB));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, 1u);
+  EXPECT_EQ(choice.partial_tensors, 2u);
+  EXPECT_EQ(choice.bytes, 9 * kMiB);
+}
+
+TEST(NearFree, AFirstLayerOverTheBudgetIsTakenInPart) {
+  // ResNet's case: one block alone is over the budget; its first tensors are not.
+  const NearFreeChoice choice = choose_near_free(layers_of(5, {kMiB, 2 * kMiB, 3 * kMiB}, 4 * kMiB));
+  EXPECT_TRUE(choice.chosen.empty());
+  EXPECT_EQ(choice.partial_layer, 0u);
+  EXPECT_EQ(choice.partial_tensors, 2u);
+  EXPECT_EQ(choice.bytes, 3 * kMiB);
+  EXPECT_TRUE(choice.why_none.empty());
+}
+
+TEST(NearFree, NoPartOfTheLastLayerNorOfAProtectedOneNorWhenTheFirstTensorIsTooBig) {
+  // Every layer but the last fits: the last is not taken in part either.
+  NearFreeChoice choice = choose_near_free(layers_of(3, {kMiB, kMiB}, 5 * kMiB));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(choice.partial_layer, kNoPartialLayer);
+  // The layer that ends the prefix begins with a tensor over the rest: nothing of it.
+  choice = choose_near_free(layers_of(5, {3 * kMiB, kMiB}, 6 * kMiB));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, kNoPartialLayer);
+  // A protected layer is passed over, never taken in part.
+  NearFreeInputs inputs = layers_of(5, {kMiB, 2 * kMiB}, 4 * kMiB);
+  inputs.layers[1].protected_by_rule = true;
+  choice = choose_near_free(inputs);
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, 2u);
+  EXPECT_EQ(choice.partial_tensors, 1u);
 }
 
 }  // namespace
