@@ -1,8 +1,8 @@
 #include "engine/auto_select.hpp"
 
 #include <algorithm>
-#include <cstdint>
 #include <charconv>
+#include <cstdint>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -309,9 +309,9 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
             format_bytes(observed) + "; link budget " + budget + ")";
   } else {
-    line += " pages " + std::to_string(whole_layers_) + " of " + std::to_string(inputs.layers.size()) +
-            " layers from pass " + std::to_string(pass_ + 1) + " on: " + chosen_text() + " (" +
-            format_bytes(chosen_bytes_) + " a pass of " + format_bytes(observed) + " saved; link budget " + budget + ")";
+    line += " pages from pass " + std::to_string(pass_ + 1) + " on: " + chosen_text() + " (of " +
+            std::to_string(inputs.layers.size()) + " layers; " + format_bytes(chosen_bytes_) + " a pass of " +
+            format_bytes(observed) + " saved; link budget " + budget + ")";
   }
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);
