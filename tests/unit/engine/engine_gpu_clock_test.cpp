@@ -159,17 +159,20 @@ Saved forward(Rig& rig) {
 }
 
 // Backward as autograd runs it, on a thread of its own: per layer, in reverse, its marker, its
-// MLP's and its attention's (which saved nothing), the MLP's saved tensors read and freed, then
-// `after_mlp(layer)` when given, before the attention's marker.
-std::thread backward(Rig& rig, Saved& saved, std::function<void(int)> after_mlp = {}) {
-  return std::thread([&rig, &saved, after_mlp = std::move(after_mlp)] {
+// MLP's and its attention's (which saved nothing), the MLP's saved tensors read and freed (unless
+// `keep`: then freed by the caller), then `after_mlp(layer)` when given, before the attention's
+// marker.
+std::thread backward(Rig& rig, Saved& saved, std::function<void(int)> after_mlp = {}, bool keep = false) {
+  return std::thread([&rig, &saved, after_mlp = std::move(after_mlp), keep] {
     SimJob& job = *rig.job;
     for (int layer = kLayers; layer-- > 0;) {
       const std::string name = "model.layers." + std::to_string(layer);
       job.marker(name + ".backward");
       job.marker(name + ".mlp.backward");
       for (const Tensor& tensor : saved[layer]) job.check(tensor);
-      for (const Tensor& tensor : saved[layer]) job.free(tensor);
+      if (!keep) {
+        for (const Tensor& tensor : saved[layer]) job.free(tensor);
+      }
       if (after_mlp) after_mlp(layer);
       job.marker(name + ".attn.backward");
     }
@@ -363,6 +366,42 @@ TEST(GpuClock, ReloadsWaitUntilTheJobsPoolGivesBackTheirBytes) {
   EXPECT_EQ(stats.reloads_completed, static_cast<std::uint64_t>(kLayers * kPerModule));
   EXPECT_GE(stats.pool_trimmed_bytes, kLayers * kLayerBytes) << "every reload's pages took the pool's place";
   expect_every_byte_back(rig, "room gate");
+}
+
+// The room gate holds no one when there is nothing to wait for: a pool whose unused reserve (frees
+// the device has run) already covers every reload, and a job with no pool reserve at all (another
+// allocator). With the GPU held at backward's start and no bound on the bytes ahead, every reload
+// is asked for by the host's clock, as without the gate.
+TEST(GpuClock, TheRoomGateWaitsForNothingWhenThePoolHasRoomOrNoReserve) {
+  for (bool reserve : {true, false}) {
+    const std::string where = reserve ? "a pool with room" : "no pool reserve";
+    Options options = every_mlp(kUnbounded);
+    options.vmm_trim_job_pool = true;
+    Rig rig(options);
+    Saved saved = forward(rig);
+    rig.gpu.allow_through(kBackwardPoint - 1);
+    ASSERT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
+    ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+    if (reserve) rig.device.set_job_pool((kLayers + 2) * kLayerBytes, kLayerBytes);
+    // Nothing freed until the GPU runs: a reload that took a range freed in this backward would
+    // wait for the held GPU to run its free.
+    std::thread autograd = backward(rig, saved, {}, /*keep=*/true);
+    // Every reload, with the GPU still at backward's start (or, wrongly, the host held at the gate).
+    EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) {
+      return s.reloads_completed == kLayers * kPerModule || s.pool_waits > 0;
+    })) << where;
+    EXPECT_EQ(rig.engine.stats().pool_waits, 0u) << where;
+    EXPECT_EQ(rig.engine.stats().reloads_completed, static_cast<std::uint64_t>(kLayers * kPerModule)) << where;
+    EXPECT_EQ(rig.engine.stats().pool_trimmed_bytes, reserve ? kLayers * kLayerBytes : 0u) << where;
+    rig.gpu.open_all();
+    autograd.join();
+    for (auto& [layer, tensors] : saved) {
+      for (const Tensor& tensor : tensors) rig.job->free(tensor);
+    }
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    expect_every_byte_back(rig, where);
+  }
 }
 
 // A GPU that keeps up with the host (a launch-bound job): the engine still marks every backward
