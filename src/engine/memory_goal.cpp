@@ -24,9 +24,11 @@ MemoryGoalChoice choose_for_device_memory(const MemoryGoalInputs& inputs) {
   }
   const std::size_t last = inputs.layers.size() - 1;
   const std::uint64_t host_limit = inputs.host_limit_bytes != 0 ? inputs.host_limit_bytes : UINT64_MAX;
+  bool any_movable = false;
   for (std::size_t index = 0; index < last && choice.bytes < choice.needed_bytes; ++index) {
     const LayerSaved& layer = inputs.layers[index];
     if (layer.protected_by_rule || layer.bytes == 0) continue;
+    any_movable = true;
     const std::uint64_t left = choice.needed_bytes - choice.bytes;
     const bool over_host = choice.bytes + layer.bytes > host_limit;
     if (layer.bytes > left || over_host) {
@@ -46,8 +48,8 @@ MemoryGoalChoice choose_for_device_memory(const MemoryGoalInputs& inputs) {
   }
   choice.short_bytes = choice.bytes >= choice.needed_bytes ? 0 : choice.needed_bytes - choice.bytes;
   if (choice.chosen.empty() && choice.partial_layer == kNoPartialLayer) {
-    choice.why_none = inputs.host_limit_bytes != 0 ? "no layer but the last saved anything that may move within host_pool.bytes"
-                                                   : "no layer but the last saved anything that may move";
+    choice.why_none = any_movable ? "the first layer's saved tensors do not fit in host_pool.bytes"
+                                  : "no layer but the last saved anything that may move";
   }
   return choice;
 }

@@ -73,6 +73,17 @@ TEST(MemoryGoal, TheHostMemoryAllowedCapsTheChoice) {
   EXPECT_EQ(choice.short_bytes, 12 * kMiB);
 }
 
+TEST(MemoryGoal, NothingWithinTheHostMemoryAllowedSaysSo) {
+  MemoryGoalInputs inputs = layers(6, 4 * kMiB, 100 * kMiB, 80 * kMiB);
+  inputs.host_limit_bytes = 2 * kMiB;  // under one layer, whose tensors are not known
+  const MemoryGoalChoice choice = choose_for_device_memory(inputs);
+  EXPECT_TRUE(choice.chosen.empty());
+  EXPECT_NE(choice.why_none.find("host_pool.bytes"), std::string::npos) << choice.why_none;
+  inputs.host_limit_bytes = 32 * kMiB;
+  for (std::size_t index = 0; index + 1 < inputs.layers.size(); ++index) inputs.layers[index].bytes = 0;
+  EXPECT_NE(choose_for_device_memory(inputs).why_none.find("no layer but the last"), std::string::npos);
+}
+
 TEST(MemoryGoal, WithoutTheUnpagedPeakOrLayersNothingIsChosen) {
   EXPECT_NE(choose_for_device_memory(layers(6, 4 * kMiB, 0, 10 * kMiB)).why_none.find("unknown"), std::string::npos);
   EXPECT_NE(choose_for_device_memory(layers(1, 4 * kMiB, 100 * kMiB, 10 * kMiB)).why_none.find("one layer only"),
