@@ -8,6 +8,7 @@
 #include "common/log.hpp"
 #include "engine/allocation_key.hpp"
 #include "engine/forward_pass.hpp"
+#include "policy/module_matcher.hpp"
 
 namespace actpage::engine {
 
@@ -207,18 +208,6 @@ void Engine::auto_layer_pushed(ranges::PathId node) {
   }
 }
 
-namespace {
-// A range name as a glob that matches only it.
-std::string exact_glob(const std::string& name) {
-  std::string glob;
-  for (char c : name) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') glob += '\\';
-    glob += c;
-  }
-  return glob;
-}
-}  // namespace
-
 void Engine::select_layers(const std::vector<std::string>& layers, const std::vector<std::uint64_t>& keys) {
   if (layers.empty()) return;
   // The user's "offload": false rules first (the innermost matching range decides, so a rule on a
@@ -229,7 +218,7 @@ void Engine::select_layers(const std::vector<std::string>& layers, const std::ve
     if (!rule.offload) chosen.modules.push_back(rule);
   }
   ModuleRule rule;
-  for (const std::string& layer : layers) rule.match.push_back(exact_glob(layer));
+  for (const std::string& layer : layers) rule.match.push_back(policy::Glob::literal(layer));
   rule.offload = true;
   chosen.modules.push_back(std::move(rule));
   std::lock_guard<std::mutex> lock(create_mutex_);

@@ -57,17 +57,6 @@ bool protected_by_rule(const policy::ModuleMatcher& matcher, const std::vector<s
   return false;
 }
 
-// A glob that matches `name` and nothing else: the glob characters in it escaped (a range named
-// "blocks[3]" is no class).
-std::string glob_matching_only(const std::string& name) {
-  std::string glob;
-  for (char c : name) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') glob += '\\';
-    glob += c;
-  }
-  return glob;
-}
-
 std::uint64_t median(std::vector<std::uint64_t> values) {
   std::sort(values.begin(), values.end());
   return values[(values.size() - 1) / 2];
@@ -238,7 +227,7 @@ Result<NearFreePlan> plan_near_free(const trace::TraceFile& trace, const Options
   }
   if (!plan.chosen.empty()) {
     ModuleRule chosen{{}, true, std::nullopt};
-    for (const std::string& name : plan.chosen) chosen.match.push_back(glob_matching_only(name));
+    for (const std::string& name : plan.chosen) chosen.match.push_back(policy::Glob::literal(name));
     plan.policy.modules.push_back(std::move(chosen));
   }
   return plan;

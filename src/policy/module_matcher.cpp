@@ -155,6 +155,15 @@ std::size_t next_star(const TokenList& tokens, std::size_t from) {
 
 }  // namespace
 
+std::string Glob::literal(std::string_view name) {
+  std::string pattern;
+  for (char c : name) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') pattern += '\\';
+    pattern += c;
+  }
+  return pattern;
+}
+
 std::optional<Glob> Glob::compile(std::string_view pattern, std::string* why) {
   Glob glob;
   glob.pattern_ = std::string(pattern);

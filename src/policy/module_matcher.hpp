@@ -26,6 +26,9 @@ class Glob {
  public:
   // Returns nullopt for a malformed pattern (unbalanced '[', reversed numeric range...).
   static std::optional<Glob> compile(std::string_view pattern, std::string* why = nullptr);
+  // A pattern that matches `name` and nothing else: its glob characters escaped (a range named
+  // "blocks[3]" is no class). For rules that name ranges one by one (auto mode, `actpage plan`).
+  static std::string literal(std::string_view name);
   bool matches(std::string_view text) const;
   const std::string& pattern() const { return pattern_; }
   // Number of '*' wildcards (escaped ones excluded, "**" counted once).

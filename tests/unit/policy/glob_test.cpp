@@ -116,6 +116,17 @@ TEST(Glob, CompileWithoutReasonPointer) {
   EXPECT_TRUE(Glob::compile("*.mlp").has_value());
 }
 
+TEST(Glob, ALiteralMatchesItsNameAndNothingElse) {
+  for (const char* name : {"model.layers.3", "blocks[3]", "a*b?c", "back\\slash", "x]y"}) {
+    const std::optional<Glob> glob = Glob::compile(Glob::literal(name));
+    ASSERT_TRUE(glob.has_value()) << name;
+    EXPECT_TRUE(glob->matches(name)) << name;
+  }
+  EXPECT_FALSE(Glob::compile(Glob::literal("blocks[3]"))->matches("blocks3"));
+  EXPECT_FALSE(Glob::compile(Glob::literal("a*b"))->matches("axxb"));
+  EXPECT_EQ(Glob::literal("model.layers.3"), "model.layers.3");
+}
+
 TEST(Glob, StarCountIgnoresEscapedAndRepeatedStars) {
   EXPECT_EQ(Glob::compile("abc")->star_count(), 0u);
   EXPECT_EQ(Glob::compile("*.backward")->star_count(), 1u);
