@@ -306,7 +306,23 @@ TEST(GpuClock, TheTraceShowsTheHostsLeadAndItsWaitsForTheGpu) {
       << report.str();
 }
 
-// The room gate (JobPool::wait_for_room): with no bound on the bytes ahead, the host asks for every
+// The room gate's tests: trims on, no bound on the bytes ahead (only the room gate can hold a reload).
+Options room_gate_options() {
+  Options options = every_mlp(kUnbounded);
+  options.vmm_trim_job_pool = true;
+  return options;
+}
+
+// Forward, then the GPU let through it and held at backward's start, every layer's pages gone.
+Saved forward_with_every_layer_off(Rig& rig) {
+  Saved saved = forward(rig);
+  rig.gpu.allow_through(kBackwardPoint - 1);
+  EXPECT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
+  EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+  return saved;
+}
+
+// The room gate (JobPool::make_room): with no bound on the bytes ahead, the host asks for every
 // layer's reload while the GPU is still at backward's start, the step's peak, where the job's pool
 // has one layer's worth unused (the loss's temporaries) and the rest in use. Layer 5's reload takes
 // that layer's place; each later one waits until the GPU has run the backward before it, whose
@@ -314,13 +330,9 @@ TEST(GpuClock, TheTraceShowsTheHostsLeadAndItsWaitsForTheGpu) {
 // pool's reserve and actpage's pages) never rises above the peak. Without the gate every reload
 // would come at once, five layers above it. Every byte comes back.
 TEST(GpuClock, ReloadsWaitUntilTheJobsPoolGivesBackTheirBytes) {
-  Options options = every_mlp(kUnbounded);
-  options.vmm_trim_job_pool = true;
-  Rig rig(options);
-  Saved saved = forward(rig);
-  rig.gpu.allow_through(kBackwardPoint - 1);
-  ASSERT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
-  ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+  Rig rig(room_gate_options());
+  Saved saved = forward_with_every_layer_off(rig);
+  ASSERT_FALSE(HasFailure());
   // The GPU at backward's start: the pool holds the step's peak, all but one layer's worth in use.
   const std::uint64_t reserve = (kLayers + 2) * kLayerBytes;
   rig.device.set_job_pool(reserve, reserve - kLayerBytes);
@@ -375,13 +387,9 @@ TEST(GpuClock, ReloadsWaitUntilTheJobsPoolGivesBackTheirBytes) {
 TEST(GpuClock, TheRoomGateWaitsForNothingWhenThePoolHasRoomOrNoReserve) {
   for (bool reserve : {true, false}) {
     const std::string where = reserve ? "a pool with room" : "no pool reserve";
-    Options options = every_mlp(kUnbounded);
-    options.vmm_trim_job_pool = true;
-    Rig rig(options);
-    Saved saved = forward(rig);
-    rig.gpu.allow_through(kBackwardPoint - 1);
-    ASSERT_TRUE(rig.gpu.until_held_at(kBackwardPoint));
-    ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+    Rig rig(room_gate_options());
+    Saved saved = forward_with_every_layer_off(rig);
+    ASSERT_FALSE(HasFailure()) << where;
     if (reserve) rig.device.set_job_pool((kLayers + 2) * kLayerBytes, kLayerBytes);
     // Nothing freed until the GPU runs: a reload that took a range freed in this backward would
     // wait for the held GPU to run its free.
