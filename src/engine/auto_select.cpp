@@ -289,7 +289,6 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     chosen_names_.push_back(inputs.layers[index].name);
     choose_keys(index, SIZE_MAX);
   }
-  whole_layers_ = chosen_names_.size();
   if (choice.partial_layer != kNoPartialLayer) {
     // Its range is selected like the others'; only its first saved tensors' keys are candidates.
     const LayerSaved& layer = inputs.layers[choice.partial_layer];
@@ -381,9 +380,9 @@ bool AutoSelect::unpaged_reading_pending() const {
 }
 
 std::string AutoSelect::chosen_text() const {
-  const std::vector<std::string> whole(chosen_names_.begin(),
-                                       chosen_names_.begin() + static_cast<std::ptrdiff_t>(whole_layers_));
-  if (partial_text_.empty()) return layer_list(whole);
+  if (partial_text_.empty()) return layer_list(chosen_names_);
+  // The partial layer is the last name; the whole ones come before it.
+  const std::vector<std::string> whole(chosen_names_.begin(), chosen_names_.end() - 1);
   return whole.empty() ? partial_text_ : layer_list(whole) + " and " + partial_text_;
 }
 

@@ -172,7 +172,6 @@ class AutoSelect {
 
   // The decision.
   std::vector<std::string> chosen_names_;  // the whole layers, then the partial one if any
-  std::size_t whole_layers_ = 0;
   std::string partial_text_;  // "the first 5 of 12 saved tensors of model.layers.1"; empty: none
   std::vector<std::uint64_t> chosen_keys_;
   std::uint64_t chosen_bytes_ = 0;
