@@ -89,6 +89,8 @@ class AutoSelect {
   void start(bool serialized);
   void stop();
   bool on() const { return on_; }
+  // The link's device-to-host rate: measured in auto mode, set by a test in any mode; 0 unknown.
+  double link_bytes_per_s() const { return link_bytes_per_s_; }
 
   enum class Push { ignored, observing, decided };
   // A layer range pushed on `thread`. `decided` with chosen() filled when this push made the

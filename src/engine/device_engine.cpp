@@ -252,7 +252,7 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   // The groups the marker names: their backward begins here, and here in the GPU's queue too.
   std::uint64_t first_position = 0;
   std::vector<Group*> asked = groups_.asked_for(module_name, forward_pass, first_position);
-  const std::uint64_t marker = clock_.mark(stream_of(asked), backward_begins);
+  const std::uint64_t marker = clock_.mark(stream_of(asked), backward_begins, /*point=*/false, module_name, forward_pass);
   if (backward_begins) auto_.backward_begins(marker);
   if (asked.empty()) return;
   // The reload gate: in a GPU-bound job this marker comes while the GPU is far behind it (still in
@@ -376,6 +376,7 @@ EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(core_.mutex);
   EngineStats stats = core_.stats;
   stats.job_thread_ns = core_.job_thread_ns.load(std::memory_order_relaxed);
+  stats.reload_bound_bytes = clock_.bound();
   auto_.add_stats(stats);
   if (core_.host_pool) {
     const hostpool::HostPoolStats pool = core_.host_pool->stats();

@@ -50,6 +50,11 @@ namespace actpage::engine {
 //   peak_bytes_ahead_of_gpu: the most bytes asked back (kept or reloaded) that the GPU had not yet
 //     reached the marker of; at most prefetch.ahead_bytes plus the marker asking, which is let
 //     through once the GPU is at the marker before it
+//   reload_bound_bytes: the bound on bytes back ahead of the GPU in force: prefetch.ahead_bytes, or
+//     what auto mode pages a pass if more (summed over devices)
+//   scheduled_reloads, scheduled_reload_bytes: groups, and their bytes, asked back when the GPU
+//     reached a backward marker because the last backward's times said their copies would otherwise
+//     end late (ReloadSchedule), before their own marker asked
 //   host_pool_misses: no pinned memory at hand: the allocation stayed resident
 //   host_pinned_bytes: pinned host memory the host pool holds (its slabs); more than
 //     host_pool.prealloc_bytes means it pinned while the job ran (see DeviceEngine::advice())
@@ -126,6 +131,9 @@ namespace actpage::engine {
   X(gpu_leads) \
   X(gpu_lead_ns) \
   X(peak_bytes_ahead_of_gpu) \
+  X(reload_bound_bytes) \
+  X(scheduled_reloads) \
+  X(scheduled_reload_bytes) \
   X(host_pool_misses) \
   X(host_pinned_bytes) \
   X(host_scattered_blocks) \

@@ -6,6 +6,7 @@
 #include "engine/auto_select.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/groups.hpp"
+#include "engine/reload_pipeline.hpp"
 #include "engine/turns.hpp"
 
 namespace actpage::engine {
@@ -25,10 +26,19 @@ void GpuClock::run() {
     lock.lock();
     // A marker whose end cannot be known counts as reached: the gate must not hold the job for it.
     if (!status.ok()) core.note_failure("waiting for the GPU to reach a backward marker", status);
-    const std::uint64_t reached = markers_.front().id;
+    const Marker reached = markers_.front();
     reached_oldest(now);
-    parts_.auto_select.gpu_reached(reached, now, lock);  // may unlock: the front is looked up again
+    parts_.auto_select.gpu_reached(reached.id, now, lock);  // may unlock: the front is looked up again
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate
+    if (!reached.point && !core.stopping) {
+      if (reached.backward_begins) backward_reached_ns_ = now;
+      schedule_.reached(reached.ordinal, reached.module, now - std::min(now, backward_reached_ns_));
+      // Only while the host is still in this iteration: once its next forward has begun, the
+      // groups it knows are that forward's, which this backward does not read.
+      if (reached.iteration == parts_.groups.iteration()) {
+        parts_.reload.prefetch_due(reached.ordinal, reached.forward_pass, link_bytes_per_s(), lock);  // may unlock
+      }
+    }
   }
 }
 
@@ -40,7 +50,8 @@ void GpuClock::release_all() {
 
 void GpuClock::saw_stream(StreamHandle stream) { stream_ = stream; }
 
-std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_begins, bool point) {
+std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_begins, bool point,
+                            ranges::NameId module, std::uint64_t forward_pass) {
   EngineCore& core = parts_.core;
   // A replay's job streams run no kernels: its GPU is where the host is.
   if (parts_.turns.serialized()) return 0;
@@ -66,6 +77,14 @@ std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_b
   marker.event = event;
   marker.pushed_ns = monotonic_ns();
   marker.backward_begins = backward_begins;
+  marker.point = point;
+  marker.module = module;
+  marker.forward_pass = forward_pass;
+  marker.iteration = parts_.groups.iteration();
+  if (!point) {
+    if (backward_begins) next_ordinal_ = 0;
+    marker.ordinal = next_ordinal_++;
+  }
   markers_.push_back(marker);
   if (!point) ++core.stats.gpu_markers;
   // Prefetches whose groups the job freed before their marker came are no longer ahead of anyone.
@@ -134,7 +153,7 @@ std::uint64_t GpuClock::ahead_bytes() const {
 
 std::uint64_t GpuClock::room() const {
   const std::uint64_t ahead = ahead_bytes();
-  return ahead < options_.ahead_bytes ? options_.ahead_bytes - ahead : 0;
+  return ahead < bound_ ? bound_ - ahead : 0;
 }
 
 bool GpuClock::older_marker_ahead(std::uint64_t marker) const {
@@ -151,7 +170,7 @@ bool GpuClock::wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::uni
   // The GPU still has the older markers' work queued: holding the job's thread until it has run
   // some of it costs no GPU time, and keeps these pages off the device until they are near.
   auto fits = [&] {
-    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= options_.ahead_bytes || !older_marker_ahead(marker);
+    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= bound_ || !older_marker_ahead(marker);
   };
   if (fits()) return false;
   const std::uint64_t start = monotonic_ns();
@@ -183,6 +202,11 @@ void GpuClock::note_lead(const Marker& marker, std::uint64_t now_ns) {
   ++core.stats.gpu_leads;
   core.stats.gpu_lead_ns += lead;
   core.events.gpu_reached_backward(lead, markers_ahead, bytes_ahead);
+}
+
+double GpuClock::link_bytes_per_s() const {
+  const double measured = parts_.auto_select.link_bytes_per_s();
+  return measured > 0 ? measured : kAssumedLinkBytesPerS;
 }
 
 void GpuClock::note_peak() {

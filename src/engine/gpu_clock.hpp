@@ -23,10 +23,16 @@
 // - Serialized (a replay): no events are recorded and every marker counts as reached when made:
 //   the replay's job streams run no kernels, so its GPU is never behind the host. The bound still
 //   limits prefetches.
+// - The schedule: each backward marker the GPU reaches is noted in a ReloadSchedule (its ordinal
+//   in its backward, its module's name, the GPU's time since that backward's first marker), and
+//   the groups of its forward pass that the last backward's times say must be asked back now are
+//   (ReloadPipeline::prefetch_due), within the bound: a reload asked for at its own marker comes
+//   too late when the host is not far ahead. Not when serialized (no worker runs).
 // - Everything with the engine's lock held; the worker releases it around its event waits, the
 //   gate around its wait (EngineCore::issued_cv, which the worker notifies; stopping ends it).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -37,6 +43,8 @@
 #include "actpage/device.hpp"
 #include "engine/allocation.hpp"
 #include "engine/engine_parts.hpp"
+#include "engine/reload_schedule.hpp"
+#include "ranges/registry.hpp"
 
 namespace actpage::engine {
 
@@ -46,7 +54,7 @@ struct GpuClockOptions {
 
 class GpuClock {
  public:
-  GpuClock(EngineParts& parts, GpuClockOptions options) : parts_(parts), options_(options) {}
+  GpuClock(EngineParts& parts, GpuClockOptions options) : parts_(parts), bound_(options.ahead_bytes) {}
 
   // The clock worker's loop, until the engine stops (not started when serialized).
   void run();
@@ -61,7 +69,10 @@ class GpuClock {
   // 0 when nothing was recorded (serialized, no stream seen yet, the stream being captured, or the
   // record failed): a marker the GPU counts as having reached. `point`: no backward marker, only a
   // point auto mode wants to know the GPU's time at (AutoSelect::gpu_reached, as every marker).
-  std::uint64_t mark(std::optional<StreamHandle> stream, bool backward_begins, bool point = false);
+  // `module`, `forward_pass`: the marker's module and the forward call its backward is of (the
+  // schedule's).
+  std::uint64_t mark(std::optional<StreamHandle> stream, bool backward_begins, bool point = false,
+                     ranges::NameId module = 0, std::uint64_t forward_pass = 0);
 
   // Bytes of `groups` that a request would newly keep on or bring back to the device.
   std::uint64_t uncounted_bytes(const std::vector<Group*>& groups) const;
@@ -77,6 +88,11 @@ class GpuClock {
   std::uint64_t ahead_bytes() const;
   // Bytes that still fit under the bound (a prefetch goes only within them).
   std::uint64_t room() const;
+  // Auto mode's decision: the bound becomes at least what it pages a pass. Its reloads are paced by
+  // the schedule; a bound below their sum holds the last of them until the GPU is one marker before
+  // it needs them, whose copy the GPU then waits for.
+  void raise_bound(std::uint64_t bytes) { bound_ = std::max(bound_, bytes); }
+  std::uint64_t bound() const { return bound_; }
   // The gate, on the marker's thread before its reloads are requested: waits while `bytes` more
   // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it
   // waited (the lock was released: look the groups up again).
@@ -85,6 +101,8 @@ class GpuClock {
   bool older_marker_ahead(std::uint64_t marker) const;
   // Markers the GPU has reached so far (a waiter's wake-up: the GPU moved on).
   std::uint64_t reached_count() const { return reached_count_; }
+  // When each reload must be asked for, from the last backward's times (the worker keeps it).
+  const ReloadSchedule& schedule() const { return schedule_; }
 
  private:
   struct Marker {
@@ -92,6 +110,11 @@ class GpuClock {
     EventHandle event;
     std::uint64_t pushed_ns = 0;  // when the job's thread pushed it
     bool backward_begins = false;
+    bool point = false;            // no backward marker (auto mode's points)
+    std::uint32_t ordinal = 0;     // in its backward (0: the first)
+    ranges::NameId module = 0;
+    std::uint64_t forward_pass = 0;
+    std::uint64_t iteration = 0;   // Groups::iteration() when it was made
   };
   // What a group's request counted: its bytes, and the marker that asked for it (0: a prefetch).
   struct Counted {
@@ -106,12 +129,22 @@ class GpuClock {
   // The host's lead over the GPU where backward begins (the worker, at such a marker).
   void note_lead(const Marker& marker, std::uint64_t now_ns);
   void note_peak();
+  // The link's rate the schedule prices copies at: auto mode's measurement (or a test's), else
+  // kAssumedLinkBytesPerS.
+  double link_bytes_per_s() const;
+
+  // Without a measurement: a PCIe Gen4 x16 link's practical rate, below the 55 GB/s measured on
+  // the H100's Gen5 link (FACTS.md). Too slow a guess asks back earlier, never later.
+  static constexpr double kAssumedLinkBytesPerS = 16e9;
 
   EngineParts& parts_;
-  const GpuClockOptions options_;
+  std::uint64_t bound_;  // prefetch.ahead_bytes, or what auto mode pages if more
   std::optional<StreamHandle> stream_;  // of the newest served allocation
   std::uint64_t next_id_ = 1;
   std::uint64_t reached_count_ = 0;
+  std::uint32_t next_ordinal_ = 0;        // of the next backward marker made
+  std::uint64_t backward_reached_ns_ = 0;  // when the GPU reached this backward's first marker
+  ReloadSchedule schedule_;
   // Recorded and not yet reached, oldest first (ids increasing): the worker watches the front and
   // pops it when the GPU has reached it.
   std::deque<Marker> markers_;

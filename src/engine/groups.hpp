@@ -81,6 +81,8 @@ class Groups {
   // The groups before `position` in forward order, newest first (prefetch); with a forward pass
   // id, only that pass's and those of unknown pass.
   std::vector<Group*> before(std::uint64_t position, std::uint64_t forward_pass) const;
+  // Every group of this iteration's forward order, newest first (with a forward pass id, as above).
+  std::vector<Group*> newest_first(std::uint64_t forward_pass) const { return before(forward_order_.size(), forward_pass); }
   // Every live group (the backlog's count).
   const std::unordered_map<std::uint32_t, std::unique_ptr<Group>>& all() const { return groups_; }
   // shutdown(): the release points' events are recycled, the groups forgotten.

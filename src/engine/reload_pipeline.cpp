@@ -189,6 +189,38 @@ void ReloadPipeline::prefetch_before(std::uint64_t marker, std::uint64_t positio
   }
 }
 
+void ReloadPipeline::prefetch_due(std::uint32_t ordinal, std::uint64_t forward_pass, double bytes_per_s,
+                                  std::unique_lock<std::mutex>& lock) {
+  const ReloadSchedule& schedule = parts_.clock.schedule();
+  if (!schedule.known()) return;
+  std::vector<PendingReload> pending;
+  for (const Group* group : parts_.groups.newest_first(forward_pass)) {
+    const std::uint64_t bytes = parts_.clock.uncounted_bytes(*group);
+    if (bytes == 0) continue;  // resident, or already asked for
+    const std::optional<std::uint32_t> need = schedule.need_of(group->names);
+    if (!need) continue;  // no marker of the last backward asks for it: its own will
+    pending.push_back(PendingReload{group->id, *need, bytes});
+  }
+  for (const std::uint32_t id : schedule.due(std::move(pending), ordinal, bytes_per_s)) {
+    auto found = parts_.groups.all().find(id);
+    if (found == parts_.groups.all().end()) continue;
+    const std::uint64_t bytes = parts_.clock.uncounted_bytes(*found->second);
+    if (bytes == 0) continue;
+    // prefetch.ahead_bytes still bounds what is back ahead of the GPU; needed first, so nothing
+    // overtakes a group that does not fit (its marker asks for it, through the gate).
+    if (bytes > parts_.clock.room()) return;
+    // Room for its pages where the pool can give it; the copy goes either way: late costs time.
+    (void)parts_.job_pool.make_room(/*marker=*/0, bytes, /*may_wait=*/false, lock);
+    found = parts_.groups.all().find(id);  // the lock was released around the trim
+    if (found == parts_.groups.all().end() || parts_.clock.uncounted_bytes(*found->second) == 0) continue;
+    Group& group = *found->second;
+    ++parts_.core.stats.scheduled_reloads;
+    parts_.core.stats.scheduled_reload_bytes += parts_.clock.uncounted_bytes(group);
+    parts_.clock.count_prefetch(group);  // before the requests change the allocations' states
+    for (Allocation* allocation : group.allocations) request(*allocation, /*urgent=*/false);
+  }
+}
+
 bool ReloadPipeline::waits_for_pool(const Allocation& allocation) const {
   EngineCore& core = parts_.core;
   // Never while someone waits for the engine to settle (quiesce(), shutdown): the pool may not give

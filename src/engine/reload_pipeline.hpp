@@ -59,6 +59,13 @@ class ReloadPipeline {
   // prefetch short of room ends). Unlocks around the pool's trims.
   void prefetch_before(std::uint64_t marker, std::uint64_t position, std::uint64_t forward_pass,
                        std::unique_lock<std::mutex>& lock);
+  // The GPU reached backward marker `ordinal` of `forward_pass`'s backward (the GPU clock's
+  // worker): asks back, as prefetches, the groups of that pass that the schedule says are due
+  // (GpuClock::schedule(), copies priced at `bytes_per_s`), needed first, while they fit ahead of
+  // the GPU (GpuClock::room); each after a trim of the job's pool by its bytes (JobPool::make_room,
+  // not waiting: the copy goes even where the pool cannot make room). Unlocks around the trims.
+  void prefetch_due(std::uint32_t ordinal, std::uint64_t forward_pass, double bytes_per_s,
+                    std::unique_lock<std::mutex>& lock);
   // Its offload ended after backward had asked for it: queued now.
   void queue_after_offload(Allocation& allocation);
   // The job freed it while it waited in the queue.

@@ -221,6 +221,23 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
       << summary[0];
 }
 
+// Its reloads are paced by the reload schedule (GpuClock): the bound on bytes back ahead of the GPU
+// rises to what it pages a pass, from a prefetch.ahead_bytes below it, at the decision.
+TEST(AutoMode, TheBoundOnBytesAheadOfTheGpuRisesToWhatItPages) {
+  Options options = auto_options();
+  options.prefetch_ahead_bytes = kMiB;
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 2; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().reload_bound_bytes, kMiB);
+  for (int pass = 3; pass <= 4; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_bytes_chosen, 3 * 2 * kBytes);
+  EXPECT_EQ(stats.reload_bound_bytes, 3 * 2 * kBytes);
+  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, TheBudgetsRestPagesTheFirstSavedTensorsOfTheNextLayer) {
   // Each layer saves its activation, then (at the next layer's start) its output: 2 MiB each. A
   // budget of 7 MiB holds layer 0 whole and layer 1's activation, not its output.

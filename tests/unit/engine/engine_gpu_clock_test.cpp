@@ -440,6 +440,70 @@ TEST(GpuClock, AGpuThatKeepsUpGetsEveryLayerBackWithinTheBound) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+// The reload schedule (ReloadSchedule): from the second backward on, the GPU reaching a backward
+// marker asks back what the last backward's times say would otherwise come late, before the host
+// pushes the marker that needs it, within prefetch.ahead_bytes (one layer here). The link's rate is
+// set so slow that every copy is due at once. The host stops after backward's first marker (layer
+// 5's, which asks for its own layer and leaves no room for a prefetch); when the GPU reaches that
+// marker, layer 5 no longer counts ahead and the schedule asks for layer 4, the next needed. In
+// the first backward there were no times to go by.
+TEST(GpuClock, TheScheduleAsksBackWhatTheLastBackwardsTimesSayIsDueBeforeTheHostAsks) {
+  Rig rig(every_mlp(kLayerBytes));
+  AutoMeasurements slow_link;
+  slow_link.d2h_bytes_per_s = 1.0;
+  rig.engine.set_auto_measurements(slow_link);
+  rig.gpu.allow_through(kBackwardPoint);
+  Saved first = forward(rig);
+  backward(rig, first).join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  const EngineStats after_first = rig.engine.stats();
+  EXPECT_EQ(after_first.scheduled_reloads, 0u) << "no backward's times to go by yet";
+
+  Saved second = forward(rig);
+  ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }));
+  constexpr int kSecondBackwardPoint = kBackwardPoint + 1;
+  std::promise<void> asked;
+  std::promise<void> go_on;
+  std::thread autograd([&] {
+    rig.hold(kSecondBackwardPoint);
+    rig.job->marker("model.layers." + std::to_string(kLayers - 1) + ".backward");
+    asked.set_value();
+    go_on.get_future().wait();
+  });
+  asked.get_future().wait();
+  EXPECT_EQ(rig.engine.stats().scheduled_reloads, 0u) << "the GPU has not reached the marker yet";
+  rig.gpu.allow_through(kSecondBackwardPoint);
+  EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.scheduled_reloads >= 1; }));
+  EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) {
+    return s.reloads_completed == after_first.reloads_completed + 2 * kPerModule;
+  })) << "layers 5 and 4 back";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.scheduled_reloads, 1u);
+  EXPECT_EQ(stats.scheduled_reload_bytes, kLayerBytes);
+  go_on.set_value();
+  autograd.join();
+  // The rest of backward, from layer 5's MLP on: everything is back, every byte as written.
+  std::thread([&] {
+    SimJob& job = *rig.job;
+    for (int layer = kLayers; layer-- > 0;) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      if (layer != kLayers - 1) job.marker(name + ".backward");
+      job.marker(name + ".mlp.backward");
+      for (const Tensor& tensor : second[layer]) job.check(tensor);
+      for (const Tensor& tensor : second[layer]) job.free(tensor);
+      job.marker(name + ".attn.backward");
+    }
+  }).join();
+  rig.gpu.open_all();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->checks(), static_cast<std::uint64_t>(2 * kLayers * kPerModule));
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+}
+
 // The gate's wait ends when the engine stops: here the CUDA context is lost (a marker's event cannot
 // be recorded: a sticky error) while the host waits at the gate for a GPU that is held.
 TEST(GpuClock, ALostContextEndsTheWaitAtTheGate) {
