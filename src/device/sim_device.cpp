@@ -92,6 +92,7 @@ SimDevice::SimDevice(SimDeviceConfig config) : config_(std::move(config)) {
 
 SimDevice::~SimDevice() {
   release_copies_to_host();  // a held copy would keep its stream's worker from finishing
+  release_copies_to_device();
   std::vector<std::shared_ptr<Stream>> all;
   {
     std::lock_guard<std::mutex> lock(streams_mutex_);

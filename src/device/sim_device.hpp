@@ -196,6 +196,10 @@ class SimDevice final : public Device {
   void release_copies_to_host();
   // Device-to-host copies waiting at the hold right now.
   std::uint64_t copies_to_host_held() const;
+  // The same for host-to-device copies (reloads): held at the front of their stream until released.
+  void hold_copies_to_device();
+  void release_copies_to_device();
+  std::uint64_t copies_to_device_held() const;
   // Replaces the fault plan; call counts keep running (reset_call_counts() restarts them).
   void set_fault_plan(SimFaultPlan plan);
   void reset_call_counts();
@@ -280,11 +284,14 @@ class SimDevice final : public Device {
   std::atomic<std::uint64_t> operations_executed_{0};
   // Device-to-host copies enqueued and not yet run, and the grants made meanwhile.
   std::atomic<std::uint64_t> copies_to_host_pending_{0};
-  // hold_copies_to_host(): copies to the host wait on copy_hold_cv_ while copy_hold_ is set.
+  // hold_copies_to_host() (to_device()): copies to the host (to the device) wait on copy_hold_cv_
+  // while copy_hold_ (device_copy_hold_) is set.
   mutable std::mutex copy_hold_mutex_;
   std::condition_variable copy_hold_cv_;
   bool copy_hold_ = false;
   std::uint64_t copies_held_ = 0;
+  bool device_copy_hold_ = false;
+  std::uint64_t device_copies_held_ = 0;
   std::atomic<std::uint64_t> grants_behind_copies_{0};
 
   // Events.

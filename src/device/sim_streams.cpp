@@ -336,6 +336,24 @@ std::uint64_t SimDevice::copies_to_host_held() const {
   return copies_held_;
 }
 
+void SimDevice::hold_copies_to_device() {
+  std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+  device_copy_hold_ = true;
+}
+
+void SimDevice::release_copies_to_device() {
+  {
+    std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+    device_copy_hold_ = false;
+  }
+  copy_hold_cv_.notify_all();
+}
+
+std::uint64_t SimDevice::copies_to_device_held() const {
+  std::lock_guard<std::mutex> lock(copy_hold_mutex_);
+  return device_copies_held_;
+}
+
 Status SimDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes, StreamHandle stream) {
   auto what = [&] { return "copying " + format_bytes(bytes) + " from the host to " + hex(dst) + " on " + stream_text(stream); };
   if (auto error = enter(SimOp::copy_to_device, what)) return *error;
@@ -347,6 +365,15 @@ Status SimDevice::copy_to_device(DevPtr dst, const void* src, std::size_t bytes,
   return enqueue(
       stream,
       [this, dst, src, bytes, context] {
+        {
+          std::unique_lock<std::mutex> hold(copy_hold_mutex_);
+          if (device_copy_hold_) {
+            ++device_copies_held_;
+            copy_hold_cv_.notify_all();
+            copy_hold_cv_.wait(hold, [this] { return !device_copy_hold_; });
+            --device_copies_held_;
+          }
+        }
         (void)access(
             dst, bytes,
             [src](std::byte* memory, std::size_t done, std::size_t n) {

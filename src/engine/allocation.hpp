@@ -90,6 +90,9 @@ struct Group {
   std::vector<ranges::NameId> names;              // selected range's name and its parent's
   std::vector<std::pair<StreamHandle, EventHandle>> release_events;
   bool sealed = false;
+  // When the GPU reached the marker that asked for it while its reload still copied (the GPU waits
+  // on the copy there); 0 otherwise. The reload's end counts the wait (reload_gpu_wait_ns).
+  std::uint64_t gpu_waits_since_ns = 0;
 };
 
 using CachedRange = RangeCache::Range;

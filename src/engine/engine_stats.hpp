@@ -52,6 +52,10 @@ namespace actpage::engine {
 //     through once the GPU is at the marker before it
 //   reload_bound_bytes: the bound on bytes back ahead of the GPU in force: prefetch.ahead_bytes, or
 //     what auto mode pages a pass if more (summed over devices)
+//   reload_gpu_waits, reload_gpu_wait_ns: groups whose reload still copied when the GPU reached the
+//     backward marker that asked for them (backward's kernels wait on it there: the GPU waits, not
+//     the host, so no stall), and the time from then to the copies' end as the reload completion
+//     worker saw it, summed
 //   scheduled_reloads, scheduled_reload_bytes: groups, and their bytes, asked back when the GPU
 //     reached a backward marker because the last backward's times said their copies would otherwise
 //     end late (ReloadSchedule), before their own marker asked
@@ -132,6 +136,8 @@ namespace actpage::engine {
   X(gpu_lead_ns) \
   X(peak_bytes_ahead_of_gpu) \
   X(reload_bound_bytes) \
+  X(reload_gpu_waits) \
+  X(reload_gpu_wait_ns) \
   X(scheduled_reloads) \
   X(scheduled_reload_bytes) \
   X(host_pool_misses) \

@@ -186,6 +186,20 @@ void GpuClock::reached_oldest(std::uint64_t now_ns) {
   EngineCore& core = parts_.core;
   const Marker marker = markers_.front();
   if (marker.backward_begins) note_lead(marker, now_ns);
+  // Backward's kernels after this point wait on the reloads it asked for: one still copying makes
+  // the GPU wait, though the host did not (not a stall).
+  for (const auto& [group_id, counted] : counted_) {
+    if (counted.marker != marker.id) continue;
+    auto found = parts_.groups.all().find(group_id);
+    if (found == parts_.groups.all().end()) continue;
+    Group& group = *found->second;
+    const bool copying = std::any_of(group.allocations.begin(), group.allocations.end(),
+                                     [](const Allocation* a) { return a->state == PageState::reloading; });
+    if (copying && group.gpu_waits_since_ns == 0) {
+      group.gpu_waits_since_ns = now_ns;
+      ++core.stats.reload_gpu_waits;
+    }
+  }
   std::erase_if(counted_, [&](const auto& entry) { return entry.second.marker == marker.id; });
   markers_.pop_front();
   ++reached_count_;

@@ -210,6 +210,36 @@ TEST(SimDevice, HeldCopiesToTheHostWaitUntilReleasedAndOtherStreamsGoOn) {
   unmap_all(device, mapped, kGranularity);
 }
 
+// Copies to the device (reloads) are held apart: a held one waits at the front of its stream, and
+// a copy to the host goes on meanwhile.
+TEST(SimDevice, HeldCopiesToTheDeviceWaitUntilReleasedAndCopiesToTheHostGoOn) {
+  SimDevice device(small_config());
+  const Mapped mapped = map_new(device, kGranularity);
+  auto reloads = device.create_stream(0);
+  auto offloads = device.create_stream(0);
+  ACTPAGE_ASSERT_OK(reloads);
+  ACTPAGE_ASSERT_OK(offloads);
+  const std::vector<std::uint8_t> before(256, 0x11);
+  ACTPAGE_ASSERT_OK(device.write(mapped.va, before.data(), before.size()));
+  device.hold_copies_to_device();
+  const std::vector<std::uint8_t> data(256, 0xa5);
+  ACTPAGE_ASSERT_OK(device.copy_to_device(mapped.va, data.data(), data.size(), *reloads));
+  while (device.copies_to_device_held() == 0) std::this_thread::yield();
+  std::vector<std::uint8_t> host(data.size(), 1);
+  ACTPAGE_ASSERT_OK(device.copy_to_host(host.data(), mapped.va, host.size(), *offloads));
+  device.synchronize_stream(*offloads);
+  EXPECT_EQ(host, before) << "read before the held copy wrote";
+  device.release_copies_to_device();
+  device.synchronize();
+  EXPECT_EQ(device.copies_to_device_held(), 0u);
+  std::vector<std::uint8_t> after(data.size(), 0);
+  ACTPAGE_ASSERT_OK(device.read(mapped.va, after.data(), after.size()));
+  EXPECT_EQ(after, data);
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*reloads));
+  ACTPAGE_EXPECT_OK(device.destroy_stream(*offloads));
+  unmap_all(device, mapped, kGranularity);
+}
+
 TEST(SimDevice, AHeldCopyIsReleasedWhenTheDeviceGoes) {
   std::vector<std::uint8_t> host(64, 0);
   {

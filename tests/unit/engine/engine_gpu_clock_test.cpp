@@ -412,6 +412,48 @@ TEST(GpuClock, TheRoomGateWaitsForNothingWhenThePoolHasRoomOrNoReserve) {
   }
 }
 
+// Where the GPU reaches a backward marker while a reload it asked for still copies, backward's
+// kernels wait on the copy: the GPU waits, not the host (no stall), and reload_gpu_waits counts it,
+// reload_gpu_wait_ns until the copy ends. With every reload ended before the GPU gets there, none.
+// The host asks for every layer while the GPU is held at backward's start (no bound on the bytes
+// ahead); the reloads' copies are held (or not) until the GPU has reached the first marker.
+TEST(GpuClock, ReloadsTheGpuReachesStillCopyingAreCountedAsItsWaits) {
+  for (bool held : {true, false}) {
+    const std::string where = held ? "copies held" : "copies done first";
+    Rig rig(every_mlp(kUnbounded));
+    Saved saved = forward_with_every_layer_off(rig);
+    ASSERT_FALSE(HasFailure()) << where;
+    if (held) rig.device.hold_copies_to_device();
+    // Nothing freed until the GPU runs: a reload that took a range freed in this backward would
+    // wait for the held GPU to run its free.
+    std::thread autograd = backward(rig, saved, {}, /*keep=*/true);
+    EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) {
+      return held ? rig.device.copies_to_device_held() > 0 : s.reloads_completed == kLayers * kPerModule;
+    })) << where;
+    rig.gpu.allow_through(kBackwardPoint);
+    if (held) {
+      EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.reload_gpu_waits >= 1; })) << where;
+      rig.device.release_copies_to_device();
+    }
+    rig.gpu.open_all();
+    autograd.join();
+    for (auto& [layer, tensors] : saved) {
+      for (const Tensor& tensor : tensors) rig.job->free(tensor);
+    }
+    rig.engine.quiesce();
+    rig.device.synchronize();
+    const EngineStats stats = rig.engine.stats();
+    if (held) {
+      EXPECT_GE(stats.reload_gpu_waits, 1u) << where;
+      EXPECT_GT(stats.reload_gpu_wait_ns, 0u) << where;
+    } else {
+      EXPECT_EQ(stats.reload_gpu_waits, 0u) << where;
+      EXPECT_EQ(stats.reload_gpu_wait_ns, 0u) << where;
+    }
+    expect_every_byte_back(rig, where);
+  }
+}
+
 // A GPU that keeps up with the host (a launch-bound job): the engine still marks every backward
 // marker and sees where each backward begins, the prefetch keeps its window within the bound (a
 // group at a time, as the GPU passes markers), and every byte comes back over several iterations.
