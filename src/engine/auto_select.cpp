@@ -1,6 +1,7 @@
 #include "engine/auto_select.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <charconv>
 #include <cstdint>
 
@@ -211,6 +212,19 @@ void AutoSelect::tensor_saved(DevPtr address) {
   saved_keys_[found->second.layer].push_back(SavedKey{found->second.key, found->second.bytes});
 }
 
+void AutoSelect::paged_forward_began(StreamHandle stream) {
+  if (phase_ != Phase::paging) return;
+  paged_start_ns_ = 0;  // a forward whose backward marker was never reached measures nothing
+  paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
+}
+
+std::uint64_t AutoSelect::paged_forward_median_ns() const {
+  if (paged_forward_ns_.empty()) return 0;
+  std::vector<std::uint64_t> sorted = paged_forward_ns_;
+  std::sort(sorted.begin(), sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
 void AutoSelect::backward_begins(std::uint64_t marker) {
   if (!on_) return;
   // A marker not recorded (0: a captured stream, a failed record) is never reached: no figure.
@@ -345,6 +359,10 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   if (!on_ || marker == 0) return;
   EngineCore& core = parts_.core;
   if (marker == pass_start_marker_) forward_start_ns_ = now_ns;
+  if (marker == paged_start_marker_) {
+    paged_start_marker_ = 0;
+    paged_start_ns_ = now_ns;
+  }
   if (marker == backward_marker_ && forward_start_ns_ != 0 && forward_gpu_ns_ == 0) {
     forward_gpu_ns_ = std::max<std::uint64_t>(1, now_ns - forward_start_ns_);
   }
@@ -361,6 +379,10 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   if (found == backward_markers_.end()) return;
   const std::uint64_t pass = found->second;
   backward_markers_.erase(backward_markers_.begin(), std::next(found));
+  if (pass > kObservedPasses && paged_start_ns_ != 0) {
+    paged_forward_ns_.push_back(now_ns > paged_start_ns_ ? now_ns - paged_start_ns_ : 0);
+    paged_start_ns_ = 0;
+  }
   // Near the step's peak: what the driver says is in use (the job's pool with its reserve, and ours).
   const bool observed = pass <= kObservedPasses;
   if (observed) ++unpaged_reads_;  // the device-memory goal's decision waits for it
@@ -406,6 +428,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_budget_bytes = budget_bytes_;
   stats.auto_link_bytes_per_s = static_cast<std::uint64_t>(link_bytes_per_s_);
   stats.auto_forward_gpu_ns = forward_gpu_ns_;
+  stats.auto_forward_gpu_paged_ns = paged_forward_median_ns();
   stats.auto_used_unpaged_bytes = used_unpaged_;
   stats.auto_used_paged_bytes = used_paged_;
 }
@@ -420,6 +443,15 @@ std::optional<std::string> AutoSelect::summary() const {
             budget_text() + ")";
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
+  if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
+    // What paging costs the forward, on the GPU: the copies share the device's memory with it.
+    char text[160];
+    std::snprintf(text, sizeof text, "; forward's GPU time %.1f ms (pass %llu, unpaged) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
+                  static_cast<double>(forward_gpu_ns_) / 1e6, static_cast<unsigned long long>(kObservedPasses),
+                  static_cast<double>(paged) / 1e6, paged_forward_ns_.size(),
+                  (static_cast<double>(paged) / static_cast<double>(forward_gpu_ns_) - 1.0) * 100.0);
+    line += text;
+  }
   if (used_unpaged_ != 0) {
     line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (passes 1-" +
             std::to_string(kObservedPasses) + ")";

@@ -104,6 +104,10 @@ class AutoSelect {
   void tensor_saved(DevPtr address);
   // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
   void backward_begins(std::uint64_t marker);
+  // A paged pass's forward served its first allocation, on `stream`: the point its forward's GPU
+  // time is measured from (to backward's first marker), as pass 2's is from its first allocation.
+  // The first served one is in the first chosen layer, so the embedding before it is left out.
+  void paged_forward_began(StreamHandle stream);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
 
@@ -190,6 +194,11 @@ class AutoSelect {
   std::uint64_t used_paged_ = 0;
   std::uint64_t first_paged_pass_ = 0;
   std::uint64_t last_paged_pass_ = 0;
+  // The paged passes' forward GPU times: what paging costs the forward, against forward_gpu_ns_.
+  std::uint64_t paged_start_marker_ = 0;
+  std::uint64_t paged_start_ns_ = 0;
+  std::vector<std::uint64_t> paged_forward_ns_;
+  std::uint64_t paged_forward_median_ns() const;
 };
 
 // "model.layers.0-5" for consecutive numbered names of one prefix, else the names joined by ", ".

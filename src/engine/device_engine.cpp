@@ -167,7 +167,10 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     ++core_.stats.allocations_passed;
     return 0;
   }
-  if (groups_.iteration() != iteration) job_pool_.forward_began_on(stream);
+  if (groups_.iteration() != iteration) {
+    job_pool_.forward_began_on(stream);
+    auto_.paged_forward_began(stream);
+  }
   const std::uint32_t group_id = groups_.open_group_for(verdict, thread)->id;
   // A window of its own: its pages go and come back with it.
   Window* window = space_.new_window(round_up(bytes, core_.granularity), stream, lock);

@@ -81,7 +81,8 @@ namespace actpage::engine {
 //     brought back at once, kept resident
 //   unpacks_not_back: unpacks that found the allocation not resident and asked for it as a marker does
 //   auto_*: auto mode's decision (auto_select.hpp): layers chosen, their saved bytes a pass, the
-//     link budget, the device-to-host rate (bytes/s) and the forward's GPU time it came from, and
+//     link budget, the device-to-host rate (bytes/s) and the forward's GPU time it came from (and
+//     auto_forward_gpu_paged_ns: the median of the paged passes' forward GPU times), and
 //     device memory in use (cudaMemGetInfo) where the GPU began backward: the observed passes'
 //     (unpaged) and the most of the paged passes'; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
@@ -161,6 +162,7 @@ namespace actpage::engine {
   X(auto_budget_bytes) \
   X(auto_link_bytes_per_s) \
   X(auto_forward_gpu_ns) \
+  X(auto_forward_gpu_paged_ns) \
   X(auto_used_unpaged_bytes) \
   X(auto_used_paged_bytes) \
   X(auto_key_candidates) \

@@ -437,6 +437,29 @@ TEST(AutoMode, TheForwardsGpuTimeIsMeasuredWhenNotSet) {
   expect_every_read_right(rig);
 }
 
+// The paged passes' forwards are timed too (from their first served allocation to backward's first
+// marker, as the GPU reaches them), and the end-of-run line sets them beside the unpaged one: what
+// paging costs the forward. Before any paged backward was reached there is no figure.
+TEST(AutoMode, ThePagedForwardsGpuTimeIsMeasuredAndSaidBesideTheUnpagedOne) {
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 2; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().auto_forward_gpu_paged_ns, 0u);
+  for (int pass = 3; pass <= 5; ++pass) job.pass();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  // The clock's worker notes the last backward's start on its own thread.
+  for (int wait = 0; wait < 60'000 && rig.engine.stats().auto_forward_gpu_paged_ns == 0; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(rig.engine.stats().auto_forward_gpu_paged_ns, 0u);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("; forward's GPU time 1000.0 ms (pass 2, unpaged) -> "), std::string::npos) << summary[0];
+  EXPECT_NE(summary[0].find(" paged passes, "), std::string::npos) << summary[0];
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, AnExplicitPolicyIsNotObserved) {
   Options options = auto_options();
   options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
