@@ -95,6 +95,14 @@ struct Group {
   std::uint64_t gpu_waits_since_ns = 0;
 };
 
+// Whether a reload copy of one of the group's allocations is still under way.
+inline bool reload_copying(const Group& group) {
+  for (const Allocation* allocation : group.allocations) {
+    if (allocation->state == PageState::reloading) return true;
+  }
+  return false;
+}
+
 using CachedRange = RangeCache::Range;
 
 // It stays on the device (no copy of it is made, or the one made is dropped).

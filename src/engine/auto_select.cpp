@@ -443,15 +443,6 @@ std::optional<std::string> AutoSelect::summary() const {
             budget_text() + ")";
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
-  if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
-    // What paging costs the forward, on the GPU: the copies share the device's memory with it.
-    char text[160];
-    std::snprintf(text, sizeof text, "; forward's GPU time %.1f ms (pass %llu, unpaged) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
-                  static_cast<double>(forward_gpu_ns_) / 1e6, static_cast<unsigned long long>(kObservedPasses),
-                  static_cast<double>(paged) / 1e6, paged_forward_ns_.size(),
-                  (static_cast<double>(paged) / static_cast<double>(forward_gpu_ns_) - 1.0) * 100.0);
-    line += text;
-  }
   if (used_unpaged_ != 0) {
     line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (passes 1-" +
             std::to_string(kObservedPasses) + ")";
@@ -464,6 +455,16 @@ std::optional<std::string> AutoSelect::summary() const {
                                       : ", over the target by " + format_bytes(used_paged_ - target);
       }
     }
+  }
+  if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
+    // What paging costs the forward, on the GPU: the copies share the device's memory with it.
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "; forward's GPU time %.1f ms (pass %llu, unpaged) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
+                  static_cast<double>(forward_gpu_ns_) / 1e6, static_cast<unsigned long long>(kObservedPasses),
+                  static_cast<double>(paged) / 1e6, paged_forward_ns_.size(),
+                  (static_cast<double>(paged) / static_cast<double>(forward_gpu_ns_) - 1.0) * 100.0);
+    line += text;
   }
   return line;
 }

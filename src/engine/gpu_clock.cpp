@@ -193,9 +193,7 @@ void GpuClock::reached_oldest(std::uint64_t now_ns) {
     auto found = parts_.groups.all().find(group_id);
     if (found == parts_.groups.all().end()) continue;
     Group& group = *found->second;
-    const bool copying = std::any_of(group.allocations.begin(), group.allocations.end(),
-                                     [](const Allocation* a) { return a->state == PageState::reloading; });
-    if (copying && group.gpu_waits_since_ns == 0) {
+    if (reload_copying(group) && group.gpu_waits_since_ns == 0) {
       group.gpu_waits_since_ns = now_ns;
       ++core.stats.reload_gpu_waits;
     }

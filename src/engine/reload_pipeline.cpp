@@ -384,10 +384,7 @@ void ReloadPipeline::finish(Allocation& allocation) {
   core.stats.bytes_reloaded += allocation.bytes;
   // The GPU waited at its marker for this group's copies: until the last of them ended (as this
   // worker saw it, in order).
-  if (Group* group = allocation.group; group != nullptr && group->gpu_waits_since_ns != 0 &&
-                                       std::none_of(group->allocations.begin(), group->allocations.end(), [](const Allocation* a) {
-                                         return a->state == PageState::reloading;
-                                       })) {
+  if (Group* group = allocation.group; group != nullptr && group->gpu_waits_since_ns != 0 && !reload_copying(*group)) {
     const std::uint64_t now = monotonic_ns();
     core.stats.reload_gpu_wait_ns += now > group->gpu_waits_since_ns ? now - group->gpu_waits_since_ns : 0;
     group->gpu_waits_since_ns = 0;
