@@ -36,6 +36,12 @@ cpu_speed): `cpu_probe` of each run in results.json, {"before": {cpu: rate}, "af
 of a virtual machine can run slower for a while with no steal accounted; a CPU-bound job's step then
 moves with it.
 
+actpage variants run with ACTPAGE_LOG_LEVEL=info unless it is set (a variant's env= or the caller's),
+so that the engine's counters, logged at the end of the run, come back: each run's `engine` in
+results.json (its stalls, the GPU's waits for reloads, the reload schedule's asks, auto mode's
+choice and the forward's GPU time unpaged and paged) and auto mode's end-of-run line; results.md
+adds a table of them ("actpage's own account").
+
 Repetitions are interleaved (rep 1 of every variant, then rep 2, each rep in a rotated order) so
 that drift of the machine hits every variant alike. Each run must print an ACTPAGE_RESULT line
 (examples/common.py); the last one counts.
@@ -241,8 +247,38 @@ def environment_for(variant, base=None):
         env["PYTORCH_CUDA_ALLOC_CONF"] = variant.alloc
     if variant.without_policy:
         env.pop("ACTPAGE_POLICY", None)  # actpage run would take it: a new user's shell has none
+    if variant.mode == "actpage":
+        env.setdefault("ACTPAGE_LOG_LEVEL", "info")  # the engine's counters at the end (engine_account)
     env.update(variant.env)
     return env
+
+
+# The counters of the engine's end-of-run line (`[actpage] info: engine: {...}`) that say where the
+# time went, kept in a run's `engine`.
+ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns", "scheduled_reloads",
+                   "scheduled_reload_bytes", "offloads_completed", "bytes_offloaded", "iterations",
+                   "auto_bytes_chosen", "auto_forward_gpu_ns", "auto_forward_gpu_paged_ns", "job_thread_ns",
+                   "job_thread_vmm_calls")
+
+
+def engine_account(stderr_text):
+    """The engine's own account of a run, from its stderr: {"counters": {...ENGINE_COUNTERS},
+    "auto": auto mode's end-of-run line or None}; None when the run logged no engine line (log
+    level above info, or actpage not loaded). The last line of each kind counts."""
+    counters, auto = None, None
+    for line in stderr_text.splitlines():
+        at = line.find("engine: {")
+        if line.startswith("[actpage]") and at >= 0:
+            try:
+                everything = json.loads(line[at + len("engine: "):])
+            except ValueError:
+                continue
+            counters = {name: everything[name] for name in ENGINE_COUNTERS if name in everything}
+        elif line.startswith("[actpage] warning: auto ("):
+            auto = line[len("[actpage] warning: "):]
+    if counters is None:
+        return None
+    return {"counters": counters, "auto": auto}
 
 
 def schedule(variants, reps):
@@ -339,6 +375,9 @@ def run_once(variant, rep, command, actpage, policy, out_dir, timeout, log=None,
         record["cpu_probe"]["after"] = cpu_speed(probe_cpus, cpu_probe)
     with open(stem + ".out", "w") as handle:
         handle.write(stdout)
+    if variant.mode == "actpage":
+        with open(stem + ".err") as handle:
+            record["engine"] = engine_account(handle.read())
     results = parse_results(stdout)
     record["result"] = results[-1] if results else None
     record["ok"] = record["rc"] == 0 and record["result"] is not None
@@ -484,11 +523,57 @@ def summarize(variants, records, baseline_name=None, within=None):
             "median_fwd_ms": _round(_median([r["result"].get("median_fwd_ms") for r in ok]), 3),
             # Forward passes a step (gradient accumulation's micro-batches; the jobs' `microbatches`).
             "forward_passes": _round(_median([r["result"].get("microbatches") for r in ok]), 0),
+            "engine": engine_medians([r.get("engine") for r in ok]),
         })
         rows[-1].update(paired_statistics(runs, by_variant[ref] if ref is not None else []))
         if within is not None:
             rows[-1]["paired_within"] = interval_within(rows[-1]["paired_ratio_ci95"], within)
     return rows
+
+
+def engine_medians(accounts):
+    """Per counter, the median over the runs that logged it (None without any); auto mode's line of
+    the first run that has one."""
+    accounts = [a for a in accounts if a]
+    if not accounts:
+        return None
+    names = sorted({name for a in accounts for name in a["counters"]})
+    medians = {name: _median([a["counters"].get(name) for a in accounts]) for name in names}
+    auto = next((a["auto"] for a in accounts if a.get("auto")), None)
+    return {"counters": medians, "auto": auto}
+
+
+def format_engine_table(rows):
+    """actpage's own account, a line per variant that logged it: the medians of its counters."""
+    rows = [row for row in rows if row.get("engine")]
+    if not rows:
+        return None
+    header = ["variant", "paged a pass GiB", "forward GPU ms unpaged -> paged", "stalls (ms)",
+              "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+
+    def ms(value):
+        return _cell(None if value is None else value / 1e6, "%.1f")
+
+    for row in rows:
+        c = row["engine"]["counters"]
+        chosen = c.get("auto_bytes_chosen")
+        forward = "-"
+        if c.get("auto_forward_gpu_ns"):
+            forward = "%s -> %s" % (ms(c.get("auto_forward_gpu_ns")), ms(c.get("auto_forward_gpu_paged_ns") or None))
+        cells = [
+            row["variant"],
+            _cell(None if chosen is None else chosen / float(1 << 30), "%.2f"),
+            forward,
+            "%s (%s)" % (_cell(c.get("stalls"), "%d"), ms(c.get("stall_ns"))),
+            "%s (%s)" % (_cell(c.get("reload_gpu_waits"), "%d"), ms(c.get("reload_gpu_wait_ns"))),
+            "%s (%s)" % (_cell(c.get("scheduled_reloads"), "%d"),
+                         _cell(None if c.get("scheduled_reload_bytes") is None
+                               else c["scheduled_reload_bytes"] / float(1 << 30), "%.2f")),
+            _cell(c.get("job_thread_vmm_calls"), "%d"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _min(values):
@@ -604,6 +689,17 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
                      % (BOOTSTRAP_RESAMPLES, MIN_PAIRS_FOR_INTERVAL))
         if within is not None:
             handle.write("\n" + "".join("- %s\n" % line for line in within_lines(rows, within)))
+        engine = format_engine_table(rows)
+        if engine is not None:
+            handle.write("\n## actpage's own account\n\nMedians over each variant's runs of the counters the engine "
+                         "logs at the end of a run (totals over the run): auto mode's bytes a pass and the "
+                         "forward's GPU time unpaged (pass 2) and paged (median of the paged passes); stalls "
+                         "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
+                         "still copying at the marker that asked for them; reloads the schedule asked for.\n\n")
+            handle.write(engine + "\n")
+            for row in rows:
+                if row.get("engine") and row["engine"].get("auto"):
+                    handle.write("\n- %s: `%s`\n" % (row["variant"], row["engine"]["auto"]))
     return table
 
 

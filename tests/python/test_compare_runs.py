@@ -42,6 +42,12 @@ FAKE_JOB = textwrap.dedent("""
         if "%s:%d" % (mode, rep) in os.environ.get("FAKE_FAIL_REPS", "").split(","):
             sys.exit(3)
         step_ms = json.loads(os.environ["FAKE_STEPS"])[mode][rep - 1]
+    if under_actpage and os.environ.get("ACTPAGE_LOG_LEVEL") == "info":
+        # What the engine logs at the end of a run at level info (compare_runs asks for it).
+        sys.stderr.write('[actpage] info: engine: {"stalls": 2, "stall_ns": 3000000, "reload_gpu_waits": 1, '
+                         '"reload_gpu_wait_ns": 5000000, "auto_bytes_chosen": 1073741824, '
+                         '"auto_forward_gpu_ns": 50000000, "auto_forward_gpu_paged_ns": 55000000, "not_kept": 7}\\n')
+        sys.stderr.write("[actpage] warning: auto (near-free): paged model.layers.0 (1 GiB a pass)\\n")
     losses = [1.5, 1.25, 1.0]
     if conf == "expandable_segments:True":
         losses[2] = 1.0000001
@@ -236,6 +242,36 @@ class CompareRunsTest(unittest.TestCase):
         # No policy from anywhere is still an error: policy=none must be asked for.
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
             compare_runs.parse_args(["--variant", "a;actpage;async", "--", "job"])
+
+    def test_the_engines_own_account_comes_back_for_actpage_variants(self):
+        # actpage variants run at log level info unless told otherwise; their engine line's counters
+        # and auto mode's end-of-run line go into results.json and a table of results.md.
+        code, _ = self.main("--reps", "1", "--variant", "none;plain;async", "--variant", "auto;actpage;async;policy=none",
+                            "--variant", "quiet;actpage;async;policy=none;env=ACTPAGE_LOG_LEVEL=warn")
+        self.assertEqual(code, 0)
+        data, rows = self.summary()
+        runs = {run["variant"]: run for run in data["runs"]}
+        self.assertNotIn("engine", runs["none"])
+        self.assertIsNone(runs["quiet"]["engine"])
+        counters = runs["auto"]["engine"]["counters"]
+        self.assertEqual(counters["stalls"], 2)
+        self.assertEqual(counters["reload_gpu_wait_ns"], 5000000)
+        self.assertNotIn("not_kept", counters)
+        self.assertEqual(runs["auto"]["engine"]["auto"], "auto (near-free): paged model.layers.0 (1 GiB a pass)")
+        self.assertEqual(rows["auto"]["engine"]["counters"]["auto_forward_gpu_paged_ns"], 55000000)
+        self.assertIsNone(rows["quiet"]["engine"])
+        with open(os.path.join(self.out, "results.md")) as handle:
+            text = handle.read()
+        self.assertIn("## actpage's own account", text)
+        self.assertIn("| auto | 1.00 | 50.0 -> 55.0 | 2 (3.0) | 1 (5.0) | - (-) | - |", text)
+        self.assertIn("- auto: `auto (near-free): paged model.layers.0 (1 GiB a pass)`", text)
+        self.assertNotIn("| quiet |", text.split("## actpage's own account")[1])
+
+    def test_engine_account_reads_the_last_engine_line(self):
+        self.assertIsNone(compare_runs.engine_account("no engine here\n[actpage] info: engine: {broken\n"))
+        text = ('[actpage] info: engine: {"stalls": 1}\n'
+                '[actpage] info: engine: {"stalls": 4, "stall_ns": 9}\n')
+        self.assertEqual(compare_runs.engine_account(text), {"counters": {"stalls": 4, "stall_ns": 9}, "auto": None})
 
     def test_a_variant_with_an_actpage_of_its_own(self):
         # actpage=PATH: two builds side by side in one comparison (before and after a change).
