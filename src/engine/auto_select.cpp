@@ -254,9 +254,12 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // GPU time.
   const bool timed = injected_.forward_gpu_ns == 0 && pass_start_marker_ != 0 && backward_marker_ != 0;
   const bool memory_goal = options_.device_memory_target != 0;
+  // And for the GPU to reach the timed pass's last backward marker: its times say when backward
+  // reaches each layer, the window its reload has (NearFreeInputs, LayerSaved::reload_window_ns).
   parts_.turns.wait_yielding(lock, core.issued_cv, [&] {
     return core.stopping || (link_measured_ && (!timed || forward_gpu_ns_ != 0) &&
-                             (!memory_goal || injected_.unpaged_used_bytes != 0 || !unpaged_reading_pending()));
+                             (!memory_goal || injected_.unpaged_used_bytes != 0 || !unpaged_reading_pending()) &&
+                             !parts_.clock.backward_markers_pending());
   });
   if (injected_.forward_gpu_ns != 0) forward_gpu_ns_ = injected_.forward_gpu_ns;
   if (injected_.unpaged_used_bytes != 0) used_unpaged_ = injected_.unpaged_used_bytes;
@@ -271,6 +274,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     if (auto keys = saved_keys_.find(layer); keys != saved_keys_.end()) {
       for (const SavedKey& key : keys->second) entry.tensors.push_back(key.bytes);
     }
+    entry.reload_window_ns = injected_.reload_window_ns != 0 ? injected_.reload_window_ns
+                                                             : parts_.clock.schedule().recent_ns_of(registry.node(layer).name);
     inputs.layers.push_back(std::move(entry));
   }
   inputs.d2h_bytes_per_s = link_bytes_per_s_;
@@ -290,6 +295,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     choice.partial_tensors = chosen.partial_tensors;
     choice.bytes = chosen.bytes;
     choice.why_none = chosen.why_none;
+    choice.reload_limited = false;  // the target decides, whatever the reloads cost
     short_bytes_ = chosen.short_bytes;
   }
   decided_ = true;
@@ -325,7 +331,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   } else {
     line += " pages from pass " + std::to_string(pass_ + 1) + " on: " + chosen_text() + " (of " +
             std::to_string(inputs.layers.size()) + " layers; " + format_bytes(chosen_bytes_) + " a pass of " +
-            format_bytes(observed) + " saved; link budget " + budget + ")";
+            format_bytes(observed) + " saved; link budget " + budget +
+            (choice.reload_limited ? "; less, for backward reaches them before more could come back" : "") + ")";
   }
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);

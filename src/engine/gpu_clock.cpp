@@ -161,6 +161,10 @@ bool GpuClock::older_marker_ahead(std::uint64_t marker) const {
   return !markers_.empty() && markers_.front().id < limit;
 }
 
+bool GpuClock::backward_markers_pending() const {
+  return std::any_of(markers_.begin(), markers_.end(), [](const Marker& marker) { return !marker.point; });
+}
+
 bool GpuClock::pending(std::uint64_t marker) const {
   return marker != 0 && !markers_.empty() && markers_.front().id <= marker;
 }

@@ -99,6 +99,9 @@ class GpuClock {
   bool wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock);
   // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
   bool older_marker_ahead(std::uint64_t marker) const;
+  // Whether a backward marker made so far is still ahead of the GPU (auto mode's decision waits
+  // until the GPU has reached the observed backward's last one: its times are the schedule's).
+  bool backward_markers_pending() const;
   // Markers the GPU has reached so far (a waiter's wake-up: the GPU moved on).
   std::uint64_t reached_count() const { return reached_count_; }
   // When each reload must be asked for, from the last backward's times (the worker keeps it).

@@ -3,10 +3,65 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "common/units.hpp"
+#include "engine/reload_schedule.hpp"
 
 namespace actpage::engine {
+namespace {
+
+std::uint64_t first_tensors_bytes(const LayerSaved& layer, std::size_t count) {
+  std::uint64_t bytes = 0;
+  for (std::size_t index = 0; index < count && index < layer.tensors.size(); ++index) bytes += layer.tensors[index];
+  return bytes;
+}
+
+// Whether every chosen layer's reload, queued behind those of the chosen layers above it (backward
+// needs them first), ends before backward reaches it.
+bool reloads_end_in_time(const NearFreeInputs& inputs, const NearFreeChoice& choice) {
+  std::vector<std::pair<std::size_t, std::uint64_t>> needed;  // layer index, bytes
+  for (std::size_t index : choice.chosen) needed.emplace_back(index, inputs.layers[index].bytes);
+  if (choice.partial_layer != kNoPartialLayer) {
+    needed.emplace_back(choice.partial_layer, first_tensors_bytes(inputs.layers[choice.partial_layer],
+                                                                  choice.partial_tensors));
+  }
+  std::sort(needed.begin(), needed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::uint64_t queued = 0;
+  for (const auto& [index, bytes] : needed) {
+    queued += bytes;
+    const std::uint64_t window = inputs.layers[index].reload_window_ns;
+    if (window == 0) continue;
+    const double copy_ns = static_cast<double>(queued) / inputs.d2h_bytes_per_s * 1e9 * ReloadSchedule::kCopyMargin +
+                           static_cast<double>(ReloadSchedule::kFixedAllowanceNs);
+    if (copy_ns > static_cast<double>(window)) return false;
+  }
+  return true;
+}
+
+// One saved tensor less (the last of the partial layer, else of the last whole layer, which then
+// becomes the partial one), or the last whole layer when its tensors are not known.
+bool take_one_off(const NearFreeInputs& inputs, NearFreeChoice& choice) {
+  if (choice.partial_layer == kNoPartialLayer) {
+    if (choice.chosen.empty()) return false;
+    const std::size_t index = choice.chosen.back();
+    choice.chosen.pop_back();
+    const LayerSaved& layer = inputs.layers[index];
+    choice.bytes -= layer.bytes;
+    if (layer.tensors.empty()) return true;
+    choice.partial_layer = index;
+    choice.partial_tensors = layer.tensors.size();
+    choice.bytes += first_tensors_bytes(layer, choice.partial_tensors);
+  }
+  const LayerSaved& layer = inputs.layers[choice.partial_layer];
+  --choice.partial_tensors;
+  choice.bytes -= layer.tensors[choice.partial_tensors];
+  if (choice.partial_tensors == 0) choice.partial_layer = kNoPartialLayer;
+  return true;
+}
+
+}  // namespace
 
 NearFreeChoice choose_near_free(const NearFreeInputs& inputs) {
   NearFreeChoice choice;
@@ -41,9 +96,14 @@ NearFreeChoice choose_near_free(const NearFreeInputs& inputs) {
     choice.bytes += layer.bytes;
     choice.chosen.push_back(index);
   }
+  while (!reloads_end_in_time(inputs, choice) && take_one_off(inputs, choice)) choice.reload_limited = true;
   if (choice.chosen.empty() && choice.partial_layer == kNoPartialLayer) {
-    choice.why_none = any_saved ? "the first layer's saved activations do not fit in the link's budget"
-                                : "no layer but the last saved anything that may move";
+    if (choice.reload_limited) {
+      choice.why_none = "backward would reach the first layer before its saved activations could come back";
+    } else {
+      choice.why_none = any_saved ? "the first layer's saved activations do not fit in the link's budget"
+                                  : "no layer but the last saved anything that may move";
+    }
   }
   return choice;
 }

@@ -16,6 +16,14 @@
 //   of its saved tensors, in the order they were saved, whose bytes fit in what the whole layers
 //   left (partial_layer, partial_tensors): a layer is 1-1.5 GiB on the zoo's Llamas against
 //   budgets of 1.8-2.5 GiB. Only when the layer's tensors are known (LayerSaved::tensors).
+// - The reloads' side: where the layers say when backward reaches them (LayerSaved::
+//   reload_window_ns, from the last backward's GPU times), what is chosen must also come back in
+//   time. Needed first, the highest layer first: each chosen layer's reload, queued behind those of
+//   the chosen layers above it, must end (at the link's rate, with ReloadSchedule's margin and
+//   allowance) before backward reaches it, counted from backward's start. While it would not, the
+//   choice loses its last saved tensor (or, without tensors, its last layer) and says so
+//   (reload_limited). A job whose backward is no longer than its forward (gpt_accum: 48 ms against
+//   46) cannot reload in time what its forward copies out.
 // - Nothing chosen comes with the reason (why_none), for the user.
 #pragma once
 
@@ -38,6 +46,9 @@ struct LayerSaved {
   // Each saved tensor's bytes, in the order they were saved (sum: bytes); empty: the layer moves
   // whole or not at all.
   std::vector<std::uint64_t> tensors;
+  // The GPU's time from backward's first marker to this layer's, in the last backward: its
+  // reload's window. 0: not known (no limit from the reloads' side).
+  std::uint64_t reload_window_ns = 0;
 };
 
 inline constexpr std::size_t kNoPartialLayer = static_cast<std::size_t>(-1);
@@ -57,6 +68,7 @@ struct NearFreeChoice {
   std::size_t partial_tensors = 0;
   std::uint64_t bytes = 0;          // saved bytes of what is chosen (a pass's), the partial layer's part included
   std::uint64_t budget_bytes = 0;
+  bool reload_limited = false;      // less than the budget: the reloads would not end in time
   std::string why_none;             // when nothing is chosen
 };
 

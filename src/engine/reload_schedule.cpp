@@ -22,6 +22,13 @@ std::optional<std::uint32_t> ReloadSchedule::need_of(const std::vector<ranges::N
   return std::nullopt;
 }
 
+std::uint64_t ReloadSchedule::recent_ns_of(ranges::NameId name) const {
+  for (const Point& point : current_.empty() ? last_ : current_) {
+    if (point.name == name) return point.gpu_ns;
+  }
+  return 0;
+}
+
 std::vector<std::uint32_t> ReloadSchedule::due(std::vector<PendingReload> pending, std::uint32_t reached,
                                                double bytes_per_s) const {
   std::vector<std::uint32_t> groups;

@@ -49,6 +49,9 @@ class ReloadSchedule {
   std::vector<std::uint32_t> due(std::vector<PendingReload> pending, std::uint32_t reached, double bytes_per_s) const;
   // Whether a whole backward has been recorded.
   bool known() const { return !last_.empty(); }
+  // The GPU's time from its backward's first marker to the first one named `name`, in the backward
+  // the GPU reached last (the one under way, else the last whole one); 0 when none is named so.
+  std::uint64_t recent_ns_of(ranges::NameId name) const;
 
  private:
   struct Point {

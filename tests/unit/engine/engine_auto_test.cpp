@@ -43,11 +43,13 @@ Options auto_options() {
   return options;
 }
 
-// A budget of `budget` bytes: rate x 1 s x kNearFreeMargin.
+// A budget of `budget` bytes: rate x 1 s x kNearFreeMargin; backward as long as a GPU's would be
+// for the reloads to come back in time (the simulated one's takes the host's microseconds).
 AutoMeasurements budget_of(std::uint64_t budget) {
   AutoMeasurements measurements;
   measurements.forward_gpu_ns = 1'000'000'000;
   measurements.d2h_bytes_per_s = static_cast<double>(budget) / 0.8 + 1;
+  measurements.reload_window_ns = 1'000'000'000'000;
   return measurements;
 }
 
@@ -235,6 +237,21 @@ TEST(AutoMode, TheBoundOnBytesAheadOfTheGpuRisesToWhatItPages) {
   EXPECT_EQ(stats.auto_bytes_chosen, 3 * 2 * kBytes);
   EXPECT_EQ(stats.reload_bound_bytes, 3 * 2 * kBytes);
   EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+  expect_every_read_right(rig);
+}
+
+// The reloads' side of the decision (choose_near_free): with backward reaching every layer 400 ms
+// after its start (set, as a test sets the link), a link whose budget holds layers 0-2 reloads only
+// layer 0's 4 MiB in time (371 ms with the schedule's margin); layer 1's would need 556.
+TEST(AutoMode, WhatBackwardCouldNotReloadInTimeIsNotPaged) {
+  AutoMeasurements measurements = budget_of(13 * kMiB);
+  measurements.reload_window_ns = 400'000'000;
+  Rig rig(auto_options(), measurements);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.auto_chosen(), (std::vector<std::string>{"model.layers.0"}));
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 2 * kBytes);
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, false, false, false, false, false}));
   expect_every_read_right(rig);
 }
 

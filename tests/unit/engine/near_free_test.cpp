@@ -162,5 +162,46 @@ TEST(NearFree, NoPartOfTheLastLayerNorOfAProtectedOneNorWhenTheFirstTensorIsTooB
   EXPECT_EQ(choice.partial_tensors, 1u);
 }
 
+// The reloads' side. 4 layers of 100 MB (4 tensors of 25 MB), a link of 1 GB/s (25 MB: 25 ms, 39.5
+// with ReloadSchedule's margin and allowance), a budget for all but the last. Backward reaches
+// layer 3 at once, layer 2 at 100 ms, layer 1 at 200, layer 0 at 300.
+NearFreeInputs reloads_case(std::uint64_t step_ns) {
+  NearFreeInputs inputs = layers(4, 100'000'000, 1'000'000'000);
+  for (std::size_t index = 0; index < inputs.layers.size(); ++index) {
+    inputs.layers[index].tensors.assign(4, 25'000'000);
+    inputs.layers[index].reload_window_ns = (3 - index) * step_ns;
+  }
+  return inputs;
+}
+
+// Layers 0-2 fit the budget; their reloads do not end in time: layer 2's 100 MB would take 152 ms
+// of its 100, and all 300 MB 452 of layer 0's 300. Cut a tensor at a time from the end: layer 0
+// and 3 tensors of layer 1 (75 MB by 200 ms: 114.5; 175 MB by 300: 264.5).
+TEST(NearFree, ReloadsThatWouldNotEndBeforeBackwardReachesThemCutTheChoice) {
+  const NearFreeChoice choice = choose_near_free(reloads_case(100'000'000));
+  EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(choice.partial_layer, 1u);
+  EXPECT_EQ(choice.partial_tensors, 3u);
+  EXPECT_EQ(choice.bytes, 175'000'000u);
+  EXPECT_TRUE(choice.reload_limited);
+}
+
+TEST(NearFree, WithoutBackwardsTimesOrWithTimeEnoughTheBudgetDecides) {
+  for (std::uint64_t step_ns : {std::uint64_t{0}, std::uint64_t{1'000'000'000}}) {
+    const NearFreeChoice choice = choose_near_free(reloads_case(step_ns));
+    EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 1, 2})) << step_ns;
+    EXPECT_EQ(choice.partial_layer, kNoPartialLayer) << step_ns;
+    EXPECT_FALSE(choice.reload_limited) << step_ns;
+  }
+}
+
+TEST(NearFree, WhenNothingComesBackInTimeNothingIsChosenAndTheReasonSaysSo) {
+  const NearFreeChoice choice = choose_near_free(reloads_case(1'000'000));
+  EXPECT_TRUE(choice.chosen.empty());
+  EXPECT_EQ(choice.partial_layer, kNoPartialLayer);
+  EXPECT_EQ(choice.bytes, 0u);
+  EXPECT_NE(choice.why_none.find("backward would reach the first layer"), std::string::npos) << choice.why_none;
+}
+
 }  // namespace
 }  // namespace actpage::engine
