@@ -171,10 +171,14 @@ struct StallPayload {
   std::uint32_t group;
 };
 
-// WaitPayload::kind: what the job's thread waited for (reload waits are STALL records).
+// WaitPayload::kind: what the job's thread waited for (reload waits are STALL records), or, kind 4,
+// the GPU.
 inline constexpr std::uint32_t kWaitBacklog = 1;  // offload_backlog_bytes: copies fell that far behind
 inline constexpr std::uint32_t kWaitDrain = 2;    // offload_drain_at_layers_end: every sealed activation leaves
 inline constexpr std::uint32_t kWaitGpu = 3;      // the reload gate: the GPU to come within prefetch.ahead_bytes
+// The GPU, at a backward marker, for a reload it asked for still copying (backward's kernels wait
+// on it; the host did not): written by the reload completion worker when the copies ended.
+inline constexpr std::uint32_t kWaitGpuOnReload = 4;
 
 struct WaitPayload {
   std::uint64_t wait_ns;

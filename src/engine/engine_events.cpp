@@ -84,6 +84,12 @@ void EngineEvents::waited_for_gpu(std::uint64_t wait_ns) const {
   }
 }
 
+void EngineEvents::gpu_waited_for_reload(std::uint64_t wait_ns) const {
+  if (auto* writer = trace::active()) {
+    writer->record(trace::RecordType::wait, trace::WaitPayload{wait_ns, trace::kWaitGpuOnReload, 0});
+  }
+}
+
 void EngineEvents::gpu_reached_backward(std::uint64_t lead_ns, std::uint64_t markers_ahead,
                                         std::uint64_t bytes_ahead) const {
   if (auto* writer = trace::active()) {

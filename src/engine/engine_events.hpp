@@ -44,6 +44,8 @@ class EngineEvents {
   // The job's thread waited `wait_ns` at a backward marker for the GPU to come within
   // prefetch.ahead_bytes of it (the reload gate, GpuClock).
   void waited_for_gpu(std::uint64_t wait_ns) const;
+  // The GPU waited `wait_ns` at a backward marker for reloads still copying (kWaitGpuOnReload).
+  void gpu_waited_for_reload(std::uint64_t wait_ns) const;
   // The GPU reached the first backward marker of an iteration `lead_ns` after the host pushed it;
   // meanwhile the host pushed `markers_ahead` more, and `bytes_ahead` were asked back ahead of it.
   void gpu_reached_backward(std::uint64_t lead_ns, std::uint64_t markers_ahead, std::uint64_t bytes_ahead) const;

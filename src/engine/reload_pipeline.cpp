@@ -386,7 +386,9 @@ void ReloadPipeline::finish(Allocation& allocation) {
   // worker saw it, in order).
   if (Group* group = allocation.group; group != nullptr && group->gpu_waits_since_ns != 0 && !reload_copying(*group)) {
     const std::uint64_t now = monotonic_ns();
-    core.stats.reload_gpu_wait_ns += now > group->gpu_waits_since_ns ? now - group->gpu_waits_since_ns : 0;
+    const std::uint64_t waited = now > group->gpu_waits_since_ns ? now - group->gpu_waits_since_ns : 0;
+    core.stats.reload_gpu_wait_ns += waited;
+    core.events.gpu_waited_for_reload(waited);
     group->gpu_waits_since_ns = 0;
   }
   core.events.reload_ended(allocation.va, allocation.bytes,

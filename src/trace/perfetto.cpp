@@ -221,9 +221,10 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
   }
   for (const auto& w : trace.waits) {
     const Span span = ended_span(w.time_ns, w.data.wait_ns);
-    const char* what = w.data.kind == kWaitGpu     ? "wait: for the GPU (reload gate)"
-                       : w.data.kind == kWaitDrain ? "wait: drain"
-                                                   : "wait: offload backlog";
+    const char* what = w.data.kind == kWaitGpu           ? "wait: for the GPU (reload gate)"
+                       : w.data.kind == kWaitGpuOnReload ? "the GPU waited for a reload still copying"
+                       : w.data.kind == kWaitDrain       ? "wait: drain"
+                                                         : "wait: offload backlog";
     out.complete(w.tid, span.begin_ns, span.end_ns, what, "wait", {{"wait_ns", w.data.wait_ns}, {"kind", w.data.kind}});
   }
   // From the host's first backward marker to the GPU reaching it (the GPU clock's thread).

@@ -137,6 +137,10 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
         << plural(m.gpu_lead_markers, "backward marker", "backward markers") << " ahead), "
         << format_bytes(m.bytes_ahead_at_backward) << " asked back by then\n";
   }
+  if (time.has_gpu_reload_waits) {
+    out << "  the GPU        waited " << format_duration(m.gpu_reload_wait_ns)
+        << " at backward markers for reloads still copying (the host did not: no stall)\n";
+  }
   if (time.has_alloc_durations) {
     out << "  job's allocs   " << format_duration(m.job_alloc_ns) << " in " << m.job_alloc_calls << " calls, "
         << format_duration(m.job_slow_alloc_ns) << " of it in " << m.job_slow_allocs << " of "
@@ -163,6 +167,7 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
     head.push_back("GPU lead");
     head.push_back("GPU waits");
   }
+  if (time.has_gpu_reload_waits) head.push_back("GPU on reloads");
   std::vector<std::vector<std::string>> rows{head};
   // A long run's middle is left out: the first and last rows show warm-up and steady state, and
   // --json has every one.
@@ -187,6 +192,7 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
       row.push_back(format_duration_or_dash(t.gpu_lead_ns));
       row.push_back(format_duration_or_dash(t.gpu_wait_ns));
     }
+    if (time.has_gpu_reload_waits) row.push_back(format_duration_or_dash(t.gpu_reload_wait_ns));
     rows.push_back(std::move(row));
   }
   write_table(out, rows);

@@ -52,6 +52,8 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   result.has_waits = !trace.waits.empty();
   result.has_host_pins = !trace.host_pins.empty();
   result.has_gpu_leads = !trace.gpu_leads.empty();
+  result.has_gpu_reload_waits = std::any_of(trace.waits.begin(), trace.waits.end(),
+                                            [](const auto& wait) { return wait.data.kind == kWaitGpuOnReload; });
   std::vector<const Timed<IterationPayload>*> marks;
   for (const auto& mark : trace.iterations) marks.push_back(&mark);
   std::stable_sort(marks.begin(), marks.end(), [](auto* a, auto* b) { return a->time_ns < b->time_ns; });
@@ -91,6 +93,7 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
     switch (wait.data.kind) {
       case kWaitDrain: it->drain_wait_ns += wait.data.wait_ns; break;
       case kWaitGpu: it->gpu_wait_ns += wait.data.wait_ns; break;
+      case kWaitGpuOnReload: it->gpu_reload_wait_ns += wait.data.wait_ns; break;
       default: it->backlog_wait_ns += wait.data.wait_ns; break;
     }
   }

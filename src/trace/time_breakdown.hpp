@@ -48,6 +48,9 @@ struct IterationTime {
   std::uint64_t backlog_wait_ns = 0;
   std::uint64_t drain_wait_ns = 0;
   std::uint64_t gpu_wait_ns = 0;  // the reload gate: waiting for the GPU to come near a marker
+  // The GPU, not the job's thread: held at backward markers by reloads still copying (WAIT records
+  // of kind kWaitGpuOnReload, charged to the iteration in which the copies ended).
+  std::uint64_t gpu_reload_wait_ns = 0;
   std::uint64_t job_vmm_ns = 0;
   std::uint64_t job_vmm_calls = 0;
   // The job's allocation calls, on any of its threads (traces that time them: AllocPayload::duration_ns):
@@ -87,6 +90,7 @@ inline constexpr IterationTimeField kIterationTimeFields[] = {
     {"backlog_wait_ns", &IterationTime::backlog_wait_ns},
     {"drain_wait_ns", &IterationTime::drain_wait_ns},
     {"gpu_wait_ns", &IterationTime::gpu_wait_ns},
+    {"gpu_reload_wait_ns", &IterationTime::gpu_reload_wait_ns},
     {"job_vmm_ns", &IterationTime::job_vmm_ns},
     {"job_vmm_calls", &IterationTime::job_vmm_calls},
     {"job_alloc_ns", &IterationTime::job_alloc_ns},
@@ -114,6 +118,7 @@ struct TimeBreakdown {
   bool has_host_pins = false;      // HOST_PIN records (likewise)
   bool has_alloc_durations = false;  // ALLOC records that time the call (likewise)
   bool has_gpu_leads = false;      // GPU_LEAD records (likewise)
+  bool has_gpu_reload_waits = false;  // WAIT records of kind kWaitGpuOnReload
 };
 
 // A job's allocation call this long or longer counts as slow (job_slow_allocs).

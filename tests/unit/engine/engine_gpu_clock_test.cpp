@@ -420,37 +420,50 @@ TEST(GpuClock, TheRoomGateWaitsForNothingWhenThePoolHasRoomOrNoReserve) {
 TEST(GpuClock, ReloadsTheGpuReachesStillCopyingAreCountedAsItsWaits) {
   for (bool held : {true, false}) {
     const std::string where = held ? "copies held" : "copies done first";
-    Rig rig(every_mlp(kUnbounded));
-    Saved saved = forward_with_every_layer_off(rig);
-    ASSERT_FALSE(HasFailure()) << where;
-    if (held) rig.device.hold_copies_to_device();
-    // Nothing freed until the GPU runs: a reload that took a range freed in this backward would
-    // wait for the held GPU to run its free.
-    std::thread autograd = backward(rig, saved, {}, /*keep=*/true);
-    EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) {
-      return held ? rig.device.copies_to_device_held() > 0 : s.reloads_completed == kLayers * kPerModule;
-    })) << where;
-    rig.gpu.allow_through(kBackwardPoint);
-    if (held) {
-      EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.reload_gpu_waits >= 1; })) << where;
-      rig.device.release_copies_to_device();
+    ActiveTraceFile trace_file(held ? "gpu-reload-waits-held" : "gpu-reload-waits-done");
+    {
+      Rig rig(every_mlp(kUnbounded));
+      Saved saved = forward_with_every_layer_off(rig);
+      ASSERT_FALSE(HasFailure()) << where;
+      if (held) rig.device.hold_copies_to_device();
+      // Nothing freed until the GPU runs: a reload that took a range freed in this backward would
+      // wait for the held GPU to run its free.
+      std::thread autograd = backward(rig, saved, {}, /*keep=*/true);
+      EXPECT_TRUE(until(rig.engine, [&](const EngineStats& s) {
+        return held ? rig.device.copies_to_device_held() > 0 : s.reloads_completed == kLayers * kPerModule;
+      })) << where;
+      rig.gpu.allow_through(kBackwardPoint);
+      if (held) {
+        EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.reload_gpu_waits >= 1; })) << where;
+        rig.device.release_copies_to_device();
+      }
+      rig.gpu.open_all();
+      autograd.join();
+      for (auto& [layer, tensors] : saved) {
+        for (const Tensor& tensor : tensors) rig.job->free(tensor);
+      }
+      rig.engine.quiesce();
+      rig.device.synchronize();
+      const EngineStats stats = rig.engine.stats();
+      if (held) {
+        EXPECT_GE(stats.reload_gpu_waits, 1u) << where;
+        EXPECT_GT(stats.reload_gpu_wait_ns, 0u) << where;
+      } else {
+        EXPECT_EQ(stats.reload_gpu_waits, 0u) << where;
+        EXPECT_EQ(stats.reload_gpu_wait_ns, 0u) << where;
+      }
+      expect_every_byte_back(rig, where);
     }
-    rig.gpu.open_all();
-    autograd.join();
-    for (auto& [layer, tensors] : saved) {
-      for (const Tensor& tensor : tensors) rig.job->free(tensor);
-    }
-    rig.engine.quiesce();
-    rig.device.synchronize();
-    const EngineStats stats = rig.engine.stats();
+    // The trace has them as WAIT records of their own kind, one per wait the stats counted.
+    auto file = trace_file.read();
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    std::uint64_t gpu_reload_waits = 0;
+    for (const auto& wait : file->waits) gpu_reload_waits += wait.data.kind == trace::kWaitGpuOnReload ? 1 : 0;
     if (held) {
-      EXPECT_GE(stats.reload_gpu_waits, 1u) << where;
-      EXPECT_GT(stats.reload_gpu_wait_ns, 0u) << where;
+      EXPECT_GE(gpu_reload_waits, 1u) << where;
     } else {
-      EXPECT_EQ(stats.reload_gpu_waits, 0u) << where;
-      EXPECT_EQ(stats.reload_gpu_wait_ns, 0u) << where;
+      EXPECT_EQ(gpu_reload_waits, 0u) << where;
     }
-    expect_every_byte_back(rig, where);
   }
 }
 

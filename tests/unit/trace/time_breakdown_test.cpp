@@ -250,6 +250,9 @@ TEST(TimeBreakdown, TheGpusLeadIsChargedToTheIterationWhoseBackwardItBegins) {
   EXPECT_NE(text.find("GPU lead       "), std::string::npos) << text;
   EXPECT_NE(text.find("GPU waits"), std::string::npos) << text;  // the per-iteration column
 
+  EXPECT_FALSE(time.has_gpu_reload_waits);
+  EXPECT_EQ(text.find("GPU on reloads"), std::string::npos) << text;
+
   // A trace without GPU_LEAD records (an older actpage, or nothing paged) names none of it.
   auto old = read_trace_bytes(built().bytes(), "built");
   ASSERT_TRUE(old.ok());
@@ -257,6 +260,33 @@ TEST(TimeBreakdown, TheGpusLeadIsChargedToTheIterationWhoseBackwardItBegins) {
   write_text_report(summarize(*old), old_out);
   EXPECT_EQ(old_out.str().find("GPU lead"), std::string::npos) << old_out.str();
   EXPECT_EQ(old_out.str().find("waits for the GPU"), std::string::npos) << old_out.str();
+}
+
+// The GPU's waits for reloads still copying at their markers (WAIT kind kWaitGpuOnReload, written
+// by a worker when the copies ended) are the GPU's, not the job thread's: charged to the iteration
+// the record falls in, in a line and a column of their own.
+TEST(TimeBreakdown, TheGpusWaitsForReloadsAreToldApartFromTheJobThreads) {
+  constexpr std::uint32_t kCompletion = 6;
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  b.at(80 * ms, kCompletion).wait(7 * ms, kWaitGpuOnReload);
+  b.at(90 * ms, kCompletion).wait(2 * ms, kWaitGpuOnReload);
+  b.at(100 * ms, kJob).iteration(2);
+  b.at(180 * ms, kCompletion).wait(5 * ms, kWaitGpuOnReload);
+  b.at(200 * ms, kJob).iteration(3);
+  auto file = read_trace_bytes(b.bytes(), "gpu reload waits");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const TimeBreakdown time = time_breakdown(*file);
+  ASSERT_EQ(time.iterations.size(), 2u);
+  EXPECT_TRUE(time.has_gpu_reload_waits);
+  EXPECT_EQ(time.iterations[0].gpu_reload_wait_ns, 9 * ms);
+  EXPECT_EQ(time.iterations[1].gpu_reload_wait_ns, 5 * ms);
+  EXPECT_EQ(time.iterations[0].backlog_wait_ns, 0u) << "not a wait of the job's thread";
+  EXPECT_EQ(time.iterations[0].gpu_wait_ns, 0u);
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  EXPECT_NE(out.str().find("the GPU        waited "), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("GPU on reloads"), std::string::npos) << out.str();
 }
 
 }  // namespace
