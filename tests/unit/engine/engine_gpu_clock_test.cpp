@@ -306,6 +306,18 @@ TEST(GpuClock, TheTraceShowsTheHostsLeadAndItsWaitsForTheGpu) {
       << report.str();
 }
 
+// The GPU let go to the end of a backward run with `keep` (backward() above), whose thread is
+// joined; then the kept tensors are freed and everything settles.
+void let_backward_end(Rig& rig, std::thread& autograd, Saved& saved) {
+  rig.gpu.open_all();
+  autograd.join();
+  for (auto& [layer, tensors] : saved) {
+    for (const Tensor& tensor : tensors) rig.job->free(tensor);
+  }
+  rig.engine.quiesce();
+  rig.device.synchronize();
+}
+
 // The room gate's tests: trims on, no bound on the bytes ahead (only the room gate can hold a reload).
 Options room_gate_options() {
   Options options = every_mlp(kUnbounded);
@@ -401,13 +413,7 @@ TEST(GpuClock, TheRoomGateWaitsForNothingWhenThePoolHasRoomOrNoReserve) {
     EXPECT_EQ(rig.engine.stats().pool_waits, 0u) << where;
     EXPECT_EQ(rig.engine.stats().reloads_completed, static_cast<std::uint64_t>(kLayers * kPerModule)) << where;
     EXPECT_EQ(rig.engine.stats().pool_trimmed_bytes, reserve ? kLayers * kLayerBytes : 0u) << where;
-    rig.gpu.open_all();
-    autograd.join();
-    for (auto& [layer, tensors] : saved) {
-      for (const Tensor& tensor : tensors) rig.job->free(tensor);
-    }
-    rig.engine.quiesce();
-    rig.device.synchronize();
+    let_backward_end(rig, autograd, saved);
     expect_every_byte_back(rig, where);
   }
 }
@@ -437,13 +443,7 @@ TEST(GpuClock, ReloadsTheGpuReachesStillCopyingAreCountedAsItsWaits) {
         EXPECT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.reload_gpu_waits >= 1; })) << where;
         rig.device.release_copies_to_device();
       }
-      rig.gpu.open_all();
-      autograd.join();
-      for (auto& [layer, tensors] : saved) {
-        for (const Tensor& tensor : tensors) rig.job->free(tensor);
-      }
-      rig.engine.quiesce();
-      rig.device.synchronize();
+      let_backward_end(rig, autograd, saved);
       const EngineStats stats = rig.engine.stats();
       if (held) {
         EXPECT_GE(stats.reload_gpu_waits, 1u) << where;
