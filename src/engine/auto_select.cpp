@@ -1,9 +1,9 @@
 #include "engine/auto_select.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -281,25 +281,22 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   inputs.d2h_bytes_per_s = link_bytes_per_s_;
   inputs.forward_gpu_ns = forward_gpu_ns_;
   inputs.host_limit_bytes = options_.host_limit_bytes;
-  NearFreeChoice choice = choose_near_free(inputs);
+  const NearFreeChoice near_free = choose_near_free(inputs);
+  LayerChoice choice = near_free;
   if (memory_goal) {
-    // The link's budget is said for comparison; the target decides.
+    // The link's budget is said for comparison; the target decides, whatever the reloads cost.
     MemoryGoalInputs goal;
     goal.layers = inputs.layers;
     goal.unpaged_used_bytes = used_unpaged_;
     goal.target_bytes = options_.device_memory_target;
     goal.host_limit_bytes = options_.host_limit_bytes;
     const MemoryGoalChoice chosen = choose_for_device_memory(goal);
-    choice.chosen = chosen.chosen;
-    choice.partial_layer = chosen.partial_layer;
-    choice.partial_tensors = chosen.partial_tensors;
-    choice.bytes = chosen.bytes;
-    choice.why_none = chosen.why_none;
-    choice.reload_limited = false;  // the target decides, whatever the reloads cost
+    choice = chosen;
     short_bytes_ = chosen.short_bytes;
   }
+  const bool reload_limited = !memory_goal && near_free.reload_limited;
   decided_ = true;
-  budget_bytes_ = choice.budget_bytes;
+  budget_bytes_ = near_free.budget_bytes;
   chosen_bytes_ = choice.bytes;
   auto choose_keys = [&](std::size_t index, std::size_t count) {
     const auto keys = saved_keys_.find(layers_[index]);
@@ -332,7 +329,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     line += " pages from pass " + std::to_string(pass_ + 1) + " on: " + chosen_text() + " (of " +
             std::to_string(inputs.layers.size()) + " layers; " + format_bytes(chosen_bytes_) + " a pass of " +
             format_bytes(observed) + " saved; link budget " + budget +
-            (choice.reload_limited ? "; less, for backward reaches them before more could come back" : "") + ")";
+            (reload_limited ? "; less, for backward reaches them before more could come back" : "") + ")";
   }
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);

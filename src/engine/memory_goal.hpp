@@ -32,14 +32,9 @@ struct MemoryGoalInputs {
   std::uint64_t host_limit_bytes = 0;   // 0: no limit
 };
 
-struct MemoryGoalChoice {
-  std::vector<std::size_t> chosen;  // indices into MemoryGoalInputs::layers, in forward order (whole)
-  std::size_t partial_layer = kNoPartialLayer;  // as NearFreeChoice's
-  std::size_t partial_tensors = 0;
-  std::uint64_t bytes = 0;          // saved bytes of what is chosen (a pass's)
+struct MemoryGoalChoice : LayerChoice {
   std::uint64_t needed_bytes = 0;   // unpaged peak - target (0: already under it)
   std::uint64_t short_bytes = 0;    // what the chosen bytes leave of the needed ones
-  std::string why_none;             // when nothing is chosen
 };
 
 MemoryGoalChoice choose_for_device_memory(const MemoryGoalInputs& inputs);

@@ -61,15 +61,20 @@ struct NearFreeInputs {
   double margin = kNearFreeMargin;
 };
 
-struct NearFreeChoice {
-  std::vector<std::size_t> chosen;  // indices into NearFreeInputs::layers, in forward order (whole)
+// What a goal chose (near-free here, device memory in memory_goal.hpp): whole layers, then maybe
+// the first saved tensors of one more.
+struct LayerChoice {
+  std::vector<std::size_t> chosen;  // indices into the inputs' layers, in forward order (whole)
   // A layer of which only the first `partial_tensors` saved tensors are chosen (after the whole ones).
   std::size_t partial_layer = kNoPartialLayer;
   std::size_t partial_tensors = 0;
   std::uint64_t bytes = 0;          // saved bytes of what is chosen (a pass's), the partial layer's part included
+  std::string why_none;             // when nothing is chosen
+};
+
+struct NearFreeChoice : LayerChoice {
   std::uint64_t budget_bytes = 0;
   bool reload_limited = false;      // less than the budget: the reloads would not end in time
-  std::string why_none;             // when nothing is chosen
 };
 
 NearFreeChoice choose_near_free(const NearFreeInputs& inputs);
