@@ -184,9 +184,13 @@ void ReloadPipeline::prefetch_before(std::uint64_t marker, std::uint64_t positio
     // The lock was released around the trim: the group may be gone, or asked for meanwhile.
     if (!parts_.groups.all().contains(id) || parts_.clock.uncounted_bytes(*next) != bytes) continue;
     room -= bytes;
-    parts_.clock.count_prefetch(*next);  // before the requests change the allocations' states
-    for (Allocation* allocation : next->allocations) request(*allocation, /*urgent=*/false);
+    prefetch(*next);
   }
+}
+
+void ReloadPipeline::prefetch(Group& group) {
+  parts_.clock.count_prefetch(group);  // before the requests change the allocations' states
+  for (Allocation* allocation : group.allocations) request(*allocation, /*urgent=*/false);
 }
 
 void ReloadPipeline::prefetch_due(std::uint32_t ordinal, std::uint64_t forward_pass, double bytes_per_s,
@@ -212,12 +216,12 @@ void ReloadPipeline::prefetch_due(std::uint32_t ordinal, std::uint64_t forward_p
     // Room for its pages where the pool can give it; the copy goes either way: late costs time.
     (void)parts_.job_pool.make_room(/*marker=*/0, bytes, /*may_wait=*/false, lock);
     found = parts_.groups.all().find(id);  // the lock was released around the trim
-    if (found == parts_.groups.all().end() || parts_.clock.uncounted_bytes(*found->second) == 0) continue;
-    Group& group = *found->second;
+    if (found == parts_.groups.all().end()) continue;
+    const std::uint64_t still = parts_.clock.uncounted_bytes(*found->second);
+    if (still == 0) continue;  // asked for meanwhile
     ++parts_.core.stats.scheduled_reloads;
-    parts_.core.stats.scheduled_reload_bytes += parts_.clock.uncounted_bytes(group);
-    parts_.clock.count_prefetch(group);  // before the requests change the allocations' states
-    for (Allocation* allocation : group.allocations) request(*allocation, /*urgent=*/false);
+    parts_.core.stats.scheduled_reload_bytes += still;
+    prefetch(*found->second);
   }
 }
 

@@ -82,6 +82,8 @@ class ReloadPipeline {
   // vmm.trim_job_pool_catch_up: a prefetch (not yet asked for by backward) that needs new pages
   // waits while the job's pool still owes earlier reloads' pages.
   bool waits_for_pool(const Allocation& allocation) const;
+  // Asks `group` back as a prefetch: counted ahead of the GPU first, then each allocation requested.
+  void prefetch(Group& group);
   void finish(Allocation& allocation);
 
   EngineParts& parts_;
