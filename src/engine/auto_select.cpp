@@ -7,6 +7,7 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
+#include "common/median.hpp"
 #include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "engine/engine_core.hpp"
@@ -218,12 +219,7 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
   paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
 }
 
-std::uint64_t AutoSelect::paged_forward_median_ns() const {
-  if (paged_forward_ns_.empty()) return 0;
-  std::vector<std::uint64_t> sorted = paged_forward_ns_;
-  std::sort(sorted.begin(), sorted.end());
-  return sorted[sorted.size() / 2];
-}
+std::uint64_t AutoSelect::paged_forward_median_ns() const { return lower_median(paged_forward_ns_); }
 
 void AutoSelect::backward_begins(std::uint64_t marker) {
   if (!on_) return;

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/median.hpp"
 #include "common/units.hpp"
 #include "engine/auto_select.hpp"
 #include "policy/module_matcher.hpp"
@@ -55,11 +56,6 @@ bool protected_by_rule(const policy::ModuleMatcher& matcher, const std::vector<s
     if (auto match = matcher.match(*it)) return !match->offload;
   }
   return false;
-}
-
-std::uint64_t median(std::vector<std::uint64_t> values) {
-  std::sort(values.begin(), values.end());
-  return values[(values.size() - 1) / 2];
 }
 
 }  // namespace
@@ -210,7 +206,7 @@ Result<NearFreePlan> plan_near_free(const trace::TraceFile& trace, const Options
     plan.inputs.layers.push_back(std::move(layer));
   }
   plan.inputs.d2h_bytes_per_s = costs.d2h_bytes_per_s.at(engine::AutoSelect::kMeasureBytes);
-  plan.inputs.forward_gpu_ns = median(forward_times);
+  plan.inputs.forward_gpu_ns = lower_median(forward_times);
   plan.inputs.host_limit_bytes = base.host_pool_bytes;
   plan.choice = engine::choose_near_free(plan.inputs);
   for (std::size_t index : plan.choice.chosen) plan.chosen.push_back(plan.inputs.layers[index].name);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "common/median.hpp"
 #include "replay/replay.hpp"
 
 namespace actpage::engine {
@@ -89,8 +90,7 @@ std::uint64_t GpuBacklog::median_sync_wait_ns() const {
   if (windows_.empty()) return 0;
   std::vector<std::uint64_t> waits;
   for (const Window& w : windows_) waits.push_back(w.sync_end_ns - w.sync_begin_ns);
-  std::sort(waits.begin(), waits.end());
-  return waits[(waits.size() - 1) / 2];
+  return lower_median(std::move(waits));
 }
 
 }  // namespace actpage::engine

@@ -8,6 +8,7 @@
 #include <vector>
 #include <unordered_map>
 
+#include "common/median.hpp"
 #include "common/units.hpp"
 #include "device/sim_device.hpp"
 #include "engine/engine.hpp"
@@ -302,10 +303,8 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   }
   result.timing.iterations = iterations.size();
   if (!traced_lengths.empty()) {
-    std::sort(traced_lengths.begin(), traced_lengths.end());
-    std::sort(added.begin(), added.end());
-    result.timing.traced_iteration_ns = traced_lengths[(traced_lengths.size() - 1) / 2];
-    const std::int64_t gained = std::max<std::int64_t>(added[(added.size() - 1) / 2], 0);
+    result.timing.traced_iteration_ns = lower_median(traced_lengths);
+    const std::int64_t gained = std::max<std::int64_t>(lower_median(added), 0);
     result.timing.added_iteration_ns = static_cast<std::uint64_t>(gained);
     result.timing.predicted_iteration_ns = result.timing.traced_iteration_ns + result.timing.added_iteration_ns;
   }

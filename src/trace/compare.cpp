@@ -9,6 +9,7 @@
 #include <ostream>
 #include <set>
 
+#include "common/median.hpp"
 #include "common/units.hpp"
 #include "trace/report.hpp"
 
@@ -135,8 +136,7 @@ std::uint64_t median_iteration_ns(const Timeline& timeline) {
   for (std::size_t i = 0; i + 1 < timeline.iterations.size(); ++i) {
     lengths.push_back(timeline.iterations[i].end_ns - timeline.iterations[i].begin_ns);
   }
-  std::sort(lengths.begin(), lengths.end());
-  return lengths[(lengths.size() - 1) / 2];
+  return lower_median(std::move(lengths));
 }
 
 void write_diff(const TraceFacts& a, const TraceFacts& b, std::ostream& out) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/median.hpp"
+
 namespace actpage::trace {
 namespace {
 
@@ -35,12 +37,6 @@ std::uint64_t overlap(const std::vector<Interval>& intervals, std::uint64_t from
     if (end > begin) total += end - begin;
   }
   return total;
-}
-
-std::uint64_t median(std::vector<std::uint64_t> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[(values.size() - 1) / 2];  // the lower middle, as summary.hpp's percentiles
 }
 
 }  // namespace
@@ -157,7 +153,7 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   const auto field = [&](std::uint64_t IterationTime::*member) {
     std::vector<std::uint64_t> values;
     for (std::size_t i = first; i < result.iterations.size(); ++i) values.push_back(result.iterations[i].*member);
-    return median(std::move(values));
+    return lower_median(std::move(values));
   };
   IterationTime& s = result.steady;
   s.index = result.iterations.size() - first;
