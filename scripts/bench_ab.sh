@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Before and after: the examples' shipped policies run by two builds of actpage side by side, in one
-# examples/compare_runs.py call per job with interleaved repetitions, so that a change meant to keep
-# behaviour (a refactoring) is shown to keep the step time, the memory and the losses bit for bit.
+# Before and after: the example jobs in auto mode (no policy, what a user runs) and under a fixed
+# policy (config/) run by two builds of actpage side by side, in one examples/compare_runs.py
+# call per job with interleaved repetitions, so that a change meant to keep behaviour (a
+# refactoring) is shown to keep the step time, the memory and the losses bit for bit.
 #
 #   scripts/bench_ab.sh BEFORE_ACTPAGE [llama] [qwen]     # on the GPU machine, from the repository root
 #
@@ -9,9 +10,11 @@
 # `git worktree add /tmp/before COMMIT && (cd /tmp/before && scripts/gpu-bundle.sh)`, then copy its
 # .gpu). The "after" build is $BENCH_ACTPAGE (.gpu/bin/actpage). Each build runs with its own Python
 # hook package (actpage run puts the one beside it on PYTHONPATH) and the policies of this checkout.
-# Variants per job: none (the job as is, the reference for losses), and for each policy P of the
-# job: before-P and after-P. Settings: BENCH_REPS (2), BENCH_STEPS (12), BENCH_WARMUP (4),
-# BENCH_RUN_TIMEOUT (240 s), BENCH_OUT (out/bench-ab), PYTHON (python3), BENCH_JOB_PYTHON.
+# Variants per job: none (the job as is, the reference for losses), before-auto and after-auto
+# (`actpage run -- JOB`), and for the job's fixed policy P (Llama: config/llama-mlp.json,
+# every MLP; Qwen3-MoE: config/qwen3-moe-experts.json, the experts) before-P and after-P.
+# Settings: BENCH_REPS (2), BENCH_STEPS (12), BENCH_WARMUP (4), BENCH_RUN_TIMEOUT (240 s), BENCH_OUT
+# (out/bench-ab), PYTHON (python3), BENCH_JOB_PYTHON.
 # Results: out/bench-ab/JOB/{results.json,results.md,compare.log,logs/}; with $OUT set (the device
 # tool) everything is packed into $OUT/bench-ab.tar.gz.
 set -uo pipefail
@@ -43,18 +46,19 @@ for job in "${jobs[@]}"; do
     llama)
       script=examples/train_llama.py
       args=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
-      policies=(config/llama-near-free.json config/llama-mlp-capped.json)
+      policies=(none config/llama-mlp.json)
       ;;
     qwen)
       script=examples/train_qwen3_moe.py
       args=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
-      policies=(config/qwen3-moe-near-free.json config/qwen3-moe-experts.json)
+      policies=(none config/qwen3-moe-experts.json)
       ;;
     *) echo "bench_ab: unknown job $job (llama, qwen)" >&2; exit 2 ;;
   esac
   variants=(--variant "none;plain;async")
   for policy in "${policies[@]}"; do
-    name=$(basename "$policy" .json)
+    # none: auto mode, compare_runs' policy=none (no --policy, no ACTPAGE_POLICY)
+    if [[ $policy == none ]]; then name=auto; else name=$(basename "$policy" .json); fi
     variants+=(--variant "before-$name;actpage;async;policy=$policy;actpage=$before"
                --variant "after-$name;actpage;async;policy=$policy;actpage=$after")
   done

@@ -627,7 +627,8 @@ class BenchScriptTest(unittest.TestCase):
 
 
 class BenchBeforeAfterTest(unittest.TestCase):
-    """scripts/bench_ab.sh: the examples' policies run by two builds side by side, with fakes."""
+    """scripts/bench_ab.sh: the examples in auto mode and under a fixed policy, run by two builds side
+    by side, with fakes."""
 
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
@@ -652,22 +653,38 @@ class BenchBeforeAfterTest(unittest.TestCase):
     def bench_ab(self, *args, **env):
         return run_script("bench_ab.sh", args, dict(self.env, **env), timeout=120)
 
-    def test_each_policy_runs_under_both_builds_interleaved(self):
-        code, printed = self.bench_ab(self.before, "llama")
+    def test_auto_mode_and_the_fixed_policy_run_under_both_builds_interleaved(self):
+        # A policy in the caller's environment must not reach the auto-mode runs.
+        code, printed = self.bench_ab(self.before, "llama", ACTPAGE_POLICY="/elsewhere/tuned.json")
         self.assertEqual(code, 0, printed[-3000:])
         self.assertIn("before %s (be64f4d )" % self.before, printed)
         with open(self.log) as handle:
             calls = [json.loads(line) for line in handle]
         ran = [(c["key"], c["build"]) for c in calls]
-        rep = [("none", None), ("actpage-llama-near-free", self.before), ("actpage-llama-near-free", self.after),
-               ("actpage-llama-mlp-capped", self.before), ("actpage-llama-mlp-capped", self.after)]
+        # The fake job names a run under actpage with no policy "actpage-bare".
+        rep = [("none", None), ("actpage-bare", self.before), ("actpage-bare", self.after),
+               ("actpage-llama-mlp", self.before), ("actpage-llama-mlp", self.after)]
         self.assertEqual(ran, rep + rep[1:] + rep[:1])  # BENCH_REPS 2: rep 2 rotated by one
-        self.assertTrue(all(c["policy"] is None or c["policy"].endswith(".json") for c in calls))
+        fixed = os.path.join(helpers.SOURCE_DIR, "config", "llama-mlp.json")
+        self.assertEqual({c["policy"] for c in calls if c["key"] == "actpage-llama-mlp"}, {fixed})
+        self.assertTrue(os.path.exists(fixed))
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" and "--deterministic" in c["args"] for c in calls))
         results = json.loads(read(os.path.join(self.out, "llama", "results.json")))
         rows = {row["variant"]: row for row in results["summary"]}
-        self.assertTrue(rows["before-llama-near-free"]["losses_identical_to_reference"])
+        self.assertEqual(set(rows), {"none", "before-auto", "after-auto", "before-llama-mlp", "after-llama-mlp"})
+        self.assertTrue(rows["before-auto"]["losses_identical_to_reference"])
+        self.assertTrue(rows["after-llama-mlp"]["losses_identical_to_reference"])
         self.assertTrue(os.path.exists(os.path.join(self.packed, "bench-ab.tar.gz")))
+
+    def test_the_qwen_job_runs_auto_mode_and_the_experts_policy(self):
+        code, printed = self.bench_ab(self.before, "qwen", BENCH_REPS="1")
+        self.assertEqual(code, 0, printed[-3000:])
+        with open(self.log) as handle:
+            calls = [json.loads(line) for line in handle]
+        self.assertEqual([(c["key"], c["build"]) for c in calls],
+                         [("none", None), ("actpage-bare", self.before), ("actpage-bare", self.after),
+                          ("actpage-qwen3-moe-experts", self.before), ("actpage-qwen3-moe-experts", self.after)])
+        self.assertTrue(all(c["script"] == "train_qwen3_moe.py" for c in calls))
 
     def test_bad_arguments(self):
         code, printed = self.bench_ab()
