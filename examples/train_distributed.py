@@ -7,7 +7,7 @@ hex), the median step time, its device's used-memory peak (cudaMemGetInfo, sampl
 peak; --result-json PATH writes it to a file too, "%r" in PATH replaced by the rank. Examples:
 
     torchrun --nproc-per-node 2 examples/train_distributed.py --parallel ddp --deterministic
-    actpage run --policy config/llama-mlp.json -- \\
+    actpage run --policy tests/policies/llama-mlp.json -- \\
         torchrun --nproc-per-node 2 examples/train_distributed.py --parallel fsdp2 --deterministic
 
 Every rank builds the same weights (same seed) and trains on its own batches (seed + rank). Without

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Before and after: the example jobs in auto mode (no policy, what a user runs) and under a fixed
-# policy (config/) run by two builds of actpage side by side, in one examples/compare_runs.py
+# policy (tests/policies/) run by two builds of actpage side by side, in one examples/compare_runs.py
 # call per job with interleaved repetitions, so that a change meant to keep behaviour (a
 # refactoring) is shown to keep the step time, the memory and the losses bit for bit.
 #
@@ -11,8 +11,8 @@
 # .gpu). The "after" build is $BENCH_ACTPAGE (.gpu/bin/actpage). Each build runs with its own Python
 # hook package (actpage run puts the one beside it on PYTHONPATH) and the policies of this checkout.
 # Variants per job: none (the job as is, the reference for losses), before-auto and after-auto
-# (`actpage run -- JOB`), and for the job's fixed policy P (Llama: config/llama-mlp.json,
-# every MLP; Qwen3-MoE: config/qwen3-moe-experts.json, the experts) before-P and after-P.
+# (`actpage run -- JOB`), and for the job's fixed policy P (Llama: tests/policies/llama-mlp.json,
+# every MLP; Qwen3-MoE: tests/policies/qwen3-moe-experts.json, the experts) before-P and after-P.
 # Settings: BENCH_REPS (2), BENCH_STEPS (12), BENCH_WARMUP (4), BENCH_RUN_TIMEOUT (240 s), BENCH_OUT
 # (out/bench-ab), PYTHON (python3), BENCH_JOB_PYTHON.
 # Results: out/bench-ab/JOB/{results.json,results.md,compare.log,logs/}; with $OUT set (the device
@@ -46,12 +46,12 @@ for job in "${jobs[@]}"; do
     llama)
       script=examples/train_llama.py
       args=(--layers 16 --hidden 2048 --ffn 5632 --heads 16 --seq 2048 --batch 4)
-      policies=(none config/llama-mlp.json)
+      policies=(none tests/policies/llama-mlp.json)
       ;;
     qwen)
       script=examples/train_qwen3_moe.py
       args=(--layers 8 --hidden 1024 --experts 16 --top-k 4 --moe-ffn 768 --seq 2048 --batch 4)
-      policies=(none config/qwen3-moe-experts.json)
+      policies=(none tests/policies/qwen3-moe-experts.json)
       ;;
     *) echo "bench_ab: unknown job $job (llama, qwen)" >&2; exit 2 ;;
   esac

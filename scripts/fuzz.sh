@@ -9,10 +9,10 @@
 #            build-fuzz/ (ACTPAGE_FUZZ_BUILD_DIR)
 # --work     where the growing corpus and any crash reproducer go (default build-fuzz/work)
 #
-# Seeds: config/*.json and tests/unit/policy/data/*.json (policy files), a few environment values
-# for each ACTPAGE_* variable, tests/golden/*.trace.bin and the head of examples/llama-observe.trace
-# (whole and cut short, as a killed job leaves it), and the inputs of tests/fuzz/regressions that
-# once failed. Prints one line per target:
+# Seeds: config/*.json, tests/policies/*.json and tests/unit/policy/data/*.json (policy files), a
+# few environment values for each ACTPAGE_* variable, tests/golden/*.trace.bin and the head of
+# examples/llama-observe.trace (whole and cut short, as a killed job leaves it), and the inputs of
+# tests/fuzz/regressions that once failed. Prints one line per target:
 #   fuzz: fuzz_policy: 123456 executions in 10 s, corpus 321 inputs, no failure
 # and exits non-zero on a crash, a leak, an assertion of the target, or an input that runs past
 # --timeout seconds (a hang); the reproducer is kept under --work.
@@ -56,7 +56,7 @@ seeds=$work/seeds
 rm -rf "$seeds"
 mkdir -p "$seeds/fuzz_policy" "$seeds/fuzz_trace_reader"
 n=0
-for file in "$root"/config/*.json "$root"/tests/unit/policy/data/*.json; do
+for file in "$root"/config/*.json "$root"/tests/policies/*.json "$root"/tests/unit/policy/data/*.json; do
   # First byte even: the rest is a policy file.
   { printf '\x00'; cat "$file"; } >"$seeds/fuzz_policy/file-$((n++))"
 done

@@ -39,11 +39,11 @@
 #            (scripts/plan_compare.py, 10%), plots of both traces and a predicted trace; the jobs run
 #            on CPU cores PLAN_CPUS (default 2-9, empty: unpinned)
 #   reliability  (docs/reliability.md) a paging job SIGKILLed during offload leaves a trace that
-#            `actpage dump` reads; the safety stage's poison check; Llama (config/llama-mlp.json) and
-#            Qwen3-MoE (config/qwen3-moe-experts.json) 200 steps, plain vs actpage, losses compared
+#            `actpage dump` reads; the safety stage's poison check; Llama (tests/policies/llama-mlp.json) and
+#            Qwen3-MoE (tests/policies/qwen3-moe-experts.json) 200 steps, plain vs actpage, losses compared
 #            bit for bit under deterministic algorithms. Small models: ~5 minutes in all.
 #   distributed  DDP and FSDP2 on 2 GPUs (torchrun, NCCL), each without and under actpage
-#            (config/llama-mlp.json), 20 steps: per-rank losses, peaks and step times side by side
+#            (tests/policies/llama-mlp.json), 20 steps: per-rank losses, peaks and step times side by side
 #
 # Usage: scripts/gpu-test.sh STAGE...
 # Logs, traces and JSON reports go to out/gpu (ACTPAGE_GPU_OUT); when $OUT is set (the device tool),
@@ -94,7 +94,7 @@ for stage in "$@"; do
       say "smoke: small Llama, plain vs offloading the MLPs"
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check smoke-plain \
         "$python" examples/train_llama.py "${small_llama[@]}" --steps 8 --warmup 3 --deterministic
-      check smoke-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/smoke.trace" -- \
+      check smoke-actpage "$actpage" run --policy tests/policies/llama-mlp.json --trace "$out/smoke.trace" -- \
         "$python" examples/train_llama.py "${small_llama[@]}" --steps 8 --warmup 3 --deterministic
       "$python" scripts/gpu_report.py pair "$out/smoke-plain.log" "$out/smoke-actpage.log" --trace "$out/smoke.trace" \
         --actpage "$actpage" --json "$out/smoke.json" || failed=1
@@ -227,13 +227,13 @@ PY
       say "paging: Llama MLPs (keep_last 2) and Qwen3-MoE experts, 20 steps"
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check paging-llama-plain \
         "$python" examples/train_llama.py "${llama[@]}" --steps 20 --warmup 5 --deterministic
-      check paging-llama-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/paging-llama.trace" -- \
+      check paging-llama-actpage "$actpage" run --policy tests/policies/llama-mlp.json --trace "$out/paging-llama.trace" -- \
         "$python" examples/train_llama.py "${llama[@]}" --steps 20 --warmup 5 --deterministic
       "$python" scripts/gpu_report.py pair "$out/paging-llama-plain.log" "$out/paging-llama-actpage.log" \
         --trace "$out/paging-llama.trace" --actpage "$actpage" --json "$out/paging-llama.json" || failed=1
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check paging-qwen-plain \
         "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 20 --warmup 5 --deterministic
-      check paging-qwen-actpage "$actpage" run --policy config/qwen3-moe-experts.json --trace "$out/paging-qwen.trace" -- \
+      check paging-qwen-actpage "$actpage" run --policy tests/policies/qwen3-moe-experts.json --trace "$out/paging-qwen.trace" -- \
         "$python" examples/train_qwen3_moe.py "${qwen[@]}" --steps 20 --warmup 5 --deterministic
       "$python" scripts/gpu_report.py pair "$out/paging-qwen-plain.log" "$out/paging-qwen-actpage.log" \
         --trace "$out/paging-qwen.trace" --actpage "$actpage" --json "$out/paging-qwen.json" || failed=1
@@ -245,7 +245,7 @@ PY
       # (a) Killed mid-offload: wait until the live trace shows offloads, then SIGKILL the whole job.
       killed=$out/rel-killed.trace
       rm -f "$killed"
-      setsid "$actpage" run --policy config/llama-mlp.json --trace "$killed" -- \
+      setsid "$actpage" run --policy tests/policies/llama-mlp.json --trace "$killed" -- \
         "$python" examples/train_llama.py "${rel_llama[@]}" --steps 100000 --warmup 1 >"$out/rel-killed.log" 2>&1 &
       job_pid=$!
       offloads=0
@@ -285,13 +285,13 @@ PY
       # (c) 200 steps with and without actpage, deterministic: losses bit for bit.
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check rel-llama-plain \
         "$python" examples/train_llama.py "${rel_llama[@]}" --steps 200 --warmup 5 --deterministic
-      check rel-llama-actpage "$actpage" run --policy config/llama-mlp.json --trace "$out/rel-llama.trace" -- \
+      check rel-llama-actpage "$actpage" run --policy tests/policies/llama-mlp.json --trace "$out/rel-llama.trace" -- \
         "$python" examples/train_llama.py "${rel_llama[@]}" --steps 200 --warmup 5 --deterministic
       "$python" scripts/gpu_report.py pair "$out/rel-llama-plain.log" "$out/rel-llama-actpage.log" \
         --trace "$out/rel-llama.trace" --actpage "$actpage" --json "$out/rel-llama.json" || failed=1
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check rel-qwen-plain \
         "$python" examples/train_qwen3_moe.py "${rel_qwen[@]}" --steps 200 --warmup 5 --deterministic
-      check rel-qwen-actpage "$actpage" run --policy config/qwen3-moe-experts.json --trace "$out/rel-qwen.trace" -- \
+      check rel-qwen-actpage "$actpage" run --policy tests/policies/qwen3-moe-experts.json --trace "$out/rel-qwen.trace" -- \
         "$python" examples/train_qwen3_moe.py "${rel_qwen[@]}" --steps 200 --warmup 5 --deterministic
       "$python" scripts/gpu_report.py pair "$out/rel-qwen-plain.log" "$out/rel-qwen-actpage.log" \
         --trace "$out/rel-qwen.trace" --actpage "$actpage" --json "$out/rel-qwen.json" || failed=1
@@ -314,7 +314,7 @@ PY
       say "graph: a CUDA-graph-captured step under actpage"
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check graph-plain \
         "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
-      check graph-actpage "$actpage" run --policy config/llama-mlp.json -- \
+      check graph-actpage "$actpage" run --policy tests/policies/llama-mlp.json -- \
         "$python" examples/train_llama.py "${small_llama[@]}" --method cuda_graph --steps 8 --warmup 3 --deterministic
       "$python" scripts/gpu_report.py pair "$out/graph-plain.log" "$out/graph-actpage.log" --json "$out/graph.json" || failed=1
       ;;
@@ -329,12 +329,12 @@ PY
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check diag-plain "${job[@]}"
       ACTPAGE_LOG_LEVEL=info check diag-observe "$actpage" run --policy config/observe.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info check diag-observe-nohooks env ACTPAGE_PYTHON_HOOKS=off "$actpage" run --policy config/observe.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info check diag-offload "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check diag-offload "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
       ACTPAGE_LOG_LEVEL=info ACTPAGE_TRACE_PATH=$out/diag-offload.trace ACTPAGE_TRACE_SAMPLE_MS=0 \
-        check diag-offload-trace-nosampler "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info ACTPAGE_VMM_CACHE_BYTES=0 check diag-offload-nocache "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info ACTPAGE_MAX_INFLIGHT_COPIES=1 check diag-offload-inflight1 "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check diag-offload-6layers "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+        check diag-offload-trace-nosampler "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_VMM_CACHE_BYTES=0 check diag-offload-nocache "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MAX_INFLIGHT_COPIES=1 check diag-offload-inflight1 "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check diag-offload-6layers "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
       for variant in observe observe-nohooks offload offload-trace-nosampler offload-nocache offload-inflight1 offload-6layers; do
         echo "--- $variant"
         "$python" scripts/gpu_report.py pair "$out/diag-plain.log" "$out/diag-$variant.log" | grep -E "losses|median|device used"
@@ -384,8 +384,8 @@ PY
       say "profile: one step's GPU time, plain and offloading (torch.profiler)"
       job=("$python" examples/train_llama.py "${llama[@]}" --steps 9 --warmup 4 --deterministic --profile-step 7)
       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check prof-plain "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check prof-offload-6layers "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
-      ACTPAGE_LOG_LEVEL=info check prof-offload "$actpage" run --policy config/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info ACTPAGE_MODULES='model.layers.[0-5].mlp' check prof-offload-6layers "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
+      ACTPAGE_LOG_LEVEL=info check prof-offload "$actpage" run --policy tests/policies/llama-mlp.json -- "${job[@]}"
       for variant in plain offload-6layers offload; do
         echo "--- $variant"
         "$python" - "$out/prof-$variant.log" <<'PY'
@@ -472,7 +472,7 @@ PY
       done
       ;;
     distributed)
-      say "distributed: DDP and FSDP2 on 2 GPUs, without and under actpage (config/llama-mlp.json), 20 steps"
+      say "distributed: DDP and FSDP2 on 2 GPUs, without and under actpage (tests/policies/llama-mlp.json), 20 steps"
       gpus=$(nvidia-smi -L | grep -c '^GPU')
       if (( gpus < 2 )); then
         echo "FAILED: distributed needs 2 GPUs, this machine has $gpus (ask for nvidia-h200-x2)"; failed=1; continue
@@ -483,7 +483,7 @@ PY
         job=("${torchrun[@]}" --standalone --nproc-per-node 2 examples/train_distributed.py --parallel "$parallel" "${dist_llama[@]}")
         CUDA_VISIBLE_DEVICES=0,1 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync check "dist-$parallel-plain" \
           "${job[@]}" --result-json "$out/dist-$parallel-plain-rank%r.json"
-        CUDA_VISIBLE_DEVICES=0,1 ACTPAGE_LOG_LEVEL=info check "dist-$parallel-actpage" "$actpage" run --policy config/llama-mlp.json \
+        CUDA_VISIBLE_DEVICES=0,1 ACTPAGE_LOG_LEVEL=info check "dist-$parallel-actpage" "$actpage" run --policy tests/policies/llama-mlp.json \
           --trace "$out/dist-$parallel-rank%r-%p.trace" -- "${job[@]}" --result-json "$out/dist-$parallel-actpage-rank%r.json"
         grep -E '\[actpage rank [0-9]+\] info: (tracing to|engine:)' "$out/dist-$parallel-actpage.log" | cut -c1-240
       done

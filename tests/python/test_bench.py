@@ -665,7 +665,7 @@ class BenchBeforeAfterTest(unittest.TestCase):
         rep = [("none", None), ("actpage-bare", self.before), ("actpage-bare", self.after),
                ("actpage-llama-mlp", self.before), ("actpage-llama-mlp", self.after)]
         self.assertEqual(ran, rep + rep[1:] + rep[:1])  # BENCH_REPS 2: rep 2 rotated by one
-        fixed = os.path.join(helpers.SOURCE_DIR, "config", "llama-mlp.json")
+        fixed = os.path.join(helpers.SOURCE_DIR, "tests", "policies", "llama-mlp.json")
         self.assertEqual({c["policy"] for c in calls if c["key"] == "actpage-llama-mlp"}, {fixed})
         self.assertTrue(os.path.exists(fixed))
         self.assertTrue(all(c["alloc"] == "backend:cudaMallocAsync" and "--deterministic" in c["args"] for c in calls))

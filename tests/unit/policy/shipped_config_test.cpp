@@ -1,6 +1,10 @@
-// Every policy shipped under config/ must load, and must select what its name promises.
+// Every policy shipped under config/ must load, and must select what its name promises. The fixed
+// policies that tests and scripts/gpu-test.sh run with (tests/policies/) must load and select what
+// those runs rely on.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,24 +19,35 @@ namespace {
 using testing::all_errors;
 using testing::fake_env;
 
-const std::filesystem::path kConfigDir = std::filesystem::path(ACTPAGE_SOURCE_DIR) / "config";
+const std::filesystem::path kSourceDir = std::filesystem::path(ACTPAGE_SOURCE_DIR);
+const std::filesystem::path kConfigDir = kSourceDir / "config";
+const std::filesystem::path kTestPoliciesDir = kSourceDir / "tests" / "policies";
 
-Options load_config(const std::string& name) {
-  const LoadResult result = load((kConfigDir / name).string(), fake_env());
-  EXPECT_TRUE(result.ok()) << name << ":\n" << all_errors(result);
+Options load_policy(const std::filesystem::path& path) {
+  const LoadResult result = load(path.string(), fake_env());
+  EXPECT_TRUE(result.ok()) << path << ":\n" << all_errors(result);
   return result.options;
 }
 
-TEST(ShippedConfig, EveryPolicyLoadsWithoutError) {
+Options load_config(const std::string& name) { return load_policy(kConfigDir / name); }
+Options load_test_policy(const std::string& name) { return load_policy(kTestPoliciesDir / name); }
+
+// Loads every policy file of `dir` (the schema aside) and returns their names, sorted.
+std::vector<std::string> load_every_policy_in(const std::filesystem::path& dir) {
   std::vector<std::string> policies;
-  for (const auto& entry : std::filesystem::directory_iterator(kConfigDir)) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (entry.path().extension() != ".json" || name.ends_with(".schema.json")) continue;
     policies.push_back(name);
-    const LoadResult result = load(entry.path().string(), fake_env());
-    EXPECT_TRUE(result.ok()) << name << ":\n" << all_errors(result);
+    load_policy(entry.path());
   }
-  EXPECT_GE(policies.size(), 4u) << "default-policy, observe, llama-mlp, qwen3-moe-experts";
+  std::sort(policies.begin(), policies.end());
+  return policies;
+}
+
+TEST(ShippedConfig, EveryPolicyLoadsWithoutError) {
+  EXPECT_THAT(load_every_policy_in(kConfigDir),
+              ::testing::IsSupersetOf({"default-policy.json", "observe.json", "observe-for-plan.json"}));
 }
 
 TEST(ShippedConfig, DefaultPolicyOffloadsMlpAndMegatronExperts) {
@@ -64,17 +79,6 @@ TEST(ShippedConfig, ObserveForPlanTracesWithBackwardMarkers) {
   EXPECT_FALSE(options.trace_path.empty());
   EXPECT_EQ(policy::effective_python_hooks_backward(options), PythonHooksBackward::layers);
   EXPECT_EQ(policy::effective_python_hooks_backward(load_config("observe.json")), PythonHooksBackward::none);
-}
-
-TEST(ShippedConfig, LlamaMlp) {
-  const ModuleMatcher matcher(load_config("llama-mlp.json"));
-  EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
-  EXPECT_FALSE(matcher.match("model.layers.15.self_attn"));
-  EXPECT_FALSE(matcher.match("expert_fc1"));
-  // Under DistributedDataParallel the hooks name the model's modules from the wrapper: "module." first.
-  EXPECT_TRUE(matcher.match("module.model.layers.15.mlp"));
-  EXPECT_FALSE(matcher.match("module.model.layers.15.self_attn"));
-  EXPECT_FALSE(matcher.match("module.model.layers.15.mlp.down_proj"));
 }
 
 TEST(ShippedConfig, LlamaMlpCappedOffloadsEveryLayersMlpWithTheCapAndThePrefill) {
@@ -179,8 +183,24 @@ TEST(ShippedConfig, Qwen3MoeNearFree6TradesTimeForASixthLayer) {
   expect_qwen_near_free("qwen3-moe-near-free-6.json", 5);
 }
 
-TEST(ShippedConfig, Qwen3MoeExperts) {
-  const ModuleMatcher matcher(load_config("qwen3-moe-experts.json"));
+TEST(TestPolicies, EveryPolicyLoadsWithoutError) {
+  EXPECT_THAT(load_every_policy_in(kTestPoliciesDir),
+              ::testing::IsSupersetOf({"llama-mlp.json", "qwen3-moe-experts.json"}));
+}
+
+TEST(TestPolicies, LlamaMlp) {
+  const ModuleMatcher matcher(load_test_policy("llama-mlp.json"));
+  EXPECT_TRUE(matcher.match("model.layers.15.mlp"));
+  EXPECT_FALSE(matcher.match("model.layers.15.self_attn"));
+  EXPECT_FALSE(matcher.match("expert_fc1"));
+  // Under DistributedDataParallel the hooks name the model's modules from the wrapper: "module." first.
+  EXPECT_TRUE(matcher.match("module.model.layers.15.mlp"));
+  EXPECT_FALSE(matcher.match("module.model.layers.15.self_attn"));
+  EXPECT_FALSE(matcher.match("module.model.layers.15.mlp.down_proj"));
+}
+
+TEST(TestPolicies, Qwen3MoeExperts) {
+  const ModuleMatcher matcher(load_test_policy("qwen3-moe-experts.json"));
   EXPECT_TRUE(matcher.match("model.layers.7.mlp.experts"));
   EXPECT_TRUE(matcher.match("expert_fc1"));
   EXPECT_TRUE(matcher.match("moe_act"));
