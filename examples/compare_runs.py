@@ -11,7 +11,8 @@ an allocator setting (PYTORCH_CUDA_ALLOC_CONF). The default variants are the cro
 value itself, and `unset` removes the variable. --variant "NAME;MODE;ALLOC[;OPTION...][;EXTRA ARGS]"
 adds a variant of your own (EXTRA ARGS are appended to the command), e.g.
     --variant "ckpt;plain;async;--method checkpointing"
-    --variant "near;actpage;async;policy=config/llama-near-free.json"
+    --variant "auto;actpage;async;policy=none"
+    --variant "mlp;actpage;async;policy=tests/policies/llama-mlp.json"
     --variant "slow;plain;async;reps=1;--method save_on_cpu --steps 6"
 An OPTION is a part that starts with `policy=` (this variant's policy instead of --policy;
 `policy=none` runs `actpage run` with no --policy and no ACTPAGE_POLICY, what a new user types),
