@@ -4,7 +4,7 @@
 Defaults: hidden 2048, ffn 5632, 16 layers, 16 heads, vocab 32000, seq 2048, batch 4, bf16, AdamW,
 SDPA attention. Prints one ACTPAGE_RESULT line (examples/common.py). Examples:
     python3 examples/train_llama.py --steps 10
-    actpage run --policy tests/policies/llama-mlp.json -- python3 examples/train_llama.py --deterministic
+    actpage run -- python3 examples/train_llama.py --deterministic
     python3 examples/train_llama.py --method stream_offload --offload-modules MLP
 """
 
