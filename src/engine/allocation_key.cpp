@@ -14,14 +14,25 @@ struct PassCounts {
 
 thread_local PassCounts t_counts;
 
-}  // namespace
-
-std::uint64_t next_allocation_key(ranges::PathId path) noexcept {
+void restart_counts_for_this_pass() noexcept {
   const std::uint64_t pass = forward_pass::current();
   if (t_counts.forward_pass != pass) {
     t_counts.forward_pass = pass;
     t_counts.next.clear();
   }
+}
+
+}  // namespace
+
+std::uint64_t peek_allocation_key(ranges::PathId path) noexcept {
+  restart_counts_for_this_pass();
+  const auto found = t_counts.next.find(path);
+  const std::uint32_t ordinal = found != t_counts.next.end() ? found->second : 0;
+  return (static_cast<std::uint64_t>(path) << 32) | ordinal;
+}
+
+std::uint64_t next_allocation_key(ranges::PathId path) noexcept {
+  restart_counts_for_this_pass();
   std::uint32_t ordinal = 0;
   try {
     ordinal = t_counts.next[path]++;

@@ -23,5 +23,8 @@
 namespace actpage::engine {
 
 std::uint64_t next_allocation_key(ranges::PathId path) noexcept;
+// The key next_allocation_key(path) would return now, without counting the allocation: for a
+// caller that decides by the key and leaves the count to whoever takes the allocation.
+std::uint64_t peek_allocation_key(ranges::PathId path) noexcept;
 
 }  // namespace actpage::engine

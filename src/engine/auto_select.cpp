@@ -143,6 +143,8 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
       phase_ = Phase::forward;
       pass_ = 1;
       layers_.push_back(node);
+      watched_bytes_ = 0;
+      watch_full_ = false;
       return Push::observing;
     case Phase::forward:
       if (thread != forward_thread_) return Push::observing;
@@ -151,6 +153,7 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
         forget_observation();
       }
       if (std::find(layers_.begin(), layers_.end(), node) == layers_.end()) layers_.push_back(node);
+      mark_layer_start(node);
       return Push::observing;
     case Phase::backward:
       if (thread != forward_thread_) return Push::observing;  // a recomputation in backward
@@ -167,6 +170,8 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
         backward_marker_ = 0;
         forward_gpu_ns_ = 0;
         seen_.clear();
+        choose_watched_keys();
+        mark_layer_start(node);
         return Push::observing;
       }
       decide(lock);
@@ -178,6 +183,11 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
 
 void AutoSelect::forget_observation() {
   pass_ = 1;  // counted again from here
+  watched_bytes_ = 0;
+  watch_full_ = false;
+  watched_keys_.clear();
+  watched_layers_.clear();
+  layer_starts_.clear();
   seen_.clear();
   saved_bytes_.clear();
   saved_keys_.clear();
@@ -185,6 +195,62 @@ void AutoSelect::forget_observation() {
   pass_start_marked_ = false;
   pass_start_marker_ = 0;
   forward_start_ns_ = 0;
+}
+
+void AutoSelect::mark_layer_start(ranges::PathId layer) {
+  // Only the timed pass's, and only when it pages: an unpaged one's forward is measured as it is.
+  if (options_.watch_bytes == 0 || pass_ != kObservedPasses || !stream_) return;
+  layer_starts_.push_back(LayerStart{parts_.clock.mark(*stream_, /*backward_begins=*/false, /*point=*/true), 0, layer});
+}
+
+void AutoSelect::choose_watched_keys() {
+  watched_bytes_ = 0;
+  watch_full_ = false;
+  watched_keys_.clear();
+  watched_layers_.clear();
+  layer_starts_.clear();
+  if (options_.watch_bytes == 0 || layers_.empty()) return;
+  // Earliest first, whole layers and then the first tensors of the next that fit, as the decision
+  // takes them; never the last layer, whose tensors backward reads first.
+  std::uint64_t taken = 0;
+  for (std::size_t index = 0; index + 1 < layers_.size(); ++index) {
+    const ranges::PathId layer = layers_[index];
+    if (protected_by_rule(layer)) continue;
+    const auto keys = saved_keys_.find(layer);
+    if (keys == saved_keys_.end()) continue;
+    for (const SavedKey& key : keys->second) {
+      if (taken + key.bytes > options_.watch_bytes) return;
+      taken += key.bytes;
+      watched_keys_.insert(key.key);
+    }
+  }
+}
+
+std::optional<NodeVerdict> AutoSelect::watched_verdict(ranges::PathId path, std::size_t bytes,
+                                                       std::thread::id thread, std::uint64_t key) {
+  if (!watching_paged() || phase_ != Phase::forward || thread != forward_thread_ || watch_full_ ||
+      bytes < options_.min_bytes) {
+    return std::nullopt;
+  }
+  const ranges::PathId layer = ranges::layer_of(path);
+  if (layer == ranges::kNoPath) return std::nullopt;
+  if (pass_ >= 2) {
+    if (!watched_keys_.contains(key)) return std::nullopt;
+  } else if (watched_bytes_ + bytes > options_.watch_bytes) {
+    watch_full_ = true;  // the earliest layers only: nothing later in this pass
+    return std::nullopt;
+  }
+  // The innermost rule on the allocation's path decides, as the classifier decides after the
+  // decision: an "offload": false module inside a layer keeps its allocations.
+  if (protected_by_rule(path)) return std::nullopt;
+  watched_bytes_ += bytes;
+  watched_peak_bytes_ = std::max(watched_peak_bytes_, watched_bytes_);
+  watched_layers_.insert(layer);
+  NodeVerdict verdict;
+  verdict.candidate = true;
+  verdict.selected = layer;  // a group per layer, released at the layer's end (auto mode's range_end)
+  verdict.min_bytes = options_.min_bytes;
+  return verdict;
 }
 
 void AutoSelect::allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
@@ -234,11 +300,11 @@ void AutoSelect::backward_begins(std::uint64_t marker) {
   }
 }
 
-bool AutoSelect::protected_by_rule(ranges::PathId layer) const {
-  // The innermost range around the layer (itself included) that a rule matches decides, as the
-  // classifier decides for allocations: an "offload": false rule there protects the layer.
+bool AutoSelect::protected_by_rule(ranges::PathId node) const {
+  // The innermost range around the node (itself included) that a rule matches decides, as the
+  // classifier decides for allocations: an "offload": false rule there protects the node.
   auto& registry = ranges::Registry::instance();
-  for (ranges::PathId at = layer; at != ranges::kNoPath; at = registry.node(at).parent) {
+  for (ranges::PathId at = node; at != ranges::kNoPath; at = registry.node(at).parent) {
     if (auto match = matcher_.match(registry.name(registry.node(at).name))) return !match->offload;
   }
   return false;
@@ -351,8 +417,12 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // step waited for).
   parts_.clock.raise_bound(chosen_bytes_);
   // Pass 1's peak reserve stays in the job's pool (PyTorch never lets it shrink): trimmed by what
-  // leaves from now on, once the GPU is here (pass 1's frees have run by then).
-  if (stream_ && parts_.job_pool.trims()) trim_marker_ = parts_.clock.mark(*stream_, false, /*point=*/true);
+  // leaves from now on beyond what pass 2 paged while watching (the reserve never held that), once
+  // the GPU is here (pass 1's frees have run by then).
+  trim_bytes_ = chosen_bytes_ > watched_bytes_ ? chosen_bytes_ - watched_bytes_ : 0;
+  if (stream_ && parts_.job_pool.trims() && trim_bytes_ != 0) {
+    trim_marker_ = parts_.clock.mark(*stream_, false, /*point=*/true);
+  }
 }
 
 void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock) {
@@ -363,12 +433,27 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
     paged_start_marker_ = 0;
     paged_start_ns_ = now_ns;
   }
+  for (LayerStart& start : layer_starts_) {
+    if (start.marker == marker) start.ns = now_ns;
+  }
   if (marker == backward_marker_ && forward_start_ns_ != 0 && forward_gpu_ns_ == 0) {
-    forward_gpu_ns_ = std::max<std::uint64_t>(1, now_ns - forward_start_ns_);
+    forward_gpu_measured_ns_ = std::max<std::uint64_t>(1, now_ns - forward_start_ns_);
+    forward_gpu_ns_ = forward_gpu_measured_ns_;
+    const bool all_reached = std::all_of(layer_starts_.begin(), layer_starts_.end(),
+                                         [](const LayerStart& start) { return start.ns != 0; });
+    if (!layer_starts_.empty() && all_reached) {
+      std::vector<std::uint64_t> starts;
+      std::vector<bool> paged;
+      for (const LayerStart& start : layer_starts_) {
+        starts.push_back(start.ns);
+        paged.push_back(watched_layers_.contains(start.layer));
+      }
+      forward_gpu_ns_ = std::max<std::uint64_t>(1, forward_time_unpaged(forward_gpu_measured_ns_, starts, paged));
+    }
   }
   if (marker == trim_marker_) {
     trim_marker_ = 0;
-    const std::size_t bytes = chosen_bytes_;
+    const std::size_t bytes = trim_bytes_;
     lock.unlock();
     std::optional<JobPool::Trim> trim = parts_.job_pool.trim_by(bytes);
     lock.lock();
@@ -413,6 +498,21 @@ std::string AutoSelect::chosen_text() const {
   return whole.empty() ? partial_text_ : layer_list(whole) + " and " + partial_text_;
 }
 
+std::string AutoSelect::watched_text() const {
+  if (options_.watch_bytes == 0) return "unpaged";
+  return "watched, " + format_bytes(watched_peak_bytes_) + " paged";
+}
+
+std::string AutoSelect::forward_text() const {
+  if (options_.watch_bytes == 0 || forward_gpu_measured_ns_ == 0 || forward_gpu_measured_ns_ == forward_gpu_ns_) {
+    return watched_text();
+  }
+  char text[96];
+  std::snprintf(text, sizeof text, "%s: %.1f ms measured, its paged layers at the others' median",
+                watched_text().c_str(), static_cast<double>(forward_gpu_measured_ns_) / 1e6);
+  return text;
+}
+
 std::string AutoSelect::goal_text() const {
   if (options_.device_memory_target == 0) return "near-free";
   return "device memory <= " + format_bytes(options_.device_memory_target);
@@ -444,8 +544,8 @@ std::optional<std::string> AutoSelect::summary() const {
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
   if (used_unpaged_ != 0) {
-    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " unpaged (passes 1-" +
-            std::to_string(kObservedPasses) + ")";
+    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " " + watched_text() +
+            " (passes 1-" + std::to_string(kObservedPasses) + ")";
     if (used_paged_ != 0) {
       line += " -> " + format_bytes(used_paged_) + " (passes " + std::to_string(first_paged_pass_) + "-" +
               std::to_string(last_paged_pass_) + ")";
@@ -458,10 +558,11 @@ std::optional<std::string> AutoSelect::summary() const {
   }
   if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
     // What paging costs the forward, on the GPU: the copies share the device's memory with it.
-    char text[160];
+    char text[200];
     std::snprintf(text, sizeof text,
-                  "; forward's GPU time %.1f ms (pass %llu, unpaged) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
+                  "; forward's GPU time %.1f ms (pass %llu, %s) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
                   static_cast<double>(forward_gpu_ns_) / 1e6, static_cast<unsigned long long>(kObservedPasses),
+                  forward_text().c_str(),
                   static_cast<double>(paged) / 1e6, paged_forward_ns_.size(),
                   (static_cast<double>(paged) / static_cast<double>(forward_gpu_ns_) - 1.0) * 100.0);
     line += text;

@@ -18,6 +18,15 @@
 //   the last observed pass (the first is slowed by the libraries' set-up and autotuning) runs from
 //   a point recorded on the job's stream at the pass's first allocation to backward's first
 //   marker, as the GPU clock's worker sees the GPU reach them (GpuClock).
+// - Paging while watching (AutoOptions::watch_bytes, auto_pages_while_watching): in the observed
+//   passes watched_verdict() also serves, as groups of their layer, allocations of the earliest
+//   layers, at most watch_bytes a pass: in pass 1 any allocation of min_bytes until the next would
+//   pass the cap (then no later layer either: earliest first), in pass 2 only the keys pass 1 saved,
+//   of every layer but the last, whole layers first. Served ones are observed as passed ones are
+//   (their packs come through DeviceEngine::tensor_saved), so the decision is the one an unpaged
+//   watch makes; only the figures of passes 1-2 (device memory, forward's GPU time) are then
+//   paged ones, and said so. The host pool has watch_bytes pinned from start-up: no offload of a
+//   watched pass waits for pinning (unless pinning is still under way when pass 1 begins).
 // - The link's device-to-host rate is measured once, on a thread of its own at start(), by timed
 //   copies of kMeasureBytes into pinned memory (or set by set_measurements(), for tests: the
 //   simulated device's copies are no link).
@@ -47,12 +56,14 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/node_verdict.hpp"
 #include "policy/module_matcher.hpp"
 #include "ranges/registry.hpp"
 
@@ -73,6 +84,8 @@ struct AutoOptions {
   std::uint64_t min_bytes = 0;        // min_bytes
   std::uint64_t host_limit_bytes = 0; // host_pool.bytes
   std::uint64_t device_memory_target = 0;  // auto_device_memory (0: the goal is near-free)
+  // auto_pages_while_watching: what a watched pass may page (host_pool.prealloc_bytes); 0: watch unpaged.
+  std::uint64_t watch_bytes = 0;
 };
 
 class AutoSelect {
@@ -99,8 +112,14 @@ class AutoSelect {
   // A layer range pushed on `thread`. `decided` with chosen() filled when this push made the
   // decision (the first paged pass begins), and also when auto mode ends here with nothing (no hooks, or off).
   Push layer_pushed(ranges::PathId node, std::thread::id thread, std::unique_lock<std::mutex>& lock);
-  // The job's allocator served an allocation under `path` at `ptr` (observed passes).
-  // `key`: its next_allocation_key() (the candidates from the decision on are the keys saved here).
+  // Paging while watching: the verdict to serve the job's allocation of `bytes` under `path` with
+  // (`key`: its next_allocation_key(), not counted yet), or nullopt to pass it through. Counts the
+  // bytes to the pass's cap when it says yes.
+  std::optional<NodeVerdict> watched_verdict(ranges::PathId path, std::size_t bytes, std::thread::id thread,
+                                             std::uint64_t key);
+  // An allocation of an observed pass under `path` at `ptr`, the job's allocator's or (paging while
+  // watching) ours. `key`: its next_allocation_key() (the candidates from the decision on are the
+  // keys saved here).
   void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread,
                          std::uint64_t key);
   // A pack of an address none of ours (counted in pass 1).
@@ -126,6 +145,8 @@ class AutoSelect {
   void add_stats(EngineStats& stats) const;
   // The end-of-run line; nullopt when auto mode never decided.
   std::optional<std::string> summary() const;
+  // Whether the observed passes page (auto_pages_while_watching) and the decision is still to come.
+  bool watching_paged() const { return on_ && options_.watch_bytes != 0 && !decided_ && phase_ != Phase::done; }
 
  private:
   enum class Phase { waiting, forward, backward, paging, done };
@@ -138,7 +159,7 @@ class AutoSelect {
 
   void measure_link();
   void decide(std::unique_lock<std::mutex>& lock);
-  bool protected_by_rule(ranges::PathId layer) const;
+  bool protected_by_rule(ranges::PathId node) const;
   // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people; for the device-memory goal, the target.
   std::string budget_text() const;
   // "near-free" or "device memory <= 20.0 GiB".
@@ -148,6 +169,13 @@ class AutoSelect {
   // Whether an observed pass's device memory in use is still to be read (the goal waits for it).
   bool unpaged_reading_pending() const;
   void forget_observation();
+  // Pass 2's keys to page while watching: pass 1's saved ones of every layer but the last, earliest
+  // first, within watch_bytes.
+  void choose_watched_keys();
+  // "unpaged" or "watched, 1.8 GiB paged", for the figures of the observed passes.
+  std::string watched_text() const;
+  // The timed pass's forward for people: watched_text(), and the time as measured when corrected.
+  std::string forward_text() const;
 
   EngineParts& parts_;
   const AutoOptions options_;
@@ -170,6 +198,24 @@ class AutoSelect {
   // By allocating layer, in the order pass 1 saved them.
   std::unordered_map<ranges::PathId, std::vector<SavedKey>> saved_keys_;
 
+  // Paging while watching: bytes served in this pass, whether its cap stopped serving (no later layer
+  // is served then), pass 2's keys, and the most bytes a watched pass served.
+  std::uint64_t watched_bytes_ = 0;
+  bool watch_full_ = false;
+  std::unordered_set<std::uint64_t> watched_keys_;
+  std::uint64_t watched_peak_bytes_ = 0;
+  std::unordered_set<ranges::PathId> watched_layers_;  // the layers served in this pass
+  // The timed pass's layer starts on the GPU (paging while watching): the forward's time is counted
+  // with its paged layers at the unpaged ones' median (forward_time_unpaged, near_free.hpp).
+  struct LayerStart {
+    std::uint64_t marker = 0;
+    std::uint64_t ns = 0;  // 0 until the GPU reaches it
+    ranges::PathId layer = ranges::kNoPath;
+  };
+  std::vector<LayerStart> layer_starts_;
+  std::uint64_t forward_gpu_measured_ns_ = 0;  // the timed pass's forward as measured, paged layers and all
+  void mark_layer_start(ranges::PathId layer);
+
   double link_bytes_per_s_ = 0;
   bool link_measured_ = false;  // the measurement ended (it may have failed: rate 0)
   std::uint64_t pass_start_marker_ = 0;
@@ -178,6 +224,7 @@ class AutoSelect {
   std::uint64_t backward_marker_ = 0;
   std::uint64_t forward_gpu_ns_ = 0;
   std::uint64_t trim_marker_ = 0;
+  std::uint64_t trim_bytes_ = 0;  // what the first paged pass's trim gives back
 
   // The decision.
   std::vector<std::string> chosen_names_;  // the whole layers, then the partial one if any

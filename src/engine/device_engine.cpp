@@ -161,13 +161,33 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   if (!core_.started || core_.stopping) return 0;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
+  return allocate_locked(bytes, stream, verdict, lock);
+}
+
+DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
+  std::unique_lock<std::mutex> lock(core_.mutex);
+  if (!core_.started || core_.stopping) return 0;
+  turns_.take_job_turn(lock);
+  const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
-  const std::uint64_t iteration = groups_.iteration();
+  const std::optional<NodeVerdict> verdict = auto_.watched_verdict(path, bytes, thread, key);
+  if (!verdict) return 0;
+  const DevPtr ptr = allocate_locked(bytes, stream, *verdict, lock);
+  // Observed as the job's own allocations are: its pack counts it to its layer.
+  if (ptr != 0) auto_.allocation_passed(path, bytes, stream, ptr, thread, key);
+  return ptr;
+}
+
+DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
+                                     std::unique_lock<std::mutex>& lock) {
+  const auto thread = std::this_thread::get_id();
   if (!groups_.enter_forward(thread)) {
     ++core_.stats.allocations_passed;
     return 0;
   }
-  if (groups_.iteration() != iteration) {
+  if (groups_.iteration() != served_iteration_) {
+    // The forward's first served allocation (its iteration begun here, or by auto mode's push).
+    served_iteration_ = groups_.iteration();
     job_pool_.forward_began_on(stream);
     auto_.paged_forward_began(stream);
   }
@@ -298,6 +318,7 @@ void DeviceEngine::tensor_saved(DevPtr address) {
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   saved_.saved(address, lock);
+  auto_.tensor_saved(address);  // a watched pass's (auto_pages_while_watching) counts to its layer
 }
 
 bool DeviceEngine::tensor_unpacking(DevPtr address) {

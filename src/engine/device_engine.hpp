@@ -94,6 +94,9 @@ class DeviceEngine {
   AutoSelect::Push auto_layer_pushed(ranges::PathId node);
   void auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::uint64_t key);
   void auto_tensor_saved(DevPtr address);
+  // Auto mode paging while it watches: serves the job's allocation under `path` when AutoSelect's
+  // watched_verdict() says so (`key`: its allocation key, not counted yet); 0 passes it through.
+  DevPtr allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key);
   std::vector<std::string> auto_chosen() const;
   std::vector<std::uint64_t> auto_chosen_keys() const;
   // Before start(): the link's rate and the forward's GPU time to use instead of measuring them.
@@ -134,6 +137,9 @@ class DeviceEngine {
  private:
   // A job's thread with no current context gets this device's (Device::bind_thread_if_unbound).
   void bind_job_thread();
+  // allocate() with the lock and the job's turn held.
+  DevPtr allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
+                         std::unique_lock<std::mutex>& lock);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   // A marker's groups, let through the reload gate: counted ahead of the GPU for `marker`, asked
@@ -162,6 +168,7 @@ class DeviceEngine {
   SavedTensors saved_;
   GpuClock clock_;
   AutoSelect auto_;
+  std::uint64_t served_iteration_ = 0;  // the groups' iteration of the last served allocation
 
   std::thread offload_thread_;
   std::thread vmm_thread_;

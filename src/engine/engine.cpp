@@ -17,7 +17,8 @@ Engine::Engine(const Options& options, DeviceProvider devices)
       provider_(std::move(devices)),
       classifier_(options_),
       classifier_now_(&classifier_),
-      auto_mode_(auto_mode(options_)) {}
+      auto_mode_(auto_mode(options_)),
+      auto_watch_paging_(auto_mode_ && options_.auto_pages_while_watching && options_.auto_device_memory == 0) {}
 
 Engine::~Engine() { shutdown(); }
 
@@ -84,7 +85,8 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
     engine->drain_at_backward_start();
   }
   const NodeVerdict verdict = classifier().classify(request.path);
-  if (!verdict.candidate || request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  if (!verdict.candidate) return auto_watch_paging_ ? try_allocate_watched(request, *engine) : 0;
+  if (request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
   if (const auto* keys = auto_keys_now_.load(std::memory_order_acquire); keys != nullptr) {
     // Auto mode: in a chosen layer only what autograd saved when it watched is worth moving.
     if (!keys->contains(next_allocation_key(request.path))) {
@@ -95,6 +97,21 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   }
   JobThreadTimer timer(engine);
   return engine->allocate(request.bytes, request.stream, verdict);
+}
+
+DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept {
+  // Lock-free first: only allocations of min_bytes inside a layer, on the observing device, before
+  // the decision, are worth the engine's lock.
+  if (auto_phase_.load(std::memory_order_relaxed) != kAutoObserving || request.bytes < options_.min_bytes ||
+      auto_engine_.load(std::memory_order_acquire) != &engine || ranges::layer_of(request.path) == ranges::kNoPath) {
+    return 0;
+  }
+  JobThreadTimer timer(&engine);
+  // Decided by the key it will have; counted here only when served (passed_through counts the others).
+  const DevPtr ptr = engine.allocate_watched(request.path, request.bytes, request.stream,
+                                             peek_allocation_key(request.path));
+  if (ptr != 0) (void)next_allocation_key(request.path);
+  return ptr;
 }
 
 bool Engine::owns(DevPtr ptr) const noexcept {

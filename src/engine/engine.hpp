@@ -95,11 +95,14 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // The decision: `layers` become selected (a classifier of their own), "offload": false rules kept.
   // `keys`: the chosen layers' allocations saved when auto mode watched, the only candidates.
   void select_layers(const std::vector<std::string>& layers, const std::vector<std::uint64_t>& keys);
+  // Auto mode paging while it watches: `engine` serves an allocation no rule selects when its
+  // AutoSelect says so (passes 1-2, earliest layers); 0 passes it through.
+  DevPtr try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept;
   // One line from each device engine that has one (`line_of`), in ordinal order.
   std::vector<std::string> lines_of(std::optional<std::string> (DeviceEngine::*line_of)() const) const;
 
   static constexpr int kAutoWaiting = 0;    // no layer seen yet (or auto mode off: never leaves it)
-  static constexpr int kAutoObserving = 1;  // the first pass runs unpaged
+  static constexpr int kAutoObserving = 1;  // passes 1-2 are watched (unpaged, or auto_pages_while_watching)
   static constexpr int kAutoDecided = 2;
 
   Options options_;
@@ -114,6 +117,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   std::atomic<std::uint64_t> auto_key_candidates_{0};
   std::atomic<std::uint64_t> auto_key_passed_{0};
   const bool auto_mode_;
+  const bool auto_watch_paging_;  // auto_pages_while_watching, near-free goal
   std::atomic<int> auto_phase_{kAutoWaiting};
   std::atomic<DeviceEngine*> auto_engine_{nullptr};  // the device engine that observes and decides
   AutoMeasurements auto_measurements_;

@@ -1,5 +1,7 @@
 #include "engine/engine_options.hpp"
 
+#include <algorithm>
+
 namespace actpage::engine {
 
 DeviceEngineOptions device_engine_options(const Options& options) {
@@ -35,6 +37,10 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.auto_select.min_bytes = options.min_bytes;
   parts.auto_select.host_limit_bytes = options.host_pool_bytes;
   parts.auto_select.device_memory_target = options.auto_device_memory;
+  // The device-memory goal decides by the unpaged passes' device memory in use: it watches unpaged.
+  if (options.auto_pages_while_watching && options.auto_device_memory == 0) {
+    parts.auto_select.watch_bytes = std::min(options.host_pool_prealloc_bytes, options.host_pool_bytes);
+  }
   if (parts.auto_select.on) {
     // Auto mode pages whole layers: a layer's activations leave at the layer's own end (packs move
     // what the next layer saves, SavedTensors), and the last layers stay because the decision never

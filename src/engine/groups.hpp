@@ -71,9 +71,13 @@ class Groups {
   // resident, the cache's forward ranges go).
   void backward_begins();
   // Auto mode's next observed pass or its first paged one begins (AutoSelect): the backward of the
-  // unpaged pass before it set in_backward() with no group of this thread yet, and this pass is
-  // forward.
-  void paging_begins() { in_backward_ = false; }
+  // pass before it set in_backward(), and this pass is forward. After passes that served nothing
+  // (watched unpaged) the first served allocation begins the groups' first iteration; after served
+  // ones (auto_pages_while_watching) a new iteration begins here, as enter_forward() would begin it.
+  void paging_begins() {
+    if (in_backward_ && iteration_ != 0) forward_begins();
+    in_backward_ = false;
+  }
   // The groups a backward marker for `module_name` asks for, newest first, and the place in forward
   // order of the oldest (for the prefetch before it); with a forward pass id, only that pass's.
   std::vector<Group*> asked_for(ranges::NameId module_name, std::uint64_t forward_pass,

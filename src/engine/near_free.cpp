@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/median.hpp"
 #include "common/units.hpp"
 #include "engine/reload_schedule.hpp"
 
@@ -126,6 +127,26 @@ TensorPrefix take_until(const LayerSaved& layer, std::uint64_t needed) {
     ++prefix.count;
   }
   return prefix;
+}
+
+std::uint64_t forward_time_unpaged(std::uint64_t measured_ns, const std::vector<std::uint64_t>& layer_start_ns,
+                                   const std::vector<bool>& paged) {
+  if (layer_start_ns.size() != paged.size() || layer_start_ns.size() < 2) return measured_ns;
+  std::vector<std::uint64_t> unpaged_ns;
+  std::uint64_t paged_ns = 0;
+  std::size_t paged_count = 0;
+  for (std::size_t layer = 0; layer + 1 < layer_start_ns.size(); ++layer) {
+    if (layer_start_ns[layer + 1] < layer_start_ns[layer]) return measured_ns;
+    const std::uint64_t took = layer_start_ns[layer + 1] - layer_start_ns[layer];
+    if (paged[layer]) {
+      paged_ns += took;
+      ++paged_count;
+    } else {
+      unpaged_ns.push_back(took);
+    }
+  }
+  if (unpaged_ns.empty() || paged_ns > measured_ns) return measured_ns;
+  return measured_ns - paged_ns + paged_count * lower_median(unpaged_ns);
 }
 
 std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_per_s, std::uint64_t forward_gpu_ns,

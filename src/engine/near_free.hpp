@@ -88,6 +88,17 @@ struct TensorPrefix {
 TensorPrefix take_within(const LayerSaved& layer, std::uint64_t room);
 TensorPrefix take_until(const LayerSaved& layer, std::uint64_t needed);
 
+// The forward's GPU time as if the layers paged while watching had run unpaged
+// (auto_pages_while_watching: the timed pass pages its earliest layers, and paging slows a forward,
+// gpt_accum's 47 -> 88 ms, so its time would feed a budget that pages more and slows it more).
+// `measured_ns`: the pass's whole forward; `layer_start_ns`: the GPU's time at each layer's start,
+// in forward order (the first layer's to the last's); `paged[i]`: layer i paged. Each paged layer's
+// time (to the next layer's start) is replaced by the median of the unpaged ones' (the last layer
+// has no end here: neither counted nor replaced). Without an unpaged layer to go by, or times out of
+// order, `measured_ns` as it is.
+std::uint64_t forward_time_unpaged(std::uint64_t measured_ns, const std::vector<std::uint64_t>& layer_start_ns,
+                                   const std::vector<bool>& paged);
+
 // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8": the budget and what it came from, for people (auto mode's
 // log line and `actpage plan --near-free` say it the same way).
 std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_per_s, std::uint64_t forward_gpu_ns,

@@ -35,11 +35,12 @@ SimDeviceConfig sim_config() {
   return config;
 }
 
-// No policy: the defaults the engine tests use, without their "*.mlp" rule.
+// No policy: the defaults the engine tests use, without their "*.mlp" rule, watching unpaged.
 Options auto_options() {
   Options options = testing::small_offload_options();
   options.modules.clear();
   options.prefetch_ahead_bytes = 0;
+  options.auto_pages_while_watching = false;  // passes 1-2 unpaged; watching_options() pages them
   return options;
 }
 
@@ -221,6 +222,107 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_NE(summary[0].find("auto (near-free): paged model.layers.0-2 (12 MiB a pass"), std::string::npos)
       << summary[0];
+}
+
+// auto_pages_while_watching: passes 1-2 page the earliest layers, at most host_pool.prealloc_bytes
+// a pass, so that the run's first passes do not set its peak.
+Options watching_options(std::uint64_t cap) {
+  Options options = auto_options();
+  options.auto_pages_while_watching = true;
+  options.host_pool_prealloc_bytes = cap;
+  return options;
+}
+
+TEST(AutoMode, PagingWhileWatchingPagesTheEarliestLayersFromPassOneWithinThePreallocation) {
+  // 8 MiB a watched pass. Pass 1, in allocation order: layer 0's activation, temporary and output
+  // (6 MiB), then layer 1's activation; its temporary would pass the cap, and no later allocation
+  // is served. Pass 2: only what pass 1 saved, whole layers first: layers 0 and 1's activations and
+  // outputs (8 MiB), never the temporaries.
+  Rig rig(watching_options(8 * kMiB), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  job.pass();
+  EXPECT_EQ(job.act_owned(), (std::vector<bool>{true, true, false, false, false, false}));
+  EXPECT_EQ(job.output_owned(), (std::vector<bool>{true, false, false, false, false, false}));
+  EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.allocations_served, 4u);
+  EXPECT_EQ(stats.offloads_completed, 3u) << "the saved ones: the temporary was never saved";
+  EXPECT_EQ(stats.reloads_completed, 3u);
+  EXPECT_TRUE(rig.engine.wants_pass_through_addresses()) << "still watching";
+  job.pass();
+  EXPECT_EQ(job.act_owned(), (std::vector<bool>{true, true, false, false, false, false}));
+  EXPECT_EQ(job.output_owned(), (std::vector<bool>{true, true, false, false, false, false}));
+  stats = rig.engine.stats();
+  EXPECT_EQ(stats.allocations_served, 8u);
+  EXPECT_EQ(stats.offloads_completed, 7u);
+  EXPECT_TRUE(rig.engine.auto_chosen().empty());
+  // Served allocations are counted as the job's own are: the decision is the unpaged watch's
+  // (PassOneObservesThenTheChosenLayersArePagedBitForBit: layers 0-2 in 13 MiB).
+  for (int pass = 3; pass <= 4; ++pass) {
+    job.pass();
+    EXPECT_EQ(rig.engine.auto_chosen(),
+              (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+    EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "pass " << pass;
+  }
+  stats = rig.engine.stats();
+  EXPECT_EQ(stats.allocations_served, 8u + 2 * 3 * 2);
+  EXPECT_EQ(stats.iterations, 4u) << "each pass an iteration of the groups";
+  EXPECT_EQ(stats.host_pool_misses, 0u);
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("watched, 8 MiB paged (passes 1-2)"), std::string::npos) << summary[0];
+}
+
+TEST(AutoMode, PagingWhileWatchingLeavesWhatRulesProtectAndPassTwoTheLastLayer) {
+  // Room for everything: pass 1 does not know yet which layer is the last, pass 2 does.
+  Options options = watching_options(64 * kMiB);
+  options.modules = {ModuleRule{{"model.layers.0"}, false, std::nullopt},
+                     ModuleRule{{"model.layers.2.mlp"}, false, std::nullopt}};
+  Rig rig(options, budget_of(1000 * kMiB));
+  LayerJob job(rig);
+  job.pass();
+  // Layer 2's activation is made in its protected mlp; its output, in the layer itself, is not.
+  EXPECT_EQ(job.act_owned(), (std::vector<bool>{false, true, false, true, true, true}));
+  EXPECT_EQ(job.output_owned(), (std::vector<bool>{false, true, true, true, true, true}));
+  job.pass();
+  EXPECT_EQ(job.act_owned(), (std::vector<bool>{false, true, false, true, true, false}));
+  EXPECT_EQ(job.output_owned(), (std::vector<bool>{false, true, true, true, true, false}));
+  for (int pass = 3; pass <= 4; ++pass) job.pass(/*settle_before_backward=*/false);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, AWatchedPassesPagedLayersDoNotSetTheForwardTime) {
+  // Paging slows a forward; the timed pass pages while watching, so its paged layers count at the
+  // unpaged ones' median GPU time. Here layer 0 (paged) of pass 2 runs a kernel that sleeps 1 s on
+  // the job's stream: counted as measured, the forward would be over 1 s; the unpaged layers here
+  // take the host's time (well under 400 ms each even under TSan on a loaded machine).
+  constexpr std::uint64_t kSlowMs = 1000;
+  AutoMeasurements rate_only;
+  rate_only.d2h_bytes_per_s = 4.0 * 1024 * kMiB;  // a layer's 4 MiB in 1 ms: something is paged
+  rate_only.forward_gpu_ns = 0;                   // timed by the GPU clock's worker
+  rate_only.reload_window_ns = 1'000'000'000'000;
+  Rig rig(watching_options(8 * kMiB), rate_only);
+  LayerJob job(rig);
+  job.pass();
+  job.during_forward = [&] {
+    (void)rig.device.launch(rig.stream, [=] { std::this_thread::sleep_for(std::chrono::milliseconds(kSlowMs)); });
+  };
+  job.pass();
+  job.during_forward = nullptr;
+  job.pass();
+  job.pass();
+  const EngineStats stats = rig.engine.stats();
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  const std::string& line = summary[0];
+  const std::size_t at = line.find(" ms measured, its paged layers at the others' median");
+  ASSERT_NE(at, std::string::npos) << line;
+  const std::size_t begin = line.rfind(' ', at - 1) + 1;
+  const double measured_ms = std::stod(line.substr(begin, at - begin));
+  EXPECT_GE(measured_ms, static_cast<double>(kSlowMs)) << line;
+  EXPECT_GT(stats.auto_forward_gpu_ns, 0u);
+  EXPECT_LE(static_cast<double>(stats.auto_forward_gpu_ns) / 1e6, measured_ms - 600.0) << line;
+  expect_every_read_right(rig);
 }
 
 // Its reloads are paced by the reload schedule (GpuClock): the bound on bytes back ahead of the GPU

@@ -34,6 +34,22 @@ TEST(NearFree, BudgetIsRateTimesForwardTimeTimesMargin) {
   EXPECT_EQ(kNearFreeMargin, 0.8);
 }
 
+// The timed pass paged its first layers while watching: their time is the unpaged layers' median.
+TEST(NearFree, AWatchedForwardCountsItsPagedLayersAtTheUnpagedOnesMedian) {
+  // Starts at 10, 40, 70 (paged: 30 ms each), 80, 90, 105 (unpaged: 10, 10, 15 ms; the last layer's
+  // end is not known here); the forward, 120 ms measured, runs as well 10 ms before the first layer
+  // and the head after the last.
+  const std::vector<std::uint64_t> starts{10, 40, 70, 80, 90, 105};
+  const std::vector<bool> paged{true, true, false, false, false, false};
+  EXPECT_EQ(forward_time_unpaged(120, starts, paged), 120u - 60u + 2u * 10u);
+  // Nothing paged, or nothing unpaged to go by: as measured.
+  EXPECT_EQ(forward_time_unpaged(120, starts, std::vector<bool>(6, false)), 120u);
+  EXPECT_EQ(forward_time_unpaged(120, starts, {true, true, true, true, true, false}), 120u);
+  // Times out of order (a marker not reached), or a mismatch: as measured.
+  EXPECT_EQ(forward_time_unpaged(120, {10, 40, 30, 80}, {true, false, false, false}), 120u);
+  EXPECT_EQ(forward_time_unpaged(120, starts, {true}), 120u);
+}
+
 TEST(NearFree, ChoosesTheLongestPrefixThatFits) {
   const NearFreeChoice choice = choose_near_free(layers(8, 4 * kMiB, 14 * kMiB));
   EXPECT_EQ(choice.chosen, (std::vector<std::size_t>{0, 1, 2}));
