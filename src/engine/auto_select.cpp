@@ -485,6 +485,16 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   }
 }
 
+void AutoSelect::memory_sampled(std::uint64_t used_bytes) {
+  if (!on_) return;
+  if (!decided_) {
+    peak_watched_ = std::max(peak_watched_, used_bytes);
+  } else if (phase_ == Phase::paging && pass_ > first_paged_pass_) {
+    peak_paged_ = std::max(peak_paged_, used_bytes);
+    peak_paged_last_pass_ = std::max(peak_paged_last_pass_, pass_);
+  }
+}
+
 bool AutoSelect::unpaged_reading_pending() const {
   if (unpaged_reads_ != 0) return true;
   return std::any_of(backward_markers_.begin(), backward_markers_.end(),
@@ -531,6 +541,8 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_forward_gpu_paged_ns = paged_forward_median_ns();
   stats.auto_used_unpaged_bytes = used_unpaged_;
   stats.auto_used_paged_bytes = used_paged_;
+  stats.auto_peak_watched_bytes = peak_watched_;
+  stats.auto_peak_paged_bytes = peak_paged_;
 }
 
 std::optional<std::string> AutoSelect::summary() const {
@@ -543,16 +555,22 @@ std::optional<std::string> AutoSelect::summary() const {
             budget_text() + ")";
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
-  if (used_unpaged_ != 0) {
-    line += "; device memory in use at backward's start: " + format_bytes(used_unpaged_) + " " + watched_text() +
-            " (passes 1-" + std::to_string(kObservedPasses) + ")";
-    if (used_paged_ != 0) {
-      line += " -> " + format_bytes(used_paged_) + " (passes " + std::to_string(first_paged_pass_) + "-" +
-              std::to_string(last_paged_pass_) + ")";
+  // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else
+  // the readings at backward's start.
+  const bool sampled = peak_watched_ != 0 && peak_paged_ != 0;
+  const std::uint64_t before = sampled ? peak_watched_ : used_unpaged_;
+  const std::uint64_t after = sampled ? peak_paged_ : used_paged_;
+  const std::uint64_t last_pass = sampled ? std::max(peak_paged_last_pass_, last_paged_pass_) : last_paged_pass_;
+  if (before != 0) {
+    line += std::string(sampled ? "; peak device memory in use " : "; device memory in use at backward's start: ") +
+            format_bytes(before) + " " + watched_text() + " (passes 1-" + std::to_string(kObservedPasses) + ")";
+    if (after != 0) {
+      line += " -> " + format_bytes(after) + " (passes " + std::to_string(first_paged_pass_) + "-" +
+              std::to_string(last_pass) + ", " + (after <= before ? "-" : "+") +
+              format_bytes(after <= before ? before - after : after - before) + ")";
       const std::uint64_t target = options_.device_memory_target;
       if (target != 0) {
-        line += used_paged_ <= target ? ", within the target"
-                                      : ", over the target by " + format_bytes(used_paged_ - target);
+        line += after <= target ? ", within the target" : ", over the target by " + format_bytes(after - target);
       }
     }
   }

@@ -130,6 +130,10 @@ class AutoSelect {
   // time is measured from (to backward's first marker), as pass 2's is from its first allocation.
   // The first served one is in the first chosen layer, so the embedding before it is left out.
   void paged_forward_began(StreamHandle stream);
+  // The sampler (DeviceEngine::sample_memory, every trace.sample_ms): device memory in use now.
+  // Until the decision it counts to the watched passes' peak; from the first paged pass's backward
+  // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one.
+  void memory_sampled(std::uint64_t used_bytes);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
 
@@ -242,6 +246,11 @@ class AutoSelect {
   std::uint64_t used_unpaged_ = 0;
   std::uint32_t unpaged_reads_ = 0;  // readings of an observed pass under way (lock released)
   std::uint64_t used_paged_ = 0;
+  // Sampled peaks of device memory in use (memory_sampled): before the decision, and of the paged
+  // passes after the first's forward; the paged passes the latter saw.
+  std::uint64_t peak_watched_ = 0;
+  std::uint64_t peak_paged_ = 0;
+  std::uint64_t peak_paged_last_pass_ = 0;
   std::uint64_t first_paged_pass_ = 0;
   std::uint64_t last_paged_pass_ = 0;
   // The paged passes' forward GPU times: what paging costs the forward, against forward_gpu_ns_.

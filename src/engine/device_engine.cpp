@@ -93,7 +93,8 @@ Status DeviceEngine::start() {
     });
   }
   auto_.start(turns_.serialized());
-  if (EngineEvents::tracing() && options_.front.trace_sample_ms > 0) {
+  // Auto mode's end-of-run line says the peaks of device memory in use the samples saw.
+  if ((EngineEvents::tracing() || auto_.on()) && options_.front.trace_sample_ms > 0) {
     sampler_thread_ = std::thread([this] {
       name_this_thread("actpage-sample");
       sample_memory();
@@ -438,16 +439,24 @@ std::size_t DeviceEngine::open_groups() const {
 
 void DeviceEngine::sample_memory() {
   // Device memory in use as the driver sees it (what cudaMemGetInfo shows the job): the figure the
-  // saving is judged by. Sampled from the engine's start, every trace.sample_ms.
+  // saving is judged by. Sampled from the engine's start, every trace.sample_ms, for the trace and
+  // for auto mode's peaks.
   if (Status status = core_.device.bind_thread(); !status.ok()) return;
   const auto interval = std::chrono::milliseconds(options_.front.trace_sample_ms);
+  const bool for_auto = auto_.on();
   std::unique_lock<std::mutex> lock(core_.mutex);
   while (!core_.stopping) {
     lock.unlock();
     // Paused with the hooks' records (trace::set_recording): a driver call every few ms on a
     // thread of its own is part of what an in-process comparison must see come and go.
-    if (EngineEvents::sampling()) {
-      if (auto info = core_.device.mem_info(); info.ok()) {
+    const bool for_trace = EngineEvents::tracing() && EngineEvents::sampling();
+    if (for_auto || for_trace) {
+      Result<MemInfo> info = core_.device.mem_info();
+      if (info.ok() && for_auto) {
+        std::lock_guard<std::mutex> peaks(core_.mutex);
+        auto_.memory_sampled(info->total_bytes - std::min(info->total_bytes, info->free_bytes));
+      }
+      if (info.ok() && for_trace) {
         std::optional<PoolUsage> job_pool;
         if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
         std::uint64_t resident = 0;

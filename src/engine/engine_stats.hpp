@@ -84,7 +84,9 @@ namespace actpage::engine {
 //     link budget, the device-to-host rate (bytes/s) and the forward's GPU time it came from (and
 //     auto_forward_gpu_paged_ns: the median of the paged passes' forward GPU times), and
 //     device memory in use (cudaMemGetInfo) where the GPU began backward: the observed passes'
-//     (unpaged) and the most of the paged passes'; auto_key_candidates / auto_key_passed: allocations
+//     (unpaged, or watched) and the most of the paged passes'; auto_peak_watched_bytes /
+//     auto_peak_paged_bytes: the most device memory in use the sampler saw before the decision / in
+//     the paged passes after the first's forward; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp)
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
@@ -165,6 +167,8 @@ namespace actpage::engine {
   X(auto_forward_gpu_paged_ns) \
   X(auto_used_unpaged_bytes) \
   X(auto_used_paged_bytes) \
+  X(auto_peak_watched_bytes) \
+  X(auto_peak_paged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \
   X(job_thread_ns)

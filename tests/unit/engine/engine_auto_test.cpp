@@ -325,6 +325,43 @@ TEST(AutoMode, AWatchedPassesPagedLayersDoNotSetTheForwardTime) {
   expect_every_read_right(rig);
 }
 
+// Waits (a bounded while) until `done` holds of the engine's stats: the sampler's readings come on its
+// own thread every trace.sample_ms.
+bool wait_for_stats(Rig& rig, const std::function<bool(const EngineStats&)>& done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done(rig.engine.stats())) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(AutoMode, TheEndOfRunLineSaysThePeaksTheSamplesSaw) {
+  // What a benchmark sampling cudaMemGetInfo sees: the job's pool holds 400 MiB while auto mode
+  // watches and 40 MiB once it pages; the line sets the peaks side by side.
+  constexpr std::uint64_t kWatchedPool = 400 * kMiB;
+  constexpr std::uint64_t kPagedPool = 40 * kMiB;
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  rig.device.set_job_pool(kWatchedPool, kWatchedPool);
+  job.pass();
+  job.pass();
+  ASSERT_TRUE(wait_for_stats(rig, [&](const EngineStats& stats) { return stats.auto_peak_watched_bytes >= kWatchedPool; }));
+  rig.device.set_job_pool(kPagedPool, kPagedPool);
+  for (int pass = 3; pass <= 5; ++pass) job.pass();
+  ASSERT_TRUE(wait_for_stats(rig, [](const EngineStats& stats) { return stats.auto_peak_paged_bytes != 0; }));
+  expect_every_read_right(rig);
+  rig.engine.shutdown();  // no sample after this: the line and the stats say the same peaks
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_LT(stats.auto_peak_paged_bytes, kWatchedPool) << "the paged passes' samples count apart";
+  EXPECT_GE(stats.auto_peak_paged_bytes, kPagedPool);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  const std::string expected = "; peak device memory in use " + format_bytes(stats.auto_peak_watched_bytes) +
+                               " unpaged (passes 1-2) -> " + format_bytes(stats.auto_peak_paged_bytes) + " (passes 3-";
+  EXPECT_NE(summary[0].find(expected), std::string::npos) << summary[0] << "\nexpected: " << expected;
+}
+
 // Its reloads are paced by the reload schedule (GpuClock): the bound on bytes back ahead of the GPU
 // rises to what it pages a pass, from a prefetch.ahead_bytes below it, at the decision.
 TEST(AutoMode, TheBoundOnBytesAheadOfTheGpuRisesToWhatItPages) {
