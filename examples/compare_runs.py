@@ -259,7 +259,7 @@ def environment_for(variant, base=None):
 ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns", "scheduled_reloads",
                    "scheduled_reload_bytes", "offloads_completed", "bytes_offloaded", "iterations",
                    "auto_bytes_chosen", "auto_forward_gpu_ns", "auto_forward_gpu_paged_ns", "job_thread_ns",
-                   "job_thread_vmm_calls")
+                   "job_thread_vmm_calls", "auto_peak_watched_bytes", "auto_peak_paged_bytes")
 
 
 def engine_account(stderr_text):
@@ -550,11 +550,15 @@ def format_engine_table(rows):
     if not rows:
         return None
     header = ["variant", "paged a pass GiB", "forward GPU ms unpaged -> paged", "stalls (ms)",
-              "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls"]
+              "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
+              "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
 
     def ms(value):
         return _cell(None if value is None else value / 1e6, "%.1f")
+
+    def mib(value):
+        return _cell(value / float(1 << 20) if value else None, "%.0f")
 
     for row in rows:
         c = row["engine"]["counters"]
@@ -572,6 +576,9 @@ def format_engine_table(rows):
                          _cell(None if c.get("scheduled_reload_bytes") is None
                                else c["scheduled_reload_bytes"] / float(1 << 30), "%.2f")),
             _cell(c.get("job_thread_vmm_calls"), "%d"),
+            "%s -> %s (%s, %s)" % (mib(c.get("auto_peak_watched_bytes")), mib(c.get("auto_peak_paged_bytes")),
+                                   _cell(row.get("device_used_peak_mib"), "%.0f"),
+                                   _cell(row.get("device_used_steady_peak_mib"), "%.0f")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -696,7 +703,9 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass and the "
                          "forward's GPU time unpaged (pass 2) and paged (median of the paged passes); stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
-                         "still copying at the marker that asked for them; reloads the schedule asked for.\n\n")
+                         "still copying at the marker that asked for them; reloads the schedule asked for; the peaks of device "
+                         "memory in use auto mode's end-of-run line says (sampled in the job, as this comparison "
+                         "samples it) beside this comparison's own.\n\n")
             handle.write(engine + "\n")
             for row in rows:
                 if row.get("engine") and row["engine"].get("auto"):
