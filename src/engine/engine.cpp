@@ -102,7 +102,8 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
 DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept {
   // Lock-free first: only allocations of min_bytes inside a layer, on the observing device, before
   // the decision, are worth the engine's lock.
-  if (auto_phase_.load(std::memory_order_relaxed) != kAutoObserving || request.bytes < options_.min_bytes ||
+  if (auto_phase_.load(std::memory_order_relaxed) != kAutoObserving || request.bytes == 0 ||
+      request.bytes < options_.min_bytes ||
       auto_engine_.load(std::memory_order_acquire) != &engine || ranges::layer_of(request.path) == ranges::kNoPath) {
     return 0;
   }
