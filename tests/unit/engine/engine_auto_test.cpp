@@ -71,7 +71,8 @@ class LayerJob {
  public:
   explicit LayerJob(Rig& rig) : rig_(rig), job_(*rig.job) {}
 
-  void forward() {
+  // `no_grad`: an evaluation's forward, which autograd saves nothing of.
+  void forward(bool no_grad = false) {
     acts_.clear();
     outputs_.clear();
     forward_pass::begin();  // the Python hooks announce each outermost forward call
@@ -83,7 +84,7 @@ class LayerJob {
       const std::string name = "model.layers." + std::to_string(layer);
       job_.push(name);
       job_.push(name + ".mlp");
-      rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
+      if (!no_grad) rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
       job_.check(previous);
       if (extra_allocation) {
         // One more temporary than in the watched passes: every later ordinal of this module shifts.
@@ -94,7 +95,7 @@ class LayerJob {
       const Tensor act = job_.allocate(kBytes);
       job_.write(act);
       if (layer == 0 && during_forward) during_forward();
-      rig_.engine.tensor_saved(act.va);
+      if (!no_grad) rig_.engine.tensor_saved(act.va);
       const Tensor temporary = job_.allocate(kBytes);
       job_.write(temporary);
       job_.free(temporary);
@@ -111,7 +112,7 @@ class LayerJob {
       previous = output;
     }
     job_.push("model.head");
-    rig_.engine.tensor_saved(previous.va);
+    if (!no_grad) rig_.engine.tensor_saved(previous.va);
     job_.check(previous);
     job_.pop();
     job_.pop();
@@ -143,6 +144,15 @@ class LayerJob {
     forward();
     if (settle_before_backward) rig_.engine.quiesce();  // every copy out before backward asks
     backward(after_model_marker);
+    rig_.engine.quiesce();
+  }
+
+  // An evaluation: a forward under no_grad (no pack), its tensors freed with no backward.
+  void evaluate() {
+    forward(/*no_grad=*/true);
+    for (const Tensor& tensor : acts_) job_.free(tensor);
+    for (const Tensor& tensor : outputs_) job_.free(tensor);
+    job_.free(embedding_);
     rig_.engine.quiesce();
   }
 
@@ -360,6 +370,31 @@ TEST(AutoMode, TheEndOfRunLineSaysThePeaksTheSamplesSaw) {
   const std::string expected = "; peak device memory in use " + format_bytes(stats.auto_peak_watched_bytes) +
                                " unpaged (passes 1-2) -> " + format_bytes(stats.auto_peak_paged_bytes) + " (passes 3-";
   EXPECT_NE(summary[0].find(expected), std::string::npos) << summary[0] << "\nexpected: " << expected;
+}
+
+// An evaluation's forward (no pack, no backward) between the watched passes: what it showed is
+// forgotten and watching starts again with the next training pass; its tensors, served or not, stay
+// the job's to free.
+void evaluation_while_watching(const Options& options) {
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  job.pass();
+  const std::uint64_t served = rig.engine.stats().allocations_served;
+  job.evaluate();
+  // Paging while watching serves the evaluation's first layers too (they are kept: never saved).
+  EXPECT_EQ(rig.engine.stats().allocations_served > served, options.auto_pages_while_watching);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.auto_chosen(),
+            (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  EXPECT_EQ(rig.engine.stats().dropped_offloaded, 0u);
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, AnEvaluationBetweenTheUnpagedWatchedPassesIsForgotten) { evaluation_while_watching(auto_options()); }
+
+TEST(AutoMode, AnEvaluationBetweenThePagedWatchedPassesIsForgotten) {
+  evaluation_while_watching(watching_options(8 * kMiB));
 }
 
 // Its reloads are paced by the reload schedule (GpuClock): the bound on bytes back ahead of the GPU
