@@ -259,7 +259,8 @@ def environment_for(variant, base=None):
 ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns", "scheduled_reloads",
                    "scheduled_reload_bytes", "offloads_completed", "bytes_offloaded", "iterations",
                    "auto_bytes_chosen", "auto_forward_gpu_ns", "auto_forward_gpu_paged_ns", "job_thread_ns",
-                   "job_thread_vmm_calls", "auto_peak_watched_bytes", "auto_peak_paged_bytes")
+                   "job_thread_vmm_calls", "auto_peak_watched_bytes", "auto_peak_paged_bytes", "grant_waits",
+                   "grant_wait_ns")
 
 
 def engine_account(stderr_text):

@@ -20,6 +20,8 @@ namespace actpage::engine {
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
+//   grant_waits, grant_wait_ns: grants (vmm.grant_when_idle) that waited for the copy queue to
+//     drain, on any thread (the job's cache misses, the VMM worker's recycles), and how long
 //   ranges_prefilled, bytes_prefilled: ranges the VMM worker created for the next forward at the
 //     end of backward (vmm.prefill_cache), and their bytes
 //   pool_trims, pool_trimmed_bytes, pool_trim_ns: cuMemPoolTrimTo calls on the job's pool (before a
@@ -112,6 +114,8 @@ namespace actpage::engine {
   X(offload_unmaps) \
   X(ranges_recycled) \
   X(recycle_grants) \
+  X(grant_waits) \
+  X(grant_wait_ns) \
   X(ranges_prefilled) \
   X(bytes_prefilled) \
   X(reload_creates) \

@@ -261,8 +261,11 @@ void OffloadPipeline::hold_copies(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   ++grant_waiters_;
   if (!chunks_.empty()) {
+    const std::uint64_t start = monotonic_ns();
     core.work_cv.notify_all();
     parts_.turns.wait_yielding(lock, core.issued_cv, [&] { return core.stopping || chunks_.empty(); });
+    ++core.stats.grant_waits;
+    core.stats.grant_wait_ns += monotonic_ns() - start;
   }
   lock.unlock();
 }

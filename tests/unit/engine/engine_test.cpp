@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -620,6 +621,48 @@ TEST(Engine, RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges) {
     // The job's own cache misses grant access too.
     EXPECT_GE(rig.device.call_count(device::SimOp::grant_access), stats.recycle_grants);
   }
+}
+
+// A grant (vmm.grant_when_idle) waits for the copy queue to drain, and an offload's chunks go on the
+// copy stream at once, ordered after their release point on the device: with the GPU far behind
+// the host (the job's stream held), the job's next grant waits until the GPU gets there. Counted
+// (grant_waits, grant_wait_ns), as the H100's MoE jobs need to show.
+TEST(Engine, AGrantBehindCopiesTheGpuHasNotReachedWaitsAndIsCounted) {
+  Options options = testing::small_offload_options();
+  options.keep_last = 0;
+  Rig rig(options);
+  auto gate = rig.device.hold_stream(rig.stream);
+  ASSERT_TRUE(gate.ok());
+  std::atomic<bool> forward_done{false};
+  std::atomic<bool> opened_before_forward_done{false};
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    opened_before_forward_done = !forward_done;
+    (void)rig.device.release_stream(*gate);
+  });
+  std::uint64_t layers_ended = 0;
+  Forward forward = run_mlp_forward(*rig.job, 3, 1, 4 * kMiB, [&] {
+    // The layer before's copy is on the stream (behind the gate) before the next layer maps (a
+    // layer of the first forward leaves when the next one begins: the last is not known yet).
+    if (++layers_ended >= 2) {
+      while (rig.engine.stats().offloads_started < layers_ended - 1) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  });
+  forward_done = true;
+  opener.join();
+  rig.engine.quiesce();
+  run_backward(*rig.job, forward, 3);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(stats.offloads_completed, 3u);
+  EXPECT_TRUE(opened_before_forward_done) << "the forward's third layer waited for the GPU";
+  EXPECT_GE(stats.grant_waits, 1u);
+  EXPECT_GT(stats.grant_wait_ns, 0u);
 }
 
 TEST(Engine, PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants) {
