@@ -143,8 +143,7 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
       phase_ = Phase::forward;
       pass_ = 1;
       layers_.push_back(node);
-      watched_bytes_ = 0;
-      watch_full_ = false;
+      restart_watched_pass();
       return Push::observing;
     case Phase::forward:
       if (thread != forward_thread_) return Push::observing;
@@ -183,11 +182,8 @@ AutoSelect::Push AutoSelect::layer_pushed(ranges::PathId node, std::thread::id t
 
 void AutoSelect::forget_observation() {
   pass_ = 1;  // counted again from here
-  watched_bytes_ = 0;
-  watch_full_ = false;
+  restart_watched_pass();
   watched_keys_.clear();
-  watched_layers_.clear();
-  layer_starts_.clear();
   seen_.clear();
   saved_bytes_.clear();
   saved_keys_.clear();
@@ -203,12 +199,16 @@ void AutoSelect::mark_layer_start(ranges::PathId layer) {
   layer_starts_.push_back(LayerStart{parts_.clock.mark(*stream_, /*backward_begins=*/false, /*point=*/true), 0, layer});
 }
 
-void AutoSelect::choose_watched_keys() {
+void AutoSelect::restart_watched_pass() {
   watched_bytes_ = 0;
   watch_full_ = false;
-  watched_keys_.clear();
   watched_layers_.clear();
   layer_starts_.clear();
+}
+
+void AutoSelect::choose_watched_keys() {
+  restart_watched_pass();
+  watched_keys_.clear();
   if (options_.watch_bytes == 0 || layers_.empty()) return;
   // Earliest first, whole layers and then the first tensors of the next that fit, as the decision
   // takes them; never the last layer, whose tensors backward reads first.
@@ -491,7 +491,6 @@ void AutoSelect::memory_sampled(std::uint64_t used_bytes) {
     peak_watched_ = std::max(peak_watched_, used_bytes);
   } else if (phase_ == Phase::paging && pass_ > first_paged_pass_) {
     peak_paged_ = std::max(peak_paged_, used_bytes);
-    peak_paged_last_pass_ = std::max(peak_paged_last_pass_, pass_);
   }
 }
 
@@ -560,7 +559,8 @@ std::optional<std::string> AutoSelect::summary() const {
   const bool sampled = peak_watched_ != 0 && peak_paged_ != 0;
   const std::uint64_t before = sampled ? peak_watched_ : used_unpaged_;
   const std::uint64_t after = sampled ? peak_paged_ : used_paged_;
-  const std::uint64_t last_pass = sampled ? std::max(peak_paged_last_pass_, last_paged_pass_) : last_paged_pass_;
+  // The passes whose backward the GPU began (pass_ runs one ahead in backward: not the label).
+  const std::uint64_t last_pass = std::max(last_paged_pass_, first_paged_pass_);
   if (before != 0) {
     line += std::string(sampled ? "; peak device memory in use " : "; device memory in use at backward's start: ") +
             format_bytes(before) + " " + watched_text() + " (passes 1-" + std::to_string(kObservedPasses) + ")";

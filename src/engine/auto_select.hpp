@@ -176,6 +176,8 @@ class AutoSelect {
   // Pass 2's keys to page while watching: pass 1's saved ones of every layer but the last, earliest
   // first, within watch_bytes.
   void choose_watched_keys();
+  // A watched pass begins: nothing served in it yet, no layer start marked.
+  void restart_watched_pass();
   // "unpaged" or "watched, 1.8 GiB paged", for the figures of the observed passes.
   std::string watched_text() const;
   // The timed pass's forward for people: watched_text(), and the time as measured when corrected.
@@ -247,10 +249,9 @@ class AutoSelect {
   std::uint32_t unpaged_reads_ = 0;  // readings of an observed pass under way (lock released)
   std::uint64_t used_paged_ = 0;
   // Sampled peaks of device memory in use (memory_sampled): before the decision, and of the paged
-  // passes after the first's forward; the paged passes the latter saw.
+  // passes after the first's forward.
   std::uint64_t peak_watched_ = 0;
   std::uint64_t peak_paged_ = 0;
-  std::uint64_t peak_paged_last_pass_ = 0;
   std::uint64_t first_paged_pass_ = 0;
   std::uint64_t last_paged_pass_ = 0;
   // The paged passes' forward GPU times: what paging costs the forward, against forward_gpu_ns_.
