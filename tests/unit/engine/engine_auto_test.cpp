@@ -335,17 +335,6 @@ TEST(AutoMode, AWatchedPassesPagedLayersDoNotSetTheForwardTime) {
   expect_every_read_right(rig);
 }
 
-// Waits (a bounded while) until `done` holds of the engine's stats: the sampler's readings come on its
-// own thread every trace.sample_ms.
-bool wait_for_stats(Rig& rig, const std::function<bool(const EngineStats&)>& done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done(rig.engine.stats())) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 TEST(AutoMode, TheEndOfRunLineSaysThePeaksTheSamplesSaw) {
   // What a benchmark sampling cudaMemGetInfo sees: the job's pool holds 400 MiB while auto mode
   // watches and 40 MiB once it pages; the line sets the peaks side by side.
@@ -356,10 +345,13 @@ TEST(AutoMode, TheEndOfRunLineSaysThePeaksTheSamplesSaw) {
   rig.device.set_job_pool(kWatchedPool, kWatchedPool);
   job.pass();
   job.pass();
-  ASSERT_TRUE(wait_for_stats(rig, [&](const EngineStats& stats) { return stats.auto_peak_watched_bytes >= kWatchedPool; }));
+  // The sampler reads every trace.sample_ms on its own thread.
+  ASSERT_TRUE(testing::eventually([&] { return rig.engine.stats().auto_peak_watched_bytes >= kWatchedPool; },
+                                  std::chrono::seconds(30)));
   rig.device.set_job_pool(kPagedPool, kPagedPool);
   for (int pass = 3; pass <= 5; ++pass) job.pass();
-  ASSERT_TRUE(wait_for_stats(rig, [](const EngineStats& stats) { return stats.auto_peak_paged_bytes != 0; }));
+  ASSERT_TRUE(testing::eventually([&] { return rig.engine.stats().auto_peak_paged_bytes != 0; },
+                                  std::chrono::seconds(30)));
   expect_every_read_right(rig);
   rig.engine.shutdown();  // no sample after this: the line and the stats say the same peaks
   const EngineStats stats = rig.engine.stats();

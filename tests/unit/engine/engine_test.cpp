@@ -32,6 +32,7 @@ using device::SimDeviceConfig;
 using testing::SimJob;
 using testing::Tensor;
 using testing::ActiveTraceFile;
+using testing::eventually;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
@@ -767,17 +768,6 @@ TEST(Engine, PagesKeptForTheCacheAreNoMoreThanTheForwardStillLacks) {
   EXPECT_EQ(rig.job->failed(), 0u);
   EXPECT_EQ(rig.device.fault_count(), 0u);
   EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
-}
-
-// Polls `done` for up to two seconds: the VMM worker looks at the job's pool every millisecond while
-// a watch is open.
-bool eventually(const std::function<bool()>& done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
 }
 
 TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {

@@ -7,13 +7,16 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device/sim_device.hpp"
@@ -21,6 +24,18 @@
 #include "ranges/registry.hpp"
 
 namespace actpage::engine::testing {
+
+// Polls `done` every millisecond for up to `within`: for what a worker of the engine does on its
+// own clock (the VMM worker's pool watch, the sampler's readings). false when it never held.
+inline bool eventually(const std::function<bool()>& done,
+                       std::chrono::milliseconds within = std::chrono::seconds(2)) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 // The engine options the engine tests start from: offload every "*.mlp" call, nothing kept
 // resident, a host pool and a range cache sized for a few MiB of activations. Tests change what
