@@ -255,12 +255,17 @@ def environment_for(variant, base=None):
 
 
 # The counters of the engine's end-of-run line (`[actpage] info: engine: {...}`) that say where the
-# time went, kept in a run's `engine`.
+# time went, kept in a run's `engine`: job_thread_ns split by where the job's thread was
+# (job_thread_*_ns), and the waits and driver calls on its thread that may explain it (the lock,
+# the gates before a marker's reloads, the backlog, the job pool's trims).
 ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns", "scheduled_reloads",
                    "scheduled_reload_bytes", "offloads_completed", "bytes_offloaded", "iterations",
                    "auto_bytes_chosen", "auto_forward_gpu_ns", "auto_forward_gpu_paged_ns", "job_thread_ns",
                    "job_thread_vmm_calls", "auto_peak_watched_bytes", "auto_peak_paged_bytes", "grant_waits",
-                   "grant_wait_ns")
+                   "grant_wait_ns", "job_thread_allocate_ns", "job_thread_free_ns", "job_thread_range_ns",
+                   "job_thread_saved_ns", "job_thread_observe_ns", "job_thread_lock_wait_ns", "gpu_waits",
+                   "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
+                   "backlog_waits", "backlog_wait_ns")
 
 
 def engine_account(stderr_text):

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.hpp"
 #include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "policy/sizes.hpp"
@@ -158,7 +159,7 @@ void DeviceEngine::bind_job_thread() {
 }
 
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return 0;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -166,7 +167,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 }
 
 DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return 0;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -209,14 +210,14 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   allocations_.free(ptr, stream, lock);
 }
 
 void DeviceEngine::on_pop(ranges::PathId node) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
@@ -236,7 +237,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
 }
 
 void DeviceEngine::drain_at_backward_start() {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -266,7 +267,7 @@ std::optional<StreamHandle> stream_of(const std::vector<Group*>& groups) {
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -285,9 +286,10 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
     asked = groups_.asked_for(module_name, forward_pass, first_position);  // the lock was released
   }
   // And until the job's pool has made room for their pages (or the GPU is one marker before).
-  if (job_pool_.make_room(marker, clock_.uncounted_bytes(asked), /*may_wait=*/true, lock).waited) {
-    asked = groups_.asked_for(module_name, forward_pass, first_position);
-  }
+  const std::uint64_t gate_start = monotonic_ns();
+  const bool waited = job_pool_.make_room(marker, clock_.uncounted_bytes(asked), /*may_wait=*/true, lock).waited;
+  core_.stats.room_gate_ns += monotonic_ns() - gate_start;
+  if (waited) asked = groups_.asked_for(module_name, forward_pass, first_position);
   request_groups(asked, marker, first_position, forward_pass, lock);
 }
 
@@ -314,7 +316,7 @@ void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
 
 void DeviceEngine::tensor_saved(DevPtr address) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -324,7 +326,7 @@ void DeviceEngine::tensor_saved(DevPtr address) {
 
 bool DeviceEngine::tensor_unpacking(DevPtr address) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return false;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -333,7 +335,7 @@ bool DeviceEngine::tensor_unpacking(DevPtr address) {
 
 void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -341,7 +343,7 @@ void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
 }
 
 AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return AutoSelect::Push::ignored;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -350,7 +352,7 @@ AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
 
 void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
                                           std::uint64_t key) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -358,7 +360,7 @@ void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes
 }
 
 void DeviceEngine::auto_tensor_saved(DevPtr address) {
-  std::unique_lock<std::mutex> lock(core_.mutex);
+  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
@@ -401,6 +403,15 @@ EngineStats DeviceEngine::stats() const {
   std::lock_guard<std::mutex> lock(core_.mutex);
   EngineStats stats = core_.stats;
   stats.job_thread_ns = core_.job_thread_ns.load(std::memory_order_relaxed);
+  auto site_ns = [&](JobThreadSite site) {
+    return core_.job_thread_site_ns[static_cast<std::size_t>(site)].load(std::memory_order_relaxed);
+  };
+  stats.job_thread_allocate_ns = site_ns(JobThreadSite::allocate);
+  stats.job_thread_free_ns = site_ns(JobThreadSite::free);
+  stats.job_thread_range_ns = site_ns(JobThreadSite::range);
+  stats.job_thread_saved_ns = site_ns(JobThreadSite::saved);
+  stats.job_thread_observe_ns = site_ns(JobThreadSite::observe);
+  stats.job_thread_lock_wait_ns = core_.job_thread_lock_wait_ns.load(std::memory_order_relaxed);
   stats.reload_bound_bytes = clock_.bound();
   auto_.add_stats(stats);
   if (core_.host_pool) {

@@ -120,7 +120,10 @@ class DeviceEngine {
   // out (the pool warned then: the budget is the limit, not the preallocation).
   std::optional<std::string> advice() const;
   // Without the engine's lock: it runs after every engine call of the job's threads.
-  void add_job_thread_ns(std::uint64_t ns) { core_.job_thread_ns.fetch_add(ns, std::memory_order_relaxed); }
+  void add_job_thread_ns(JobThreadSite site, std::uint64_t ns) {
+    core_.job_thread_site_ns[static_cast<std::size_t>(site)].fetch_add(ns, std::memory_order_relaxed);
+    core_.job_thread_ns.fetch_add(ns, std::memory_order_relaxed);
+  }
   // Number of groups still open (not yet sealed) on any thread; Engine uses it to skip pops cheaply.
   std::size_t open_groups() const;
   // Whether on_pop(node) has work beyond sealing: `node` holds the selected modules' layers and

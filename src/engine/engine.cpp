@@ -58,16 +58,18 @@ void Engine::for_each_device(Fn&& fn) {
 }
 
 namespace {
-// Adds the time a job's thread spends in the engine to a device engine's stats.
+// Adds the time a job's thread spends in the engine to a device engine's stats, in all and to the
+// site it was at: where the job's time goes, not only how much of it.
 class JobThreadTimer {
  public:
-  explicit JobThreadTimer(DeviceEngine* engine) : engine_(engine), start_(monotonic_ns()) {}
+  JobThreadTimer(DeviceEngine* engine, JobThreadSite site) : engine_(engine), site_(site), start_(monotonic_ns()) {}
   ~JobThreadTimer() {
-    if (engine_ != nullptr) engine_->add_job_thread_ns(monotonic_ns() - start_);
+    if (engine_ != nullptr) engine_->add_job_thread_ns(site_, monotonic_ns() - start_);
   }
 
  private:
   DeviceEngine* engine_;
+  JobThreadSite site_;
   std::uint64_t start_;
 };
 }  // namespace
@@ -81,7 +83,7 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   if (engine->backward_drain_due()) {
     // offload_drain_at_backward_start: backward's first allocation, whatever it is (the loss's
     // gradients are under no range), waits for the last copies before it adds to the peak.
-    JobThreadTimer timer(engine);
+    JobThreadTimer timer(engine, JobThreadSite::allocate);
     engine->drain_at_backward_start();
   }
   const NodeVerdict verdict = classifier().classify(request.path);
@@ -95,7 +97,7 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
     }
     auto_key_candidates_.fetch_add(1, std::memory_order_relaxed);
   }
-  JobThreadTimer timer(engine);
+  JobThreadTimer timer(engine, JobThreadSite::allocate);
   return engine->allocate(request.bytes, request.stream, verdict);
 }
 
@@ -107,7 +109,7 @@ DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& e
       auto_engine_.load(std::memory_order_acquire) != &engine || ranges::layer_of(request.path) == ranges::kNoPath) {
     return 0;
   }
-  JobThreadTimer timer(&engine);
+  JobThreadTimer timer(&engine, JobThreadSite::allocate);
   // Decided by the key it will have; counted here only when served (passed_through counts the others).
   const DevPtr ptr = engine.allocate_watched(request.path, request.bytes, request.stream,
                                              peek_allocation_key(request.path));
@@ -149,27 +151,27 @@ void Engine::tensor_saved(DevPtr address) noexcept {
     // Auto mode's first pass: what autograd saves of the job's own allocations.
     if (wants_pass_through_addresses()) {
       if (DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire)) {
-        JobThreadTimer timer(observer);
+        JobThreadTimer timer(observer, JobThreadSite::observe);
         observer->auto_tensor_saved(address);
       }
     }
     return;
   }
-  JobThreadTimer timer(engine);
+  JobThreadTimer timer(engine, JobThreadSite::saved);
   engine->tensor_saved(address);
 }
 
 bool Engine::tensor_unpacking(DevPtr address) noexcept {
   DeviceEngine* engine = owner_of(address);
   if (engine == nullptr) return false;
-  JobThreadTimer timer(engine);
+  JobThreadTimer timer(engine, JobThreadSite::saved);
   return engine->tensor_unpacking(address);
 }
 
 void Engine::tensor_wait(DevPtr address, StreamHandle stream) noexcept {
   DeviceEngine* engine = owner_of(address);
   if (engine == nullptr) return;
-  JobThreadTimer timer(engine);
+  JobThreadTimer timer(engine, JobThreadSite::saved);
   engine->tensor_wait(address, stream);
 }
 
@@ -179,7 +181,7 @@ void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcep
   for (auto& slot : devices_) {
     DeviceEngine* engine = slot.load(std::memory_order_acquire);
     if (engine && engine->owns(ptr)) {
-      JobThreadTimer timer(engine);
+      JobThreadTimer timer(engine, JobThreadSite::free);
       engine->free(ptr, stream);
       return;
     }
@@ -194,7 +196,7 @@ void Engine::passed_through(const AllocRequest& request, DevPtr ptr) noexcept {
   }
   // Counted as try_allocate counts them from the decision on: allocations of at least min_bytes.
   const std::uint64_t key = request.bytes >= options_.min_bytes ? next_allocation_key(request.path) : 0;
-  JobThreadTimer timer(observer);
+  JobThreadTimer timer(observer, JobThreadSite::observe);
   observer->auto_allocation_passed(request.path, request.bytes, request.stream, ptr, key);
 }
 
@@ -209,7 +211,7 @@ void Engine::auto_layer_pushed(ranges::PathId node) {
     if (observer == nullptr) return;  // no allocation yet: the next layer will do
     auto_engine_.store(observer, std::memory_order_release);
   }
-  JobThreadTimer timer(observer);
+  JobThreadTimer timer(observer, JobThreadSite::range);
   switch (observer->auto_layer_pushed(node)) {
     case AutoSelect::Push::observing: {
       // Only from waiting: a recomputation's layer on autograd's thread must not undo a decision.
@@ -278,7 +280,7 @@ void Engine::on_push(ranges::PathId node) {
   const ranges::NameId name = ranges::Registry::instance().intern_name(*module);
   const std::uint64_t pass = forward_pass::take_backward();  // the Python hooks' hint, once
   for_each_device([&](DeviceEngine& engine) {
-    JobThreadTimer timer(&engine);
+    JobThreadTimer timer(&engine, JobThreadSite::range);
     engine.on_backward_marker(name, pass);
   });
 }
@@ -286,7 +288,7 @@ void Engine::on_push(ranges::PathId node) {
 void Engine::on_pop(ranges::PathId node) {
   for_each_device([&](DeviceEngine& engine) {
     if (engine.open_groups() == 0 && !engine.drains_at(node) && !engine.has_moved_release_points()) return;
-    JobThreadTimer timer(&engine);
+    JobThreadTimer timer(&engine, JobThreadSite::range);
     engine.on_pop(node);
   });
 }

@@ -15,6 +15,7 @@
 //   (ErrorCode::context_lost) stops the engine (lose_context) so that no wait outlives it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -26,11 +27,17 @@
 #include <vector>
 
 #include "actpage/device.hpp"
+#include "common/clock.hpp"
 #include "engine/engine_events.hpp"
 #include "engine/engine_stats.hpp"
 #include "hostpool/host_pool.hpp"
 
 namespace actpage::engine {
+
+// Where a job's thread is inside the engine (Engine's timers): each call's time counts to one site
+// (stats job_thread_allocate_ns...) and to job_thread_ns.
+enum class JobThreadSite : std::uint8_t { allocate, free, range, saved, observe };  // observe: the last
+inline constexpr std::size_t kJobThreadSites = static_cast<std::size_t>(JobThreadSite::observe) + 1;
 
 class EngineCore {
  public:
@@ -52,6 +59,17 @@ class EngineCore {
   // Notifies every worker's and the job threads' condition variables: after a change any of them
   // may be waiting for (a turn's end, stopping).
   void wake_everyone();
+  // The lock, for a job's thread entering the engine: how long it waited for whoever held it adds to
+  // job_thread_lock_wait_ns. No clock is read when it is free (the rule): a job's call costs a try.
+  std::unique_lock<std::mutex> lock_for_job_thread() {
+    std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      const std::uint64_t start = monotonic_ns();
+      lock.lock();
+      job_thread_lock_wait_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
+    }
+    return lock;
+  }
 
   Device& device;
   const std::size_t granularity;
@@ -77,7 +95,11 @@ class EngineCore {
   std::atomic<bool> wait_for_host_memory{false};
 
   EngineStats stats;
-  std::atomic<std::uint64_t> job_thread_ns{0};  // added without the lock (Engine's timers)
+  // Added without the lock (Engine's timers, lock_for_job_thread()): the job's threads' time inside
+  // the engine, in all and by site (JobThreadSite's order), and their waits for the lock at entry.
+  std::atomic<std::uint64_t> job_thread_ns{0};
+  std::array<std::atomic<std::uint64_t>, kJobThreadSites> job_thread_site_ns{};
+  std::atomic<std::uint64_t> job_thread_lock_wait_ns{0};
   // What a lost context's message says of the pages off the device (pages_off_device.hpp), set by
   // the device engine; called with the lock held. Empty: nothing said.
   std::function<std::string()> describe_pages_off_device;

@@ -35,8 +35,12 @@ namespace actpage::engine {
 //   pool_fit_looks, pool_fits, pool_fit_bytes: the VMM worker's reads of the job's pool's high-water
 //     mark at a forward's start (vmm.trim_job_pool), the trims down to it they made, and what those
 //     gave back
-//   pool_waits, pool_wait_ns: backward markers whose thread the room gate held until the job's pool
-//     gave back the bytes their reloads needed (or the GPU was one marker before them), and how long
+//   pool_waits, pool_wait_ns: backward markers whose thread the room gate (JobPool::make_room) held
+//     until the job's pool gave back the bytes their reloads needed (or the GPU was one marker before
+//     them), and how long (its trims meanwhile included)
+//   room_gate_ns: the time the room gate took on backward markers' threads (the job's), for the
+//     marker's own reloads and its prefetches, whether or not it waited: its reads of the job's pool,
+//     its trims (also in pool_trim_ns, which counts every thread's) and its waits (pool_wait_ns)
 //   reload_pool_waits: times a prefetch that needed new pages waited (0.5 ms at most) for the pool
 //     to give back what earlier reloads' pages were owed
 //   reload_creates, reload_create_ns: pages a reload created (no cached range to reuse), and the
@@ -73,6 +77,17 @@ namespace actpage::engine {
 //     address (device memory held outside the cache until the recycle runs), now and at most
 //   failures: internal errors that fell back to pass-through/resident
 //   job_thread_ns: time the job's threads spent inside the engine
+//   job_thread_allocate_ns, job_thread_free_ns, job_thread_range_ns, job_thread_saved_ns,
+//     job_thread_observe_ns: job_thread_ns by where the job's thread was (Engine's timers, each call
+//     counted in one; together they are job_thread_ns): allocations (those served, auto mode's
+//     watched ones, the drain at backward's start that holds backward's first), frees, ranges (a pop's
+//     seal and backlog waits; a backward marker's drain, gates, reload requests and stalls; auto
+//     mode's layer pushes), the saved-tensor hooks on allocations served here (packs, unpacks and
+//     the stream waits of unpacks), and auto mode's watch of the job's own allocations (those it
+//     passed through, their packs)
+//   job_thread_lock_wait_ns: of job_thread_ns, the time job threads waited to take the engine's lock
+//     as they entered it (a worker or another job thread held it); not when they take it again
+//     inside, after a driver call or a wait
 //   backlog_waiters: job threads waiting for offload copies right now (a backlog cap or a drain)
 //   saved_tensors_reported: packs of the saved-tensor hooks that named an allocation served here
 //   unsaved_kept_resident: with the hooks, members not saved by their group's seal, left resident
@@ -132,6 +147,7 @@ namespace actpage::engine {
   X(pool_fit_bytes) \
   X(pool_waits) \
   X(pool_wait_ns) \
+  X(room_gate_ns) \
   X(reload_pool_waits) \
   X(backlog_waits) \
   X(backlog_wait_ns) \
@@ -175,7 +191,13 @@ namespace actpage::engine {
   X(auto_peak_paged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \
-  X(job_thread_ns)
+  X(job_thread_ns) \
+  X(job_thread_allocate_ns) \
+  X(job_thread_free_ns) \
+  X(job_thread_range_ns) \
+  X(job_thread_saved_ns) \
+  X(job_thread_observe_ns) \
+  X(job_thread_lock_wait_ns)
 
 struct EngineStats {
 #define ACTPAGE_ENGINE_STAT_FIELD(name) std::uint64_t name = 0;

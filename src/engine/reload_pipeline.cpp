@@ -180,7 +180,11 @@ void ReloadPipeline::prefetch_before(std::uint64_t marker, std::uint64_t positio
     }
     if (next == nullptr || bytes > room) return;
     const std::uint32_t id = next->id;
-    if (!parts_.job_pool.make_room(marker, bytes, /*may_wait=*/false, lock).made) return;
+    // The marker's thread (the job's) trims for its prefetches too: the room gate's time there.
+    const std::uint64_t gate_start = monotonic_ns();
+    const bool made = parts_.job_pool.make_room(marker, bytes, /*may_wait=*/false, lock).made;
+    parts_.core.stats.room_gate_ns += monotonic_ns() - gate_start;
+    if (!made) return;
     // The lock was released around the trim: the group may be gone, or asked for meanwhile.
     if (!parts_.groups.all().contains(id) || parts_.clock.uncounted_bytes(*next) != bytes) continue;
     room -= bytes;

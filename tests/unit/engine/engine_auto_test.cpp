@@ -234,6 +234,31 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
       << summary[0];
 }
 
+TEST(AutoMode, TheJobThreadsTimeInTheEngineSplitsBySitesThatAddUpToIt) {
+  // Every site has its calls here: passes 1-2 watch the job's own allocations and packs, passes 3-4
+  // serve, pack, unpack and free; layers are pushed and popped, backward's markers ask. Only sums
+  // are checked: how long anything took is the host's business.
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  ASSERT_GT(stats.allocations_served, 0u) << "no pass was paged: the test proves nothing";
+  const std::uint64_t sites[] = {stats.job_thread_allocate_ns, stats.job_thread_free_ns, stats.job_thread_range_ns,
+                                 stats.job_thread_saved_ns, stats.job_thread_observe_ns};
+  std::uint64_t sum = 0;
+  for (const std::uint64_t site : sites) {
+    EXPECT_GT(site, 0u);
+    EXPECT_LE(site, stats.job_thread_ns);
+    sum += site;
+  }
+  // Each call's time counts to its site and to the total alike: nothing is left out or counted twice.
+  EXPECT_EQ(sum, stats.job_thread_ns);
+  // Measured inside those calls: the waits for the lock at entry, and the room gate inside markers.
+  EXPECT_LE(stats.job_thread_lock_wait_ns, stats.job_thread_ns);
+  EXPECT_LE(stats.room_gate_ns, stats.job_thread_range_ns);
+  expect_every_read_right(rig);
+}
+
 // auto_pages_while_watching: passes 1-2 page the earliest layers, at most host_pool.prealloc_bytes
 // a pass, so that the run's first passes do not set its peak.
 Options watching_options(std::uint64_t cap) {
