@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "common/clock.hpp"
-#include "common/log.hpp"
 #include "common/thread_name.hpp"
 #include "common/units.hpp"
 #include "policy/sizes.hpp"
@@ -33,7 +32,6 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      own_pool_(device, options_.own_pool),
       parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, clock_, auto_},
       allocations_(parts_),
       groups_(parts_, options_.groups),
@@ -42,7 +40,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       reload_(parts_, options_.reload),
       offload_(parts_, options_.offload),
       pages_(parts_, options_.pages),
-      job_pool_(parts_, options_.job_pool, own_pool_),
+      job_pool_(parts_, options_.job_pool),
       saved_(parts_),
       clock_(parts_, options_.clock),
       auto_(parts_, options_.auto_select, options) {
@@ -68,10 +66,6 @@ Status DeviceEngine::start() {
   if (Status status = space_.reserve(); !status.ok()) return status;
   if (Status status = offload_.create_stream(); !status.ok()) return status;
   if (Status status = reload_.create_stream(); !status.ok()) return status;
-  if (Status status = own_pool_.start(); !status.ok()) {
-    // Only the saving is at stake: the job's pool serves what the own pool would have.
-    ACTPAGE_LOG_WARN("device {}: {}", core_.device.ordinal(), status.message());
-  }
   core_.host_pool = std::make_unique<hostpool::HostPool>(core_.device, options_.host_pool);
   // Serialized: whether the first offloads find the preallocated slabs pinned must not depend on
   // how fast the pool's thread pins them (a miss asks for growth by what is still on its way).
@@ -144,7 +138,6 @@ void DeviceEngine::shutdown() {
   clock_.release_all();
   core_.destroy_events();
   core_.host_pool.reset();
-  own_pool_.shutdown();
   offload_.destroy_stream();
   reload_.destroy_stream();
   space_.release_arena();
@@ -421,15 +414,6 @@ EngineStats DeviceEngine::stats() const {
   stats.job_thread_lock_wait_ns = core_.job_thread_lock_wait_ns.load(std::memory_order_relaxed);
   stats.reload_bound_bytes = clock_.bound();
   auto_.add_stats(stats);
-  const OwnPoolStats own = own_pool_.stats();
-  stats.own_pool_allocations = own.allocations;
-  stats.own_pool_reuses = own.reuses;
-  stats.own_pool_creates = own.creates;
-  stats.own_pool_declined = own.declined;
-  stats.own_pool_releases = own.releases;
-  stats.own_pool_cached_bytes = own.cached_bytes;
-  stats.own_pool_peak_bytes = own.peak_bytes;
-  stats.own_pool_ns = own.ns;
   if (core_.host_pool) {
     const hostpool::HostPoolStats pool = core_.host_pool->stats();
     stats.host_pinned_bytes = pool.slab_bytes;
@@ -485,7 +469,7 @@ void DeviceEngine::sample_memory() {
       }
       if (info.ok() && for_trace) {
         std::optional<PoolUsage> job_pool;
-        if (auto pool = job_pool_.usage(); pool.ok()) job_pool = *pool;
+        if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
         std::uint64_t resident = 0;
         std::uint64_t cached = 0;
         {

@@ -47,7 +47,6 @@
 #include "engine/job_pool.hpp"
 #include "engine/node_verdict.hpp"
 #include "engine/offload_pipeline.hpp"
-#include "engine/own_pool.hpp"
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
@@ -70,10 +69,6 @@ class DeviceEngine {
   void shutdown();
 
   bool owns(DevPtr ptr) const noexcept { return space_.owns(ptr); }
-  // The job's large allocations that are not candidates (vmm.own_pool_min_bytes): served, freed
-  // and owned under the pool's own lock, never the engine's.
-  OwnPool& own_pool() { return own_pool_; }
-  bool own_pool_owns(DevPtr ptr) const noexcept { return own_pool_.owns(ptr); }
 
   // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
   DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict);
@@ -164,7 +159,6 @@ class DeviceEngine {
   const NodeClassifier& classifier_;
   EngineCore core_;
   Turns turns_;
-  OwnPool own_pool_;  // the job's large allocations (vmm.own_pool_min_bytes); its own lock
   EngineParts parts_;
   AllocationTable allocations_;
   Groups groups_;

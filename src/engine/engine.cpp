@@ -80,30 +80,14 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   // its pinned host memory is prepared while the model is built, not during the first steps.
   DeviceEngine* engine = device_engine(request.device);
   if (engine == nullptr) return 0;
-  if (const DevPtr paged = try_allocate_paged(request, *engine); paged != 0) return paged;
-  return try_allocate_own(request, *engine);
-}
-
-DevPtr Engine::try_allocate_own(const AllocRequest& request, DeviceEngine& engine) noexcept {
-  OwnPool& pool = engine.own_pool();
-  if (!pool.serves(request.bytes)) return 0;
-  JobThreadTimer timer(&engine, JobThreadSite::allocate);
-  const DevPtr ptr = pool.allocate(request.bytes, request.stream);
-  // Auto mode watches the job's own allocations wherever they live (the hooks tell only of those
-  // left to the job's allocator).
-  if (ptr != 0 && wants_pass_through_addresses()) passed_through(request, ptr);
-  return ptr;
-}
-
-DevPtr Engine::try_allocate_paged(const AllocRequest& request, DeviceEngine& engine) noexcept {
-  if (engine.backward_drain_due()) {
+  if (engine->backward_drain_due()) {
     // offload_drain_at_backward_start: backward's first allocation, whatever it is (the loss's
     // gradients are under no range), waits for the last copies before it adds to the peak.
-    JobThreadTimer timer(&engine, JobThreadSite::allocate);
-    engine.drain_at_backward_start();
+    JobThreadTimer timer(engine, JobThreadSite::allocate);
+    engine->drain_at_backward_start();
   }
   const NodeVerdict verdict = classifier().classify(request.path);
-  if (!verdict.candidate) return auto_watch_paging_ ? try_allocate_watched(request, engine) : 0;
+  if (!verdict.candidate) return auto_watch_paging_ ? try_allocate_watched(request, *engine) : 0;
   if (request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
   if (const auto* keys = auto_keys_now_.load(std::memory_order_acquire); keys != nullptr) {
     // Auto mode: in a chosen layer only what autograd saved when it watched is worth moving.
@@ -113,8 +97,8 @@ DevPtr Engine::try_allocate_paged(const AllocRequest& request, DeviceEngine& eng
     }
     auto_key_candidates_.fetch_add(1, std::memory_order_relaxed);
   }
-  JobThreadTimer timer(&engine, JobThreadSite::allocate);
-  return engine.allocate(request.bytes, request.stream, verdict);
+  JobThreadTimer timer(engine, JobThreadSite::allocate);
+  return engine->allocate(request.bytes, request.stream, verdict);
 }
 
 DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept {
@@ -135,10 +119,7 @@ DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& e
 
 bool Engine::owns(DevPtr ptr) const noexcept {
   for (const auto& slot : devices_) {
-    if (const DeviceEngine* engine = slot.load(std::memory_order_acquire);
-        engine && (engine->owns(ptr) || engine->own_pool_owns(ptr))) {
-      return true;
-    }
+    if (const DeviceEngine* engine = slot.load(std::memory_order_acquire); engine && engine->owns(ptr)) return true;
   }
   return false;
 }
@@ -194,7 +175,7 @@ void Engine::tensor_wait(DevPtr address, StreamHandle stream) noexcept {
   engine->tensor_wait(address, stream);
 }
 
-void Engine::free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept {
+void Engine::free(DevPtr ptr, StreamHandle stream, bool /*synchronous*/) noexcept {
   // A synchronous free (cudaFree) arrives with the legacy default stream, which orders after all
   // blocking streams' work: the same rule as a stream-ordered free on stream 0.
   for (auto& slot : devices_) {
@@ -202,12 +183,6 @@ void Engine::free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept {
     if (engine && engine->owns(ptr)) {
       JobThreadTimer timer(engine, JobThreadSite::free);
       engine->free(ptr, stream);
-      return;
-    }
-    if (engine && engine->own_pool_owns(ptr)) {
-      JobThreadTimer timer(engine, JobThreadSite::free);
-      // The own pool's blocks are never the engine's candidates: its lock, not the engine's.
-      (void)engine->own_pool().free(ptr, stream, synchronous);
       return;
     }
   }

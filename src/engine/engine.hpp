@@ -10,9 +10,7 @@
 //   of its own selects them, for every device (a process drives one device as a rule). The switch is
 //   one atomic pointer (classifier()), read by the job's threads; the classifiers live as long as
 //   the engine.
-// - owns() is lock-free (address-range checks against each device's arena and own pool).
-// - With vmm.own_pool_min_bytes, a large request that is no candidate is served by the device's
-//   OwnPool (own_pool.hpp) instead of the job's allocator, and its free goes back there.
+// - owns() is lock-free (address-range checks against each device's arena).
 // - Device engines are created on first use of a device, from the DeviceProvider; if one cannot
 //   start (no VMM support, no libcuda), that device passes everything through, with one warning.
 #pragma once
@@ -100,10 +98,6 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   // Auto mode paging while it watches: `engine` serves an allocation no rule selects when its
   // AutoSelect says so (passes 1-2, earliest layers); 0 passes it through.
   DevPtr try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept;
-  // A candidate (a rule's, auto mode's, or watched), served and paged by `engine`; 0: none.
-  DevPtr try_allocate_paged(const AllocRequest& request, DeviceEngine& engine) noexcept;
-  // vmm.own_pool_min_bytes: what is not paged but large goes to `engine`'s own pool; 0: the job's.
-  DevPtr try_allocate_own(const AllocRequest& request, DeviceEngine& engine) noexcept;
   // One line from each device engine that has one (`line_of`), in ordinal order.
   std::vector<std::string> lines_of(std::optional<std::string> (DeviceEngine::*line_of)() const) const;
 

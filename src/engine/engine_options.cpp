@@ -29,11 +29,6 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.pages.trim_job_pool = options.vmm_trim_job_pool;
   parts.job_pool.trim = options.vmm_trim_job_pool;
   parts.job_pool.catch_up = options.vmm_trim_job_pool_catch_up;
-  if (options.mode == Mode::offload) {
-    parts.own_pool.min_bytes = options.vmm_own_pool_min_bytes;
-    parts.own_pool.cache_bytes = options.vmm_own_pool_cache_bytes;
-    parts.own_pool.arena_bytes = options.vmm_arena_bytes;
-  }
   parts.stray_access = options.stray_access;
   parts.host_pool.budget_bytes = options.host_pool_bytes;
   parts.host_pool.slab_bytes = options.host_pool_slab_bytes;

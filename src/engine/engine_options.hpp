@@ -11,7 +11,6 @@
 #include "engine/groups.hpp"
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
-#include "engine/own_pool.hpp"
 #include "engine/page_return.hpp"
 #include "engine/reload_pipeline.hpp"
 #include "hostpool/host_pool.hpp"
@@ -35,7 +34,6 @@ struct DeviceEngineOptions {
   GpuClockOptions clock;
   PageReturnOptions pages;
   JobPoolOptions job_pool;
-  OwnPoolOptions own_pool;
   AutoOptions auto_select;
   StrayAccess stray_access = StrayAccess::fault;
   hostpool::HostPoolConfig host_pool;

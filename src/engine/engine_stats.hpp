@@ -106,10 +106,6 @@ namespace actpage::engine {
 //     the paged passes after the first's forward; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp)
-//   own_pool_*: the job's large allocations served from actpage's own memory (vmm.own_pool_min_bytes,
-//     own_pool.hpp): served, of those reused from its cache and created, left to the job's
-//     allocator (no memory or address space), blocks given back to the driver, bytes cached now,
-//     the most live + cached at once, and the time the job's threads spent in it
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -195,14 +191,6 @@ namespace actpage::engine {
   X(auto_peak_paged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \
-  X(own_pool_allocations) \
-  X(own_pool_reuses) \
-  X(own_pool_creates) \
-  X(own_pool_declined) \
-  X(own_pool_releases) \
-  X(own_pool_cached_bytes) \
-  X(own_pool_peak_bytes) \
-  X(own_pool_ns) \
   X(job_thread_ns) \
   X(job_thread_allocate_ns) \
   X(job_thread_free_ns) \

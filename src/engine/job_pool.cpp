@@ -26,34 +26,10 @@ constexpr std::uint64_t kFitSlackBytes = std::uint64_t{256} << 20;
 
 }  // namespace
 
-Result<PoolUsage> JobPool::usage() {
-  Result<PoolUsage> driver = parts_.core.device.job_pool_usage();
-  if (!own_.started()) return driver;
-  const PoolUsage own = own_.usage();
-  if (!driver.ok()) return own;
-  return PoolUsage{driver->reserved_bytes + own.reserved_bytes, driver->used_bytes + own.used_bytes};
-}
-
-Result<std::size_t> JobPool::trim_pools(std::size_t bytes) {
-  const std::uint64_t given = own_.started() ? own_.give_back(bytes) : 0;
-  if (given >= bytes) return static_cast<std::size_t>(given);
-  Result<std::size_t> driver = parts_.core.device.trim_job_pool(bytes - given);
-  if (!driver.ok()) return given > 0 ? Result<std::size_t>(static_cast<std::size_t>(given)) : driver;
-  return static_cast<std::size_t>(given + *driver);
-}
-
-Result<std::uint64_t> JobPool::take_high() {
-  Result<std::uint64_t> driver = parts_.core.device.take_job_pool_high();
-  if (!own_.started()) return driver;
-  const std::uint64_t own = own_.take_live_high();
-  if (!driver.ok()) return own;
-  return *driver + own;
-}
-
 std::optional<JobPool::Trim> JobPool::trim_by(std::size_t bytes) {
   if (failed_.load(std::memory_order_relaxed)) return std::nullopt;
   const std::uint64_t started = monotonic_ns();
-  Result<std::size_t> trimmed = trim_pools(bytes);
+  Result<std::size_t> trimmed = parts_.core.device.trim_job_pool(bytes);
   return Trim{std::move(trimmed), monotonic_ns() - started};
 }
 
@@ -112,7 +88,7 @@ bool JobPool::gates_reloads() {
   if (options_.catch_up) return false;
   // A pool with no reserve (another allocator, or one the job does not use) never gives anything
   // back: nothing to wait for either.
-  Result<PoolUsage> usage = this->usage();
+  Result<PoolUsage> usage = parts_.core.device.job_pool_usage();
   return usage.ok() && usage->reserved_bytes > 0;
 }
 
@@ -178,7 +154,7 @@ void JobPool::backward_begins() {
   debt_ = 0;
   if (fit_failed_ || !options_.trim || parts_.turns.serialized()) return;
   // What this forward needed of the pool (the mark was restarted at its start).
-  Result<std::uint64_t> high = take_high();
+  Result<std::uint64_t> high = parts_.core.device.take_job_pool_high();
   if (high.ok()) {
     forward_need_ = *high;
   } else {
@@ -198,7 +174,7 @@ void JobPool::forward_began_on(StreamHandle stream) {
   // A replay's GPU runs no kernels: nothing to time, and its pool is the simulated one.
   if (fit_failed_ || !options_.trim || parts_.turns.serialized() || failed_.load(std::memory_order_relaxed)) return;
   // Restart the mark: from here to backward's start is this forward's need.
-  if (Result<std::uint64_t> high = take_high(); !high.ok()) {
+  if (Result<std::uint64_t> high = core.device.take_job_pool_high(); !high.ok()) {
     fit_failed(high.status());
     return;
   }
@@ -239,7 +215,7 @@ void JobPool::fit(std::unique_lock<std::mutex>& lock) {
   std::optional<Result<PoolUsage>> usage;
   std::optional<Trim> trim;
   if (reached.ok()) {
-    usage = this->usage();
+    usage = core.device.job_pool_usage();
     if (usage->ok()) {
       const std::uint64_t keep = std::max(need, (*usage)->used_bytes);
       if ((*usage)->reserved_bytes > keep + kFitSlackBytes) trim = trim_by((*usage)->reserved_bytes - keep);
@@ -315,7 +291,7 @@ void JobPool::look(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t useful = std::min(debt, kWatchMinTrimBytes);
   ++busy_;  // quiesce() waits for the look to end
   lock.unlock();
-  Result<PoolUsage> usage = this->usage();
+  Result<PoolUsage> usage = core.device.job_pool_usage();
   std::optional<Trim> trim;
   if (usage.ok() && usage->reserved_bytes > usage->used_bytes) {
     const std::uint64_t unused = usage->reserved_bytes - usage->used_bytes;

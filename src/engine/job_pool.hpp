@@ -1,11 +1,6 @@
 // JobPool: the adaptor over the job's own stream-ordered pool (cudaMallocAsync's), which keeps the
 // reserve it grew to at its peak for good.
 //
-// With vmm.own_pool_min_bytes the job's pool is two: the driver's, holding the small allocations,
-// and actpage's OwnPool, holding the large ones. Every trim, read and high-water mark below is of
-// both as one (usage(), trim_pools(), take_high()); a trim gives back the OwnPool's cached blocks
-// first (exact, whole blocks the GPU is done with), then asks the driver for the rest.
-//
 // Contract:
 // - vmm.trim_job_pool: before the engine creates device pages (a reload's, the prefill's), it gives
 //   as many bytes of the pool's unused reserve back to the driver (trim_by, cuMemPoolTrimTo), so
@@ -50,7 +45,6 @@
 #include "actpage/device.hpp"
 #include "actpage/options.hpp"
 #include "engine/engine_parts.hpp"
-#include "engine/own_pool.hpp"
 
 namespace actpage::engine {
 
@@ -61,11 +55,7 @@ struct JobPoolOptions {
 
 class JobPool {
  public:
-  JobPool(EngineParts& parts, JobPoolOptions options, OwnPool& own)
-      : parts_(parts), options_(options), own_(own) {}
-
-  // The job's pool as the driver counts it, plus actpage's own pool when it serves. Without the lock.
-  Result<PoolUsage> usage();
+  JobPool(EngineParts& parts, JobPoolOptions options) : parts_(parts), options_(options) {}
 
   // What a trim gave back, and how long it took.
   struct Trim {
@@ -127,15 +117,9 @@ class JobPool {
   // Whether make_room() applies (reads the pool's usage: without the lock).
   bool gates_reloads();
   void fit_failed(const Status& status);
-  // Gives back `bytes` of both pools' unused reserve: the own pool's first. Without the lock.
-  Result<std::size_t> trim_pools(std::size_t bytes);
-  // Both pools' high-water marks of bytes in use since the last take (their sum: at most the
-  // true high of the two as one). Without the lock.
-  Result<std::uint64_t> take_high();
 
   EngineParts& parts_;
   const JobPoolOptions options_;
-  OwnPool& own_;
   std::atomic<bool> failed_{false};  // a trim failed: none for the rest of the run
   bool watch_open_ = false;          // the VMM worker looks at the pool
   std::uint64_t next_look_ns_ = 0;   // monotonic_ns() of the next look

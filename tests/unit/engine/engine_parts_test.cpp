@@ -53,7 +53,6 @@ struct Parts {
         engine_options(device_engine_options(options)),
         core(device),
         turns(core),
-        own_pool(device, engine_options.own_pool),
         parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, clock, auto_select},
         allocations(parts),
         groups(parts, engine_options.groups),
@@ -62,7 +61,7 @@ struct Parts {
         reload(parts, engine_options.reload),
         offload(parts, engine_options.offload),
         pages(parts, engine_options.pages),
-        job_pool(parts, engine_options.job_pool, own_pool),
+        job_pool(parts, engine_options.job_pool),
         saved(parts),
         clock(parts, engine_options.clock),
         auto_select(parts, engine_options.auto_select, options) {
@@ -87,7 +86,6 @@ struct Parts {
   const DeviceEngineOptions engine_options;
   EngineCore core;
   Turns turns;
-  OwnPool own_pool;  // off (vmm.own_pool_min_bytes 0) unless a test sets it
   EngineParts parts;
   AllocationTable allocations;
   Groups groups;

@@ -367,64 +367,6 @@ TEST(Engine, SmallAllocationsAndUnselectedModulesPassThrough) {
   for (const Tensor& t : {small, large, unselected, outside}) rig.job->free(t);
 }
 
-TEST(Engine, TheOwnPoolServesLargeAllocationsNoRuleSelectsAndTheJobReadsTheSameBytes) {
-  Options options = testing::small_offload_options();
-  options.vmm_own_pool_min_bytes = kMiB;
-  options.vmm_own_pool_cache_bytes = 16 * kMiB;
-  Rig rig(options);
-  for (int iteration = 0; iteration < 2; ++iteration) {
-    Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
-    // The attention's activations are no rule's candidates: the own pool has them.
-    for (const Tensor& tensor : forward.saved["model.layers.0.attn"]) {
-      EXPECT_TRUE(tensor.owned);
-      EXPECT_TRUE(rig.engine.owns(tensor.va));
-    }
-    rig.engine.quiesce();
-    run_backward(*rig.job, forward, 4);
-    rig.engine.quiesce();
-    rig.device.synchronize();
-  }
-  const EngineStats stats = rig.engine.stats();
-  // The MLP's are paged as without it: 4 layers x 2 a pass.
-  EXPECT_EQ(stats.offloads_completed, 16u);
-  EXPECT_EQ(stats.reloads_completed, 16u);
-  // Per pass and layer, the attention's temporary (1.5 MiB), two activations and output (the MLP's
-  // are all candidates: served and paged by the engine).
-  EXPECT_EQ(stats.own_pool_allocations, 2u * 4 * 4);
-  EXPECT_GT(stats.own_pool_reuses, 0u);
-  EXPECT_LE(stats.own_pool_cached_bytes, 16 * kMiB);
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.job->failed(), 0u);
-  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
-  // Everything freed: what the device still holds of the own pool is its cache.
-  rig.engine.shutdown();
-  EXPECT_EQ(rig.device.stats().device_handles, 0u);
-}
-
-TEST(Engine, PagesActpageCreatesTakeTheOwnPoolsCachedBlocksPlaceFirst) {
-  // vmm.trim_job_pool with the own pool: a reload's pages are made room for by giving back blocks
-  // the own pool keeps cached (the GPU is done with them), before the driver's pool is asked.
-  Options options = testing::small_offload_options();
-  options.vmm_own_pool_min_bytes = kMiB;
-  options.vmm_own_pool_cache_bytes = std::uint64_t{1} << 30;  // it would keep everything
-  options.vmm_cache_bytes = 0;                                 // reloads create their pages
-  Rig rig(options);
-  Forward forward = run_forward(*rig.job, 4, 2, 3 * kMiB);
-  rig.engine.quiesce();
-  rig.device.synchronize();
-  const EngineStats after_forward = rig.engine.stats();
-  EXPECT_GT(after_forward.own_pool_cached_bytes, 0u);
-  run_backward(*rig.job, forward, 4);
-  rig.engine.quiesce();
-  rig.device.synchronize();
-  const EngineStats stats = rig.engine.stats();
-  EXPECT_EQ(stats.reloads_completed, 8u);
-  EXPECT_GT(stats.own_pool_releases, 0u);
-  EXPECT_GE(stats.pool_trimmed_bytes, stats.own_pool_releases * 2 * kMiB);
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
-}
-
 TEST(Engine, ObserveModeServesNothing) {
   Options options = testing::small_offload_options();
   options.mode = Mode::observe;
