@@ -167,16 +167,20 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
 }
 
 DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
+  const std::uint64_t started = monotonic_ns();
   std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return 0;
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   const auto thread = std::this_thread::get_id();
   const std::optional<NodeVerdict> verdict = auto_.watched_verdict(path, bytes, thread, key);
-  if (!verdict) return 0;
-  const DevPtr ptr = allocate_locked(bytes, stream, *verdict, lock);
-  // Observed as the job's own allocations are: its pack counts it to its layer.
-  if (ptr != 0) auto_.allocation_passed(path, bytes, stream, ptr, thread, key);
+  DevPtr ptr = 0;
+  if (verdict) {
+    ptr = allocate_locked(bytes, stream, *verdict, lock);
+    // Observed as the job's own allocations are: its pack counts it to its layer.
+    if (ptr != 0) auto_.allocation_passed(path, bytes, stream, ptr, thread, key);
+  }
+  core_.stats.job_thread_watched_ns += monotonic_ns() - started;
   return ptr;
 }
 
@@ -189,13 +193,17 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
   }
   if (groups_.iteration() != served_iteration_) {
     // The forward's first served allocation (its iteration begun here, or by auto mode's push).
+    const std::uint64_t began = monotonic_ns();
     served_iteration_ = groups_.iteration();
     job_pool_.forward_began_on(stream);
     auto_.paged_forward_began(stream);
+    core_.stats.job_thread_pass_start_ns += monotonic_ns() - began;
   }
   const std::uint32_t group_id = groups_.open_group_for(verdict, thread)->id;
   // A window of its own: its pages go and come back with it.
+  const std::uint64_t window_started = monotonic_ns();
   Window* window = space_.new_window(round_up(bytes, core_.granularity), stream, lock);
+  core_.stats.job_thread_window_ns += monotonic_ns() - window_started;
   Group* group = groups_.find(group_id);  // the lock was released: look the group up again
   if (window == nullptr || group == nullptr) {
     if (window != nullptr) space_.retire_window(*window);
