@@ -265,9 +265,8 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "grant_wait_ns", "job_thread_allocate_ns", "job_thread_free_ns", "job_thread_range_ns",
                    "job_thread_saved_ns", "job_thread_observe_ns", "job_thread_lock_wait_ns", "gpu_waits",
                    "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
-                   "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "misses_left_to_job",
-                   "ranges_mapped_for_misses", "job_thread_window_ns", "job_thread_pass_start_ns",
-                   "job_thread_watched_ns")
+                   "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
+                   "job_thread_pass_start_ns", "job_thread_watched_ns")
 
 
 def engine_account(stderr_text):

@@ -67,19 +67,6 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
     // The points stay with the window: should it be given back before anything else ran on their
     // streams, its unmap must still wait for them.
     window->free_points = std::move(cached->free_points);
-  } else if (!options_.map_misses && !sizes_last_iteration_.empty()) {
-    // Left to the job's allocator this once: its size is mapped by the VMM worker for the next.
-    ++core.stats.misses_left_to_job;
-    sizes_this_iteration_.push_back(mapped_bytes);
-    missed_this_iteration_.push_back(mapped_bytes);
-    ++cursor_;
-    if (missed_bytes_ + cache_.bytes() + mapped_bytes <= options_.cache_bytes) {
-      missed_.push_back(mapped_bytes);
-      ++missed_wanted_[mapped_bytes];
-      missed_bytes_ += mapped_bytes;
-      core.work_cv.notify_all();
-    }
-    return nullptr;
   } else {
     auto va = arena_.acquire(mapped_bytes);
     if (!va) {
@@ -172,13 +159,6 @@ void AddressSpace::retire_window(Window& window) {
 
 std::optional<CachedRange> AddressSpace::take_cached(std::size_t mapped_bytes) {
   auto range = cache_.take(mapped_bytes);
-  if (range) {
-    // A range mapped for a miss has served: the demand no longer holds it for this forward.
-    if (auto missed = missed_wanted_.find(range->mapped_bytes); missed != missed_wanted_.end()) {
-      missed_bytes_ -= std::min<std::uint64_t>(missed_bytes_, range->mapped_bytes);
-      if (--missed->second == 0) missed_wanted_.erase(missed);
-    }
-  }
   parts_.core.stats.cached_bytes = cache_.bytes();
   return range;
 }
@@ -224,25 +204,7 @@ std::vector<std::size_t> AddressSpace::demanded_sizes() const {
 RangeCache::Demand AddressSpace::demand() const {
   RangeCache::Demand wanted;
   for (std::size_t size : demanded_sizes()) ++wanted[size];
-  // Ranges mapped for this forward's misses stay until a request of their size takes them.
-  for (const auto& [size, count] : missed_wanted_) wanted[size] += count;
   return wanted;
-}
-
-std::vector<std::size_t> AddressSpace::take_missed_for_next() {
-  std::map<std::size_t, std::size_t> wanted;
-  for (std::size_t size : missed_this_iteration_) ++wanted[size];
-  missed_this_iteration_.clear();
-  std::vector<std::size_t> sizes;
-  std::uint64_t bytes = cache_.bytes();
-  for (const auto& [size, count] : wanted) {
-    for (std::size_t have = cache_.count(size); have < count; ++have) {
-      if (bytes + size > options_.cache_bytes) return sizes;
-      bytes += size;
-      sizes.push_back(size);
-    }
-  }
-  return sizes;
 }
 
 bool AddressSpace::next_allocation_misses() const {
@@ -253,10 +215,6 @@ void AddressSpace::forward_begins() {
   if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
   cursor_ = 0;
-  // The last forward's misses are in its sizes now, the next forward's demand.
-  missed_wanted_.clear();
-  missed_bytes_ = 0;
-  missed_this_iteration_.clear();
 }
 
 }  // namespace actpage::engine

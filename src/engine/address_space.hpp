@@ -11,13 +11,6 @@
 //   for, learned from the last one (in backward: the next forward's first ones), within
 //   vmm.cache_bytes. A change to the cache or the demand marks it dirty, and the VMM worker
 //   (PageReturn) trims it then.
-// - vmm.map_misses_on_job_thread false: once a forward pass is known (the second paged pass on), a
-//   request the cache cannot serve is not mapped on the job's thread (a map waits for the GPU's
-//   queued work, milliseconds in a GPU-bound job): new_window() returns nullptr (the job's allocator
-//   has it, resident this once), the size joins the demand, and the VMM worker maps a range of it
-//   for the next request of that size in this forward (take_missed()); once backward has freed
-//   every allocation served (the cache was emptied at backward's start), it maps them again for the
-//   next forward (take_missed_for_next()).
 // - Everything with the engine's lock held; new_window() releases it around the driver calls.
 #pragma once
 
@@ -42,7 +35,6 @@ namespace actpage::engine {
 struct AddressSpaceOptions {
   std::uint64_t arena_bytes = 0;  // vmm.arena_bytes
   std::uint64_t cache_bytes = 0;  // vmm.cache_bytes
-  bool map_misses = true;         // vmm.map_misses_on_job_thread
 };
 
 // Pages kept for the cache outside it (waiting to be mapped at a cache address): they count
@@ -109,13 +101,6 @@ class AddressSpace {
   std::vector<std::size_t> demanded_sizes() const;
   // Whether the job's next allocation (as the last forward made it) would find no cached range.
   bool next_allocation_misses() const;
-  // vmm.map_misses_on_job_thread false: sizes the job's thread did not map, for the VMM worker to
-  // map into the cache (each once); has_missed() says whether any wait.
-  bool has_missed() const { return !missed_.empty(); }
-  std::vector<std::size_t> take_missed() { return std::exchange(missed_, {}); }
-  bool has_missed_for_next() const { return !missed_this_iteration_.empty(); }
-  // This forward's misses, less what the cache holds of each size.
-  std::vector<std::size_t> take_missed_for_next();
   // Whether this forward pass has served any candidate yet.
   bool served_this_iteration() const { return !sizes_this_iteration_.empty(); }
   // A forward pass begins: this one's sizes become the last one's.
@@ -130,10 +115,6 @@ class AddressSpace {
   std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // candidates served so far this iteration
-  std::vector<std::size_t> missed_;                 // sizes the VMM worker is to map (map_misses off)
-  std::vector<std::size_t> missed_this_iteration_;  // all of this forward's, for the next forward
-  std::map<std::size_t, std::size_t> missed_wanted_;  // in this forward's demand until a request takes one
-  std::uint64_t missed_bytes_ = 0;                  // of missed_ and missed_wanted_
   bool dirty_ = false;                              // cache or demand changed: the worker trims
 };
 

@@ -17,7 +17,6 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.groups.drain_at_backward_start = options.offload_drain_at_backward_start;
   parts.space.arena_bytes = options.vmm_arena_bytes;
   parts.space.cache_bytes = options.vmm_cache_bytes;
-  parts.space.map_misses = options.vmm_map_misses_on_job_thread;
   parts.offload.max_inflight_copies = options.max_inflight_copies;
   parts.offload.copy_chunk_bytes = options.copy_chunk_bytes;
   parts.offload.copy_chunks_queued = options.copy_chunks_queued;

@@ -20,10 +20,10 @@ namespace actpage::engine {
 //     their time (the grant waits for the copy queue and the map for the GPU's queued work)
 //   job_thread_window_ns, job_thread_pass_start_ns, job_thread_watched_ns: parts of
 //     job_thread_allocate_ns: finding a served allocation its window (the cache, or a miss's map,
-//     with the lock taken back after it), a forward's first served allocation's start (the pool's
-//     high-water mark, events), and auto mode's watched passes' allocations (all of it)
-//   misses_left_to_job, ranges_mapped_for_misses: vmm.map_misses_on_job_thread false: candidates the
-//     cache could not serve, left to the job's allocator, and ranges the VMM worker mapped for them
+//     with the lock taken back after it), a forward's first served allocation's start (the job
+//     pool's high-water mark read and restarted, events; 0.7 s a pass in deepseek_moe on the
+//     H200, 2026-11-28, the cause not isolated yet), and auto mode's watched passes' allocations
+//     (all of each, their windows and pass starts included)
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
@@ -136,8 +136,6 @@ namespace actpage::engine {
   X(job_thread_window_ns) \
   X(job_thread_pass_start_ns) \
   X(job_thread_watched_ns) \
-  X(misses_left_to_job) \
-  X(ranges_mapped_for_misses) \
   X(worker_vmm_calls) \
   X(offload_unmaps) \
   X(ranges_recycled) \

@@ -19,13 +19,7 @@ namespace actpage::engine {
 bool PageReturn::has_work() const {
   return parts_.space.dirty() || deferred_releases_.size() > deferred_waiting_ ||
          addresses_after_frees_.size() > addresses_waiting_ || !ready_.empty() || recycle_due() || prefill_due() ||
-         parts_.job_pool.look_due() || parts_.job_pool.fit_due() || parts_.space.has_missed() || refill_due();
-}
-
-bool PageReturn::refill_due() const {
-  // As the prefill's moment: backward has freed every allocation actpage served.
-  return parts_.space.has_missed_for_next() && parts_.groups.in_backward() && parts_.allocations.empty() &&
-         !parts_.core.stopping;
+         parts_.job_pool.look_due() || parts_.job_pool.fit_due();
 }
 
 std::optional<std::uint64_t> PageReturn::next_wake_ns() const {
@@ -80,8 +74,6 @@ void PageReturn::run() {
     } else {
       release_unwanted_pending(lock);
     }
-    if (parts_.space.has_missed()) map_missed(lock);
-    if (refill_due()) map_missed_for_next(lock);
     if (parts_.space.take_dirty()) trim_cache(lock);
     // After the trim: what the cache holds then is what the prefill need not create (the ranges it
     // adds mark the cache dirty again: the next pass trims, at once).
@@ -375,23 +367,6 @@ std::vector<std::size_t> PageReturn::prefill_sizes() const {
     for (std::size_t have = parts_.space.cached_count(size); have < count; ++have) wanted.push_back(size);
   }
   return wanted;
-}
-
-void PageReturn::map_missed(std::unique_lock<std::mutex>& lock) {
-  // vmm.map_misses_on_job_thread false: the sizes the job's thread left to the job's allocator, in
-  // one span with one grant, ready for the next request of each (no trim first: these pages take
-  // the place of the job's allocation of the same size next time).
-  const std::vector<std::size_t> sizes = parts_.space.take_missed();
-  const MappedRanges mapped = map_fresh_ranges(sizes, /*trim_job_pool=*/false, lock);
-  parts_.core.stats.ranges_mapped_for_misses += mapped.mapped;
-}
-
-void PageReturn::map_missed_for_next(std::unique_lock<std::mutex>& lock) {
-  // Backward's start emptied the cache: the ranges mapped for this forward's misses went with it.
-  const std::vector<std::size_t> sizes = parts_.space.take_missed_for_next();
-  if (sizes.empty()) return;
-  const MappedRanges mapped = map_fresh_ranges(sizes, /*trim_job_pool=*/false, lock);
-  parts_.core.stats.ranges_mapped_for_misses += mapped.mapped;
 }
 
 void PageReturn::prefill_cache(std::unique_lock<std::mutex>& lock) {

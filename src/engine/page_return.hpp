@@ -102,11 +102,6 @@ class PageReturn {
   // Creates and maps those ranges for the cache (unlocks): the next forward pass then takes its
   // ranges from the cache and makes no grant while its offload copies run.
   void prefill_cache(std::unique_lock<std::mutex>& lock);
-  // Maps the sizes the job's thread left to the job's allocator (vmm.map_misses_on_job_thread).
-  void map_missed(std::unique_lock<std::mutex>& lock);
-  // Once backward has freed every served allocation: this forward's misses, again, for the next.
-  bool refill_due() const;
-  void map_missed_for_next(std::unique_lock<std::mutex>& lock);
   // Creates and maps ranges of `sizes` in one span of the arena, grants access once (holding the
   // copies back meanwhile) and puts them in the cache; with `trim_job_pool`, first trims the job's
   // pool by their total and creates only as many bytes as it gave back (the sizes in order, up to

@@ -256,6 +256,11 @@ TEST(AutoMode, TheJobThreadsTimeInTheEngineSplitsBySitesThatAddUpToIt) {
   // Measured inside those calls: the waits for the lock at entry, and the room gate inside markers.
   EXPECT_LE(stats.job_thread_lock_wait_ns, stats.job_thread_ns);
   EXPECT_LE(stats.room_gate_ns, stats.job_thread_range_ns);
+  // And inside the served allocations: each one's window, and the paged passes' starts.
+  EXPECT_GT(stats.job_thread_window_ns, 0u);
+  EXPECT_GT(stats.job_thread_pass_start_ns, 0u);
+  EXPECT_LE(stats.job_thread_window_ns + stats.job_thread_pass_start_ns + stats.job_thread_watched_ns,
+            stats.job_thread_allocate_ns);
   expect_every_read_right(rig);
 }
 

@@ -551,49 +551,6 @@ TEST(Engine, TheCacheHandsOutTheOldestRangeOfTheBestSize) {
   EXPECT_EQ(rig.job->mismatches(), 0u);
 }
 
-TEST(Engine, WithoutJobThreadMapsAMissIsLeftToTheJobAndItsSizeIsMappedForTheNextPass) {
-  // vmm.map_misses_on_job_thread false. Pass 1 maps its 3 MiB activations (4 MiB ranges) on the
-  // job's thread: nothing is known yet. Pass 2 asks for 5 MiB (6 MiB ranges), which the cache has
-  // not: each is left to the job's allocator and the VMM worker maps a range of that size. Pass 3
-  // asks the same again and is served from those ranges, with no map on the job's thread.
-  Options options = testing::small_offload_options();
-  options.vmm_map_misses_on_job_thread = false;
-  options.vmm_cache_bytes = 1ull << 30;
-  Rig rig(options);
-  Forward first = run_mlp_forward(*rig.job, 4, 1, 3 * kMiB);
-  for (auto& [name, tensors] : first.saved) EXPECT_TRUE(tensors.at(0).owned) << name;
-  run_backward(*rig.job, first, 4);
-  rig.engine.quiesce();
-  const EngineStats after_first = rig.engine.stats();
-  EXPECT_EQ(after_first.job_thread_vmm_calls, 2u * 4);
-  EXPECT_EQ(after_first.misses_left_to_job, 0u);
-
-  Forward second = run_mlp_forward(*rig.job, 4, 1, 5 * kMiB);
-  // Each layer's activation missed: the first ones at least; the worker's ranges may serve later
-  // layers of this same pass (the demand holds them until a request takes them).
-  const Tensor& layer0 = second.saved["model.layers.0.mlp"].at(0);
-  EXPECT_FALSE(layer0.owned);
-  rig.engine.quiesce();
-  run_backward(*rig.job, second, 4);
-  rig.engine.quiesce();
-  const EngineStats after_second = rig.engine.stats();
-  EXPECT_EQ(after_second.job_thread_vmm_calls, after_first.job_thread_vmm_calls);
-  EXPECT_GE(after_second.misses_left_to_job, 1u);
-  EXPECT_GE(after_second.ranges_mapped_for_misses, 1u);
-
-  Forward third = run_mlp_forward(*rig.job, 4, 1, 5 * kMiB);
-  rig.engine.quiesce();
-  const EngineStats during_third = rig.engine.stats();
-  EXPECT_TRUE(third.saved["model.layers.0.mlp"].at(0).owned);
-  EXPECT_EQ(during_third.job_thread_vmm_calls, after_first.job_thread_vmm_calls);
-  run_backward(*rig.job, third, 4);
-  rig.engine.quiesce();
-  rig.device.synchronize();
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.job->failed(), 0u);
-  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
-}
-
 TEST(Engine, CopiedPagesLeaveTheDeviceWithinTheForward) {
   // Two layers into the forward pass of a steady-state iteration, their MLP activations are copied
   // and given back at once, before the forward ends. Every byte comes back.
