@@ -234,6 +234,42 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
       << summary[0];
 }
 
+TEST(AutoMode, AJobWhoseLayersNeverShowIsToldAutoModePagedNothingAndWhy) {
+  // A compiled model: the module hooks see the model but no numbered layers inside it. The run
+  // computes as without actpage, and its end says why nothing was paged, instead of nothing.
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  for (int pass = 0; pass < 3; ++pass) {
+    rig.job->push("model");
+    rig.job->push("model.compiled_region");
+    Tensor activation = rig.job->allocate(2 * kMiB);
+    rig.job->write(activation);
+    rig.job->pop();
+    rig.job->pop();
+    rig.job->check(activation);
+    rig.job->free(activation);
+    EXPECT_FALSE(activation.owned);
+  }
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_EQ(summary[0].rfind("auto (near-free): paged nothing: no layer ran under actpage's module hooks", 0), 0u)
+      << summary[0];
+  EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+}
+
+TEST(AutoMode, AutoModeOffSaysNothingAtTheEnd) {
+  Options options = auto_options();
+  options.auto_goal = AutoGoal::off;
+  Rig rig(options, budget_of(13 * kMiB), /*hooks=*/false);
+  rig.job->push("model");
+  Tensor activation = rig.job->allocate(2 * kMiB);
+  rig.job->pop();
+  rig.job->free(activation);
+  EXPECT_TRUE(rig.engine.summary().empty());
+}
+
 TEST(AutoMode, TheJobThreadsTimeInTheEngineSplitsBySitesThatAddUpToIt) {
   // Every site has its calls here: passes 1-2 watch the job's own allocations and packs, passes 3-4
   // serve, pack, unpack and free; layers are pushed and popped, backward's markers ask. Only sums
