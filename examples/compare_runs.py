@@ -558,6 +558,7 @@ def format_engine_table(rows):
         return None
     header = ["variant", "paged a pass GiB", "forward GPU ms unpaged -> paged", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
+              "job thread in actpage, ms a pass (allocating; of that, paged passes' starts)",
               "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
 
@@ -566,6 +567,10 @@ def format_engine_table(rows):
 
     def mib(value):
         return _cell(value / float(1 << 20) if value else None, "%.0f")
+
+    def per_pass(counters, name):
+        value, passes = counters.get(name), counters.get("iterations")
+        return None if value is None or not passes else value / float(passes)
 
     for row in rows:
         c = row["engine"]["counters"]
@@ -583,6 +588,8 @@ def format_engine_table(rows):
                          _cell(None if c.get("scheduled_reload_bytes") is None
                                else c["scheduled_reload_bytes"] / float(1 << 30), "%.2f")),
             _cell(c.get("job_thread_vmm_calls"), "%d"),
+            "%s (%s; %s)" % (ms(per_pass(c, "job_thread_ns")), ms(per_pass(c, "job_thread_allocate_ns")),
+                             ms(per_pass(c, "job_thread_pass_start_ns"))),
             "%s -> %s (%s, %s)" % (mib(c.get("auto_peak_watched_bytes")), mib(c.get("auto_peak_paged_bytes")),
                                    _cell(row.get("device_used_peak_mib"), "%.0f"),
                                    _cell(row.get("device_used_steady_peak_mib"), "%.0f")),
@@ -710,7 +717,9 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass and the "
                          "forward's GPU time unpaged (pass 2) and paged (median of the paged passes); stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
-                         "still copying at the marker that asked for them; reloads the schedule asked for; the peaks of device "
+                         "still copying at the marker that asked for them; reloads the schedule asked for; the "
+                         "job's threads' time inside actpage a pass (where the host runs far ahead, waits there "
+                         "replace the job's own and cost no GPU time); the peaks of device "
                          "memory in use auto mode's end-of-run line says (sampled in the job, as this comparison "
                          "samples it) beside this comparison's own.\n\n")
             handle.write(engine + "\n")

@@ -47,7 +47,9 @@ FAKE_JOB = textwrap.dedent("""
         sys.stderr.write('[actpage] info: engine: {"stalls": 2, "stall_ns": 3000000, "reload_gpu_waits": 1, '
                          '"reload_gpu_wait_ns": 5000000, "auto_bytes_chosen": 1073741824, '
                          '"auto_forward_gpu_ns": 50000000, "auto_forward_gpu_paged_ns": 55000000, "not_kept": 7, '
-                         '"auto_peak_watched_bytes": 828375040, "auto_peak_paged_bytes": 723517440}\\n')
+                         '"auto_peak_watched_bytes": 828375040, "auto_peak_paged_bytes": 723517440, '
+                         '"iterations": 10, "job_thread_ns": 40000000, "job_thread_allocate_ns": 30000000, '
+                         '"job_thread_pass_start_ns": 20000000}\\n')
         sys.stderr.write("[actpage] warning: auto (near-free): paged model.layers.0 (1 GiB a pass)\\n")
     losses = [1.5, 1.25, 1.0]
     if conf == "expandable_segments:True":
@@ -264,7 +266,8 @@ class CompareRunsTest(unittest.TestCase):
         with open(os.path.join(self.out, "results.md")) as handle:
             text = handle.read()
         self.assertIn("## actpage's own account", text)
-        self.assertIn("| auto | 1.00 | 50.0 -> 55.0 | 2 (3.0) | 1 (5.0) | - (-) | - | 790 -> 690 (800, 700) |", text)
+        self.assertIn("| auto | 1.00 | 50.0 -> 55.0 | 2 (3.0) | 1 (5.0) | - (-) | - | 4.0 (3.0; 2.0) | 790 -> 690 (800, 700) |",
+                      text)
         self.assertIn("- auto: `auto (near-free): paged model.layers.0 (1 GiB a pass)`", text)
         self.assertNotIn("| quiet |", text.split("## actpage's own account")[1])
 
