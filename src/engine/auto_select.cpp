@@ -383,7 +383,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   std::uint64_t observed = 0;
   for (const LayerSaved& layer : inputs.layers) observed += layer.bytes;
   const std::string budget = budget_text();
-  std::string line = "auto mode (" + goal_text() + ") on device " + std::to_string(core.device.ordinal());
+  std::string line = "auto mode (" + auto_goal_text(options_.device_memory_target) + ") on device " +
+                     std::to_string(core.device.ordinal());
   if (chosen_names_.empty()) {
     line += " pages nothing: " + choice.why_none + " (" + std::to_string(inputs.layers.size()) + " layers saved " +
             format_bytes(observed) + "; link budget " + budget + ")";
@@ -522,9 +523,9 @@ std::string AutoSelect::forward_text() const {
   return text;
 }
 
-std::string AutoSelect::goal_text() const {
-  if (options_.device_memory_target == 0) return "near-free";
-  return "device memory <= " + format_bytes(options_.device_memory_target);
+std::string auto_goal_text(std::uint64_t device_memory_target) {
+  if (device_memory_target == 0) return "near-free";
+  return "device memory <= " + format_bytes(device_memory_target);
 }
 
 std::string AutoSelect::budget_text() const {
@@ -546,7 +547,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
 
 std::optional<std::string> AutoSelect::summary() const {
   if (!decided_) return std::nullopt;
-  std::string line = "auto (" + goal_text() + "): ";
+  std::string line = "auto (" + auto_goal_text(options_.device_memory_target) + "): ";
   if (chosen_names_.empty()) {
     line += "paged nothing (link budget " + budget_text() + ")";
   } else {

@@ -88,6 +88,11 @@ struct AutoOptions {
   std::uint64_t watch_bytes = 0;
 };
 
+// Auto mode's goal for people: "near-free", or "device memory <= 20.0 GiB" for a target (bytes,
+// auto_device_memory). The end-of-run line and the decision's log line say it; so does Engine's
+// line for a run that never saw a layer.
+std::string auto_goal_text(std::uint64_t device_memory_target);
+
 class AutoSelect {
  public:
   static constexpr std::size_t kMeasureBytes = std::size_t{64} << 20;
@@ -166,8 +171,6 @@ class AutoSelect {
   bool protected_by_rule(ranges::PathId node) const;
   // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people; for the device-memory goal, the target.
   std::string budget_text() const;
-  // "near-free" or "device memory <= 20.0 GiB".
-  std::string goal_text() const;
   // "model.layers.0-1 and the first 5 of 12 saved tensors of model.layers.2", for people.
   std::string chosen_text() const;
   // Whether an observed pass's device memory in use is still to be read (the goal waits for it).

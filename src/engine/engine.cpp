@@ -6,7 +6,6 @@
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
-#include "common/units.hpp"
 #include "engine/allocation_key.hpp"
 #include "engine/forward_pass.hpp"
 #include "policy/module_matcher.hpp"
@@ -271,10 +270,7 @@ std::vector<std::string> Engine::summary() const {
   bool engine_ran = false;
   for (const auto& slot : devices_) engine_ran = engine_ran || slot.load(std::memory_order_acquire) != nullptr;
   if (lines.empty() && auto_mode_ && engine_ran && auto_phase_.load(std::memory_order_relaxed) == kAutoWaiting) {
-    const std::string goal = options_.auto_device_memory == 0
-                                 ? std::string("near-free")
-                                 : "device memory <= " + format_bytes(options_.auto_device_memory);
-    lines.push_back("auto (" + goal +
+    lines.push_back("auto (" + auto_goal_text(options_.auto_device_memory) +
                     "): paged nothing: no layer ran under actpage's module hooks (numbered modules such as "
                     "layers.0, layers.1); a model whose layers run inside torch.compile's compiled regions hides them");
   }
