@@ -22,7 +22,8 @@ namespace actpage::engine {
 //     job_thread_allocate_ns: finding a served allocation its window (the cache, or a miss's map,
 //     with the lock taken back after it), a forward's first served allocation's start (the job
 //     pool's high-water mark read and restarted, events; 0.7 s a pass in deepseek_moe on the
-//     H200, 2026-11-28, the cause not isolated yet), and auto mode's watched passes' allocations
+//     H200, 2026-11-28, and still 0.4 s with the pool's trims off: the event, most likely), and
+//     auto mode's watched passes' allocations
 //     (all of each, their windows and pass starts included)
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
