@@ -266,7 +266,8 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "job_thread_saved_ns", "job_thread_observe_ns", "job_thread_lock_wait_ns", "gpu_waits",
                    "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
-                   "job_thread_pass_start_ns", "job_thread_watched_ns")
+                   "job_thread_pass_start_ns", "job_thread_watched_ns", "auto_bytes_paged", "auto_sheds",
+                   "auto_cycle_base_ns", "auto_cycle_judged_ns")
 
 
 def engine_account(stderr_text):
@@ -556,7 +557,8 @@ def format_engine_table(rows):
     rows = [row for row in rows if row.get("engine")]
     if not rows:
         return None
-    header = ["variant", "paged a pass GiB", "forward GPU ms unpaged -> paged", "stalls (ms)",
+    header = ["variant", "paged a pass GiB (chosen -> after the governor)", "forward GPU ms unpaged -> paged",
+              "pass cycle GPU ms unpaged -> paged (judged)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
               "job thread in actpage, ms a pass (allocating; of that, paged passes' starts)",
               "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
@@ -578,10 +580,17 @@ def format_engine_table(rows):
         forward = "-"
         if c.get("auto_forward_gpu_ns"):
             forward = "%s -> %s" % (ms(c.get("auto_forward_gpu_ns")), ms(c.get("auto_forward_gpu_paged_ns") or None))
+        paged = c.get("auto_bytes_paged")
+        gib = "%s -> %s" % (_cell(None if chosen is None else chosen / float(1 << 30), "%.2f"),
+                            _cell(None if paged is None else paged / float(1 << 30), "%.2f"))
+        cycle = "-"
+        if c.get("auto_cycle_judged_ns"):
+            cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns")), ms(c.get("auto_cycle_judged_ns")))
         cells = [
             row["variant"],
-            _cell(None if chosen is None else chosen / float(1 << 30), "%.2f"),
+            gib,
             forward,
+            cycle,
             "%s (%s)" % (_cell(c.get("stalls"), "%d"), ms(c.get("stall_ns"))),
             "%s (%s)" % (_cell(c.get("reload_gpu_waits"), "%d"), ms(c.get("reload_gpu_wait_ns"))),
             "%s (%s)" % (_cell(c.get("scheduled_reloads"), "%d"),
@@ -714,8 +723,10 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
         engine = format_engine_table(rows)
         if engine is not None:
             handle.write("\n## actpage's own account\n\nMedians over each variant's runs of the counters the engine "
-                         "logs at the end of a run (totals over the run): auto mode's bytes a pass and the "
-                         "forward's GPU time unpaged (pass 2) and paged (median of the paged passes); stalls "
+                         "logs at the end of a run (totals over the run): auto mode's bytes a pass as chosen and "
+                         "as its governor left them, the forward's GPU time unpaged (pass 2) and paged (median of "
+                         "the paged passes), a pass's whole GPU cycle unpaged and as the governor last judged "
+                         "it paged; stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
                          "still copying at the marker that asked for them; reloads the schedule asked for; the "
                          "job's threads' time inside actpage a pass (where the host runs far ahead, waits there "

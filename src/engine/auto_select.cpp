@@ -283,6 +283,57 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
   if (phase_ != Phase::paging) return;
   paged_start_ns_ = 0;  // a forward whose backward marker was never reached measures nothing
   paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
+  // The governor's cycles run from one paged pass's start to the next's: near-free only (the
+  // device-memory goal pages what its target needs, whatever it costs), and on the GPU's times or a
+  // test's injected cycles, never on a simulated device's host-timed ones.
+  const bool governed = options_.device_memory_target == 0 &&
+                        (injected_.paged_cycle_ns ? true : injected_.d2h_bytes_per_s == 0);
+  if (governed && paged_start_marker_ != 0) pass_starts_.push_back(PassStart{paged_start_marker_, pass_, generation_});
+}
+
+void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns) {
+  if (!last_start_) {
+    // The first paged pass's start ends the watched pass's cycle (pass 2's, from its first allocation).
+    std::uint64_t reference = 0;
+    if (injected_.paged_cycle_ns) {
+      reference = injected_.reference_cycle_ns;
+    } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && now_ns > forward_start_ns_) {
+      reference = now_ns - forward_start_ns_;
+    }
+    governor_.emplace(reference, watched_pass_bytes_, chosen_bytes_, options_.min_bytes);
+  } else if (governor_ && start.pass == last_start_->pass + 1 && start.generation == last_start_->generation &&
+             start.generation == generation_) {
+    // A whole pass under the cap in force (a pass the host began before a shed is the old cap's).
+    const std::uint64_t cycle =
+        injected_.paged_cycle_ns ? injected_.paged_cycle_ns(governor_->cap_bytes()) : now_ns - last_start_ns_;
+    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_lowered(*cap);
+  }
+  if (!last_start_ || start.pass != last_start_->pass) {
+    last_start_ = start;
+    last_start_ns_ = now_ns;
+  }
+}
+
+void AutoSelect::cap_lowered(std::uint64_t cap_bytes) {
+  ++generation_;
+  capped_ = true;
+  allowed_keys_.clear();
+  // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
+  std::uint64_t kept = 0;
+  for (const SavedKey& key : chosen_key_bytes_) {
+    if (kept + key.bytes > cap_bytes) break;
+    kept += key.bytes;
+    allowed_keys_.insert(key.key);
+  }
+  capped_bytes_ = kept;
+  governor_->cap_kept(kept);
+  shed_pass_ = pass_;
+  const std::string line = "auto mode (near-free): " + governor_->judgement_text() + ": pages " +
+                           (kept != 0 ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
+                                      : "nothing more") +
+                           ", from the job's pass " + std::to_string(pass_) + " on";
+  ACTPAGE_LOG_INFO("{}", line);
+  parts_.core.events.message(line);
 }
 
 std::uint64_t AutoSelect::paged_forward_median_ns() const { return lower_median(paged_forward_ns_); }
@@ -358,12 +409,16 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
   const bool reload_limited = !memory_goal && near_free.reload_limited;
   decided_ = true;
+  watched_pass_bytes_ = watched_bytes_;
   budget_bytes_ = near_free.budget_bytes;
   chosen_bytes_ = choice.bytes;
   auto choose_keys = [&](std::size_t index, std::size_t count) {
     const auto keys = saved_keys_.find(layers_[index]);
     if (keys == saved_keys_.end()) return;
-    for (std::size_t i = 0; i < keys->second.size() && i < count; ++i) chosen_keys_.push_back(keys->second[i].key);
+    for (std::size_t i = 0; i < keys->second.size() && i < count; ++i) {
+      chosen_keys_.push_back(keys->second[i].key);
+      chosen_key_bytes_.push_back(keys->second[i]);
+    }
   };
   for (std::size_t index : choice.chosen) {
     chosen_names_.push_back(inputs.layers[index].name);
@@ -436,6 +491,12 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   }
   for (LayerStart& start : layer_starts_) {
     if (start.marker == marker) start.ns = now_ns;
+  }
+  while (!pass_starts_.empty() && pass_starts_.front().marker <= marker) {
+    // Markers are reached in the order they were made: one older than this one was reached too.
+    const PassStart start = pass_starts_.front();
+    pass_starts_.pop_front();
+    if (start.marker == marker) pass_start_reached(start, now_ns);
   }
   if (marker == backward_marker_ && forward_start_ns_ != 0 && forward_gpu_ns_ == 0) {
     forward_gpu_measured_ns_ = std::max<std::uint64_t>(1, now_ns - forward_start_ns_);
@@ -543,6 +604,12 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_used_paged_bytes = used_paged_;
   stats.auto_peak_watched_bytes = peak_watched_;
   stats.auto_peak_paged_bytes = peak_paged_;
+  stats.auto_bytes_paged = capped_ ? capped_bytes_ : chosen_bytes_;
+  if (governor_) {
+    stats.auto_sheds = governor_->sheds();
+    stats.auto_cycle_base_ns = governor_->base_cycle_ns();
+    stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
+  }
 }
 
 std::optional<std::string> AutoSelect::summary() const {
@@ -555,6 +622,15 @@ std::optional<std::string> AutoSelect::summary() const {
             budget_text() + ")";
   }
   if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
+  if (governor_ && !governor_->judgement_text().empty()) {
+    // What the paged passes cost the GPU, and what the governor made of it.
+    line += "; " + governor_->judgement_text();
+    if (capped_) {
+      line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
+                                       std::to_string(shed_pass_)
+                                 : ": paging ended at the job's pass " + std::to_string(shed_pass_);
+    }
+  }
   // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else
   // the readings at backward's start.
   const bool sampled = peak_watched_ != 0 && peak_paged_ != 0;

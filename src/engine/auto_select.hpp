@@ -39,6 +39,12 @@
 //   Engine then selects the chosen layers (a classifier of its own), and in them only the
 //   allocations whose key (allocation_key.hpp) was saved in pass 1 (chosen_keys()); of the layer
 //   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
+// - The governor (near-free only; NearFreeGovernor): each paged pass's start is marked on the job's
+//   stream (at its first served allocation) with the cap in force; the GPU's time from one start
+//   to the next under one cap is a cycle, judged against the watched pass's (pass 2's start to the
+//   first paged pass's). When paging costs the cycle more than kNearFreeAllowance, the cap falls:
+//   from then on only the chosen keys whose bytes, earliest first, fit in it are served
+//   (pages_key()); the rest go to the job's allocator. Logged (info) and said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats).
@@ -51,6 +57,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -63,6 +70,7 @@
 #include "actpage/options.hpp"
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/near_free_governor.hpp"
 #include "engine/node_verdict.hpp"
 #include "policy/module_matcher.hpp"
 #include "ranges/registry.hpp"
@@ -77,6 +85,10 @@ struct AutoMeasurements {
   // Every layer's reload window (the GPU's time from backward's start to its marker) instead of the
   // observed backward's: a test's backward takes the host's time, not a GPU's.
   std::uint64_t reload_window_ns = 0;
+  // The governor's cycles (NearFreeGovernor) instead of the GPU's: the watched pass's, and a paged
+  // pass's as a function of the cap in force (a test's GPU whose cost grows with what it pages).
+  std::uint64_t reference_cycle_ns = 0;
+  std::function<std::uint64_t(std::uint64_t cap_bytes)> paged_cycle_ns;
 };
 
 struct AutoOptions {
@@ -127,6 +139,9 @@ class AutoSelect {
   // keys saved here).
   void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread,
                          std::uint64_t key);
+  // Whether a chosen key (Engine's candidates) is still paged under the governor's cap; true before
+  // any shed and for key 0.
+  bool pages_key(std::uint64_t key) const { return !capped_ || key == 0 || allowed_keys_.contains(key); }
   // A pack of an address none of ours (counted in pass 1).
   void tensor_saved(DevPtr address);
   // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
@@ -262,6 +277,27 @@ class AutoSelect {
   std::uint64_t paged_start_ns_ = 0;
   std::vector<std::uint64_t> paged_forward_ns_;
   std::uint64_t paged_forward_median_ns() const;
+
+  // The governor: the paged passes' starts as the host marked them (with the cap's generation then),
+  // the last one the GPU reached, and the keys the cap leaves (capped_: a shed happened).
+  struct PassStart {
+    std::uint64_t marker = 0;
+    std::uint64_t pass = 0;
+    std::uint32_t generation = 0;
+  };
+  void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
+  void cap_lowered(std::uint64_t cap_bytes);
+  std::optional<NearFreeGovernor> governor_;
+  std::vector<SavedKey> chosen_key_bytes_;  // chosen_keys_ with their bytes, in the same order
+  std::deque<PassStart> pass_starts_;
+  std::optional<PassStart> last_start_;
+  std::uint64_t last_start_ns_ = 0;
+  std::uint32_t generation_ = 0;  // the cap's: one more at each shed
+  std::uint64_t watched_pass_bytes_ = 0;  // what pass 2 paged while watching
+  std::uint64_t shed_pass_ = 0;  // the host's pass when the cap last fell
+  bool capped_ = false;
+  std::uint64_t capped_bytes_ = 0;  // the allowed keys' bytes a pass
+  std::unordered_set<std::uint64_t> allowed_keys_;
 };
 
 // "model.layers.0-5" for consecutive numbered names of one prefix, else the names joined by ", ".

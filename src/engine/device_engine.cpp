@@ -158,9 +158,14 @@ void DeviceEngine::bind_job_thread() {
   }
 }
 
-DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict) {
+DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
+                              std::uint64_t auto_key) {
   std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
   if (!core_.started || core_.stopping) return 0;
+  if (!auto_.pages_key(auto_key)) {
+    ++core_.stats.auto_key_capped;
+    return 0;
+  }
   turns_.take_job_turn(lock);
   const Turns::Scope turn(turns_, Turns::Turn::job);
   return allocate_locked(bytes, stream, verdict, lock);

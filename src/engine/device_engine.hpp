@@ -71,7 +71,9 @@ class DeviceEngine {
   bool owns(DevPtr ptr) const noexcept { return space_.owns(ptr); }
 
   // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
-  DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict);
+  // `auto_key`: auto mode's key of a chosen allocation (0: none), which the governor's cap may leave
+  // to the job's allocator (AutoSelect::pages_key).
+  DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict, std::uint64_t auto_key = 0);
   void free(DevPtr ptr, StreamHandle stream);
 
   // Range events of the job's threads, forwarded by Engine.

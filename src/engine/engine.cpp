@@ -89,16 +89,18 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   const NodeVerdict verdict = classifier().classify(request.path);
   if (!verdict.candidate) return auto_watch_paging_ ? try_allocate_watched(request, *engine) : 0;
   if (request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
+  std::uint64_t key = 0;
   if (const auto* keys = auto_keys_now_.load(std::memory_order_acquire); keys != nullptr) {
     // Auto mode: in a chosen layer only what autograd saved when it watched is worth moving.
-    if (!keys->contains(next_allocation_key(request.path))) {
+    key = next_allocation_key(request.path);
+    if (!keys->contains(key)) {
       auto_key_passed_.fetch_add(1, std::memory_order_relaxed);
       return 0;
     }
     auto_key_candidates_.fetch_add(1, std::memory_order_relaxed);
   }
   JobThreadTimer timer(engine, JobThreadSite::allocate);
-  return engine->allocate(request.bytes, request.stream, verdict);
+  return engine->allocate(request.bytes, request.stream, verdict, key);
 }
 
 DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept {

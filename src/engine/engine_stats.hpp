@@ -113,7 +113,10 @@ namespace actpage::engine {
 //     auto_peak_paged_bytes: the most device memory in use the sampler saw before the decision / in
 //     the paged passes after the first's forward; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
-//     job's allocator: allocation_key.hpp)
+//     job's allocator: allocation_key.hpp); auto_bytes_paged: what is paged a pass after the
+//     governor's sheds (auto_sheds; NearFreeGovernor), auto_cycle_base_ns / auto_cycle_judged_ns:
+//     a pass's GPU cycle unpaged (fitted) and as last judged paged; auto_key_capped: chosen-key
+//     allocations the governor's cap left to the job's allocator
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
@@ -203,6 +206,11 @@ namespace actpage::engine {
   X(auto_peak_paged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \
+  X(auto_bytes_paged) \
+  X(auto_sheds) \
+  X(auto_cycle_base_ns) \
+  X(auto_cycle_judged_ns) \
+  X(auto_key_capped) \
   X(job_thread_ns) \
   X(job_thread_allocate_ns) \
   X(job_thread_free_ns) \

@@ -709,6 +709,91 @@ TEST(AutoMode, ThePagedForwardsGpuTimeIsMeasuredAndSaidBesideTheUnpagedOne) {
   expect_every_read_right(rig);
 }
 
+// The governor (NearFreeGovernor) on a GPU whose pass cycle grows with what is paged: the test's
+// injected cycles, 1 s watched, `cost` more with the three chosen layers (12 MiB) paged, in
+// proportion to the bytes. Runs passes until `done` holds (at most 60), each checked bit for bit.
+AutoMeasurements governed(double cost) {
+  AutoMeasurements measurements = budget_of(13 * kMiB);
+  measurements.reference_cycle_ns = 1'000'000'000;
+  measurements.paged_cycle_ns = [cost](std::uint64_t cap) {
+    return static_cast<std::uint64_t>(1e9 * (1.0 + cost * static_cast<double>(cap) / static_cast<double>(12 * kMiB)));
+  };
+  return measurements;
+}
+
+int passes_until(Rig& rig, LayerJob& job, const std::function<bool(const EngineStats&)>& done) {
+  int passes = 0;
+  while (passes < 60) {
+    job.pass();
+    ++passes;
+    if (passes > 2 && done(rig.engine.stats())) break;
+  }
+  return passes;
+}
+
+TEST(AutoMode, WhenPagingCostsTheGpusCycleMoreThanTheAllowanceItPagesLess) {
+  // 6% at 12 MiB: the fitted cost allows 0.67 x 3% of it, 4.02 MiB: layer 0's two tensors.
+  Rig rig(auto_options(), governed(0.06));
+  LayerJob job(rig);
+  // The clock's worker notes the passes' starts on its own thread: the shed comes when it has.
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_sheds >= 1; });
+  ASSERT_EQ(rig.engine.stats().auto_sheds, 1u);
+  for (int pass = 0; pass < 2; ++pass) job.pass();  // the host's pass when the shed came was mixed
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, false, false, false, false, false}));
+  EXPECT_EQ(rig.engine.auto_chosen(), (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}))
+      << "the decision stands; the cap leaves its later keys to the job's allocator";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_bytes_chosen, 12 * kMiB);
+  EXPECT_EQ(stats.auto_bytes_paged, 4 * kMiB);
+  EXPECT_EQ(stats.auto_cycle_base_ns, 1'000'000'000u);
+  EXPECT_EQ(stats.auto_cycle_judged_ns, 1'060'000'000u);
+  EXPECT_GT(stats.auto_key_capped, 0u);
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("paged passes' GPU cycle 1060.0 ms against 1000.0 ms unpaged (+6.0%, allowed +3.0%): "
+                            "cut to 4 MiB a pass from the job's pass "),
+            std::string::npos)
+      << summary[0];
+}
+
+TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStands) {
+  Rig rig(auto_options(), governed(0.02));
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_judged_ns != 0; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_sheds, 0u);
+  EXPECT_EQ(stats.auto_bytes_paged, 12 * kMiB);
+  EXPECT_EQ(stats.auto_key_capped, 0u);
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("; paged passes' GPU cycle 1020.0 ms against 1000.0 ms unpaged (+2.0%, allowed +3.0%)"),
+            std::string::npos)
+      << summary[0];
+  EXPECT_EQ(summary[0].find("cut to"), std::string::npos) << summary[0];
+}
+
+TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
+  // 20% whatever is paged: the first shed keeps 1.2 MiB, less than any chosen tensor: nothing.
+  AutoMeasurements measurements = governed(0);
+  measurements.paged_cycle_ns = [](std::uint64_t cap) -> std::uint64_t { return cap != 0 ? 1'200'000'000 : 1'000'000'000; };
+  Rig rig(auto_options(), measurements);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_sheds >= 1; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>(kLayers, false)));
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_sheds, 1u);
+  EXPECT_EQ(stats.auto_bytes_paged, 0u);
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("(+20.0%, allowed +3.0%): paging ended at the job's pass "), std::string::npos) << summary[0];
+}
+
 TEST(AutoMode, AnExplicitPolicyIsNotObserved) {
   Options options = auto_options();
   options.modules = {ModuleRule{{"*.mlp"}, true, std::nullopt}};
