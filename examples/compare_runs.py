@@ -558,7 +558,7 @@ def format_engine_table(rows):
     if not rows:
         return None
     header = ["variant", "paged a pass GiB (chosen -> after the governor)", "forward GPU ms unpaged -> paged",
-              "pass cycle GPU ms unpaged -> paged (judged)", "stalls (ms)",
+              "pass GPU ms unpaged -> paged (judged)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
               "job thread in actpage, ms a pass (allocating; of that, paged passes' starts)",
               "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
@@ -725,7 +725,7 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
             handle.write("\n## actpage's own account\n\nMedians over each variant's runs of the counters the engine "
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass as chosen and "
                          "as its governor left them, the forward's GPU time unpaged (pass 2) and paged (median of "
-                         "the paged passes), a pass's whole GPU cycle unpaged and as the governor last judged "
+                         "the paged passes), a pass's GPU time (its start to backward's last marker) unpaged and as the governor last judged "
                          "it paged; stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
                          "still copying at the marker that asked for them; reloads the schedule asked for; the "

@@ -292,20 +292,28 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
 }
 
 void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns) {
+  // A pass's GPU time, the governor's cycle, runs from its start to the last backward marker the GPU
+  // reached before the next pass's start: not to that start, for the GPU may idle between passes
+  // for reasons of the host's (the decision's wait at pass 3; a data loader), and the optimizer's
+  // step and the first layer's backward are paging's neither.
   if (!last_start_) {
-    // The first paged pass's start ends the watched pass's cycle (pass 2's, from its first allocation).
+    // The first paged pass's start ends the watched pass (pass 2, from its first allocation).
     std::uint64_t reference = 0;
     if (injected_.paged_cycle_ns) {
       reference = injected_.reference_cycle_ns;
-    } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && now_ns > forward_start_ns_) {
-      reference = now_ns - forward_start_ns_;
+    } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && last_backward_ns_ > forward_start_ns_) {
+      reference = last_backward_ns_ - forward_start_ns_;
     }
     governor_.emplace(reference, watched_pass_bytes_, chosen_bytes_, options_.min_bytes);
   } else if (governor_ && start.pass == last_start_->pass + 1 && start.generation == last_start_->generation &&
              start.generation == generation_) {
     // A whole pass under the cap in force (a pass the host began before a shed is the old cap's).
-    const std::uint64_t cycle =
-        injected_.paged_cycle_ns ? injected_.paged_cycle_ns(governor_->cap_bytes()) : now_ns - last_start_ns_;
+    std::uint64_t cycle = 0;
+    if (injected_.paged_cycle_ns) {
+      cycle = injected_.paged_cycle_ns(governor_->cap_bytes());
+    } else if (last_backward_ns_ > last_start_ns_) {
+      cycle = last_backward_ns_ - last_start_ns_;
+    }
     if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_lowered(*cap);
   }
   if (!last_start_ || start.pass != last_start_->pass) {
@@ -481,9 +489,11 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock) {
+void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool backward_marker,
+                             std::unique_lock<std::mutex>& lock) {
   if (!on_ || marker == 0) return;
   EngineCore& core = parts_.core;
+  if (backward_marker) last_backward_ns_ = now_ns;
   if (marker == pass_start_marker_) forward_start_ns_ = now_ns;
   if (marker == paged_start_marker_) {
     paged_start_marker_ = 0;

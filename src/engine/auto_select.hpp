@@ -41,8 +41,8 @@
 //   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
 // - The governor (near-free only; NearFreeGovernor): each paged pass's start is marked on the job's
 //   stream (at its first served allocation) with the cap in force; the GPU's time from one start
-//   to the next under one cap is a cycle, judged against the watched pass's (pass 2's start to the
-//   first paged pass's). When paging costs the cycle more than kNearFreeAllowance, the cap falls:
+//   to the last backward marker before the next, under one cap, is a cycle, judged against the
+//   watched pass's (pass 2's start to its last backward marker). When paging costs the cycle more than kNearFreeAllowance, the cap falls:
 //   from then on only the chosen keys whose bytes, earliest first, fit in it are served
 //   (pages_key()); the rest go to the job's allocator. Logged (info) and said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
@@ -155,7 +155,8 @@ class AutoSelect {
   // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one.
   void memory_sampled(std::uint64_t used_bytes);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
-  void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
+  // `backward_marker`: one of a backward's markers, not a point of auto mode's own.
+  void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool backward_marker, std::unique_lock<std::mutex>& lock);
 
   // The chosen layers' names, in forward order (empty until the decision, or when none): the whole
   // ones, then the one of which only the first saved tensors are (their keys are chosen_keys()).
@@ -292,6 +293,7 @@ class AutoSelect {
   std::deque<PassStart> pass_starts_;
   std::optional<PassStart> last_start_;
   std::uint64_t last_start_ns_ = 0;
+  std::uint64_t last_backward_ns_ = 0;  // when the GPU reached the newest backward marker
   std::uint32_t generation_ = 0;  // the cap's: one more at each shed
   std::uint64_t watched_pass_bytes_ = 0;  // what pass 2 paged while watching
   std::uint64_t shed_pass_ = 0;  // the host's pass when the cap last fell

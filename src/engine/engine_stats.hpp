@@ -115,7 +115,7 @@ namespace actpage::engine {
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp); auto_bytes_paged: what is paged a pass after the
 //     governor's sheds (auto_sheds; NearFreeGovernor), auto_cycle_base_ns / auto_cycle_judged_ns:
-//     a pass's GPU cycle unpaged (fitted) and as last judged paged; auto_key_capped: chosen-key
+//     a pass's GPU time (its start to backward's last marker) unpaged (fitted) and as last judged paged; auto_key_capped: chosen-key
 //     allocations the governor's cap left to the job's allocator
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.

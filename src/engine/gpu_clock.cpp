@@ -28,7 +28,8 @@ void GpuClock::run() {
     if (!status.ok()) core.note_failure("waiting for the GPU to reach a backward marker", status);
     const Marker reached = markers_.front();
     reached_oldest(now);
-    parts_.auto_select.gpu_reached(reached.id, now, lock);  // may unlock: the front is looked up again
+    // May unlock: the front is looked up again.
+    parts_.auto_select.gpu_reached(reached.id, now, /*backward_marker=*/!reached.point, lock);
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate
     if (!reached.point && !core.stopping) {
       if (reached.backward_begins) backward_reached_ns_ = now;

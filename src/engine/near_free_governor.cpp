@@ -67,7 +67,7 @@ void NearFreeGovernor::cap_kept(std::uint64_t kept_bytes) {
 std::string NearFreeGovernor::judgement_text() const {
   if (judged_ns_ == 0 || base_ns_ == 0) return "";
   char text[160];
-  std::snprintf(text, sizeof text, "paged passes' GPU cycle %.1f ms against %.1f ms unpaged (%+.1f%%, allowed %+.1f%%)",
+  std::snprintf(text, sizeof text, "paged passes' GPU time %.1f ms against %.1f ms unpaged (%+.1f%%, allowed %+.1f%%)",
                 static_cast<double>(judged_ns_) / 1e6, static_cast<double>(base_ns_) / 1e6,
                 (static_cast<double>(judged_ns_) / static_cast<double>(base_ns_) - 1.0) * 100.0, allowance_ * 100.0);
   return text;

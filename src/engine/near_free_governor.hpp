@@ -7,7 +7,8 @@
 // x1.08-1.7 a step. Nothing in the first passes predicts that; the paged passes show it.
 //
 // Contract (a pure state machine; AutoSelect feeds it the GPU's times):
-// - The reference: one pass's cycle on the GPU (from a pass's start to the next's) as it was watched,
+// - The reference: one pass's cycle, its GPU time from its start to backward's last marker (the
+//   optimizer's step and the GPU's idling between passes are left out), as it was watched,
 //   `watched_bytes` of it paged (auto_pages_while_watching; 0: unpaged). The paged cycles are those
 //   of the passes that paged under the cap in force, `chosen_bytes` at first.
 // - A cycle after each change of the cap (the first paged one included) is the switch's, not
@@ -57,7 +58,7 @@ class NearFreeGovernor {
   // The lower median of the last judged cycles (0 before the first judgement).
   std::uint64_t judged_cycle_ns() const { return judged_ns_; }
   std::uint32_t sheds() const { return sheds_; }
-  // The last judgement, for people: "paged passes' GPU cycle 512.0 ms against 456.0 ms unpaged
+  // The last judgement, for people: "paged passes' GPU time 512.0 ms against 456.0 ms unpaged
   // (+12.3%, allowed +3.0%)".
   std::string judgement_text() const;
 

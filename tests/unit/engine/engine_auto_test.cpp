@@ -751,7 +751,7 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleMoreThanTheAllowanceItPagesLess) {
   expect_every_read_right(rig);
   const std::vector<std::string> summary = rig.engine.summary();
   ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("paged passes' GPU cycle 1060.0 ms against 1000.0 ms unpaged (+6.0%, allowed +3.0%): "
+  EXPECT_NE(summary[0].find("paged passes' GPU time 1060.0 ms against 1000.0 ms unpaged (+6.0%, allowed +3.0%): "
                             "cut to 4 MiB a pass from the job's pass "),
             std::string::npos)
       << summary[0];
@@ -770,7 +770,7 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStands) {
   expect_every_read_right(rig);
   const std::vector<std::string> summary = rig.engine.summary();
   ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("; paged passes' GPU cycle 1020.0 ms against 1000.0 ms unpaged (+2.0%, allowed +3.0%)"),
+  EXPECT_NE(summary[0].find("; paged passes' GPU time 1020.0 ms against 1000.0 ms unpaged (+2.0%, allowed +3.0%)"),
             std::string::npos)
       << summary[0];
   EXPECT_EQ(summary[0].find("cut to"), std::string::npos) << summary[0];
