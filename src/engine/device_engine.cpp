@@ -158,25 +158,30 @@ void DeviceEngine::bind_job_thread() {
   }
 }
 
+DeviceEngine::JobEntry::JobEntry(DeviceEngine& engine, When when) : lock(engine.core_.lock_for_job_thread()) {
+  const EngineCore& core = engine.core_;
+  if (when == When::running && (!core.started || core.stopping)) return;
+  if (when == When::started && !core.started) return;
+  engine.turns_.take_job_turn(lock);
+  turn_.emplace(engine.turns_, Turns::Turn::job);
+}
+
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
                               std::uint64_t auto_key) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return 0;
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return 0;
   if (!auto_.pages_key(auto_key)) {
     ++core_.stats.auto_key_capped;
     return 0;
   }
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
-  return allocate_locked(bytes, stream, verdict, lock);
+  return allocate_locked(bytes, stream, verdict, entry.lock);
 }
 
 DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
   const std::uint64_t started = monotonic_ns();
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return 0;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return 0;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   const auto thread = std::this_thread::get_id();
   const std::optional<NodeVerdict> verdict = auto_.watched_verdict(path, bytes, thread, key);
   DevPtr ptr = 0;
@@ -223,16 +228,14 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
 }
 
 void DeviceEngine::free(DevPtr ptr, StreamHandle stream) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::always);
+  std::unique_lock<std::mutex>& lock = entry.lock;
   allocations_.free(ptr, stream, lock);
 }
 
 void DeviceEngine::on_pop(ranges::PathId node) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::always);
+  std::unique_lock<std::mutex>& lock = entry.lock;
   const auto thread = std::this_thread::get_id();
   if (groups_.drains_at(node) && groups_.is_forward_thread(thread) && !groups_.in_backward()) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
@@ -250,10 +253,9 @@ void DeviceEngine::on_pop(ranges::PathId node) {
 }
 
 void DeviceEngine::drain_at_backward_start() {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::started);
+  if (!entry) return;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   if (groups_.is_forward_thread(std::this_thread::get_id())) return;  // the head's allocations pass by
   drain_if_armed(lock);
 }
@@ -280,10 +282,9 @@ std::optional<StreamHandle> stream_of(const std::vector<Group*>& groups) {
 
 void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::started);
+  if (!entry) return;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   drain_if_armed(lock);
   const bool backward_begins = !groups_.in_backward();
   if (backward_begins) groups_.backward_begins();
@@ -329,54 +330,45 @@ void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
 
 void DeviceEngine::tensor_saved(DevPtr address) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   saved_.saved(address, lock);
   auto_.tensor_saved(address);  // a watched pass's (auto_pages_while_watching) counts to its layer
 }
 
 bool DeviceEngine::tensor_unpacking(DevPtr address) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return false;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return false;
   return saved_.unpacking(address);
 }
 
 void DeviceEngine::tensor_wait(DevPtr address, StreamHandle stream) {
   bind_job_thread();
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   saved_.wait(address, stream, lock);
 }
 
 AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return AutoSelect::Push::ignored;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return AutoSelect::Push::ignored;
+  std::unique_lock<std::mutex>& lock = entry.lock;
   return auto_.layer_pushed(node, std::this_thread::get_id(), lock);
 }
 
 void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
                                           std::uint64_t key) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return;
   auto_.allocation_passed(path, bytes, stream, ptr, std::this_thread::get_id(), key);
 }
 
 void DeviceEngine::auto_tensor_saved(DevPtr address) {
-  std::unique_lock<std::mutex> lock = core_.lock_for_job_thread();
-  if (!core_.started || core_.stopping) return;
-  turns_.take_job_turn(lock);
-  const Turns::Scope turn(turns_, Turns::Turn::job);
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return;
   auto_.tensor_saved(address);
 }
 

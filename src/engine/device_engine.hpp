@@ -140,6 +140,22 @@ class DeviceEngine {
   void drain_at_backward_start();
 
  private:
+  // A job thread's way into the engine: the engine's lock (its wait timed, EngineCore::
+  // lock_for_job_thread) and the job's turn (Turns: a replay's order), both held to the end of the
+  // scope, the turn given back first. `When`: what the engine must be for the entry to go on:
+  // started and not stopping (running), started (a free or a marker while it stops), or anything
+  // (always). False when it is not: the lock held, no turn taken.
+  class JobEntry {
+   public:
+    enum class When { running, started, always };
+    JobEntry(DeviceEngine& engine, When when);
+    explicit operator bool() const { return turn_.has_value(); }
+    std::unique_lock<std::mutex> lock;
+
+   private:
+    std::optional<Turns::Scope> turn_;
+  };
+
   // A job's thread with no current context gets this device's (Device::bind_thread_if_unbound).
   void bind_job_thread();
   // allocate() with the lock and the job's turn held.
