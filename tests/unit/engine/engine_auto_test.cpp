@@ -776,6 +776,23 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStands) {
   EXPECT_EQ(summary[0].find("cut to"), std::string::npos) << summary[0];
 }
 
+TEST(AutoMode, TheGovernorFitsItsUnpagedTimeThroughWhatTheWatchedPassPaged) {
+  // Pass 2 pages layer 0 while watching (4 MiB) and takes 1.02 s; the paged passes (12 MiB) 1.06 s:
+  // a line through both puts nothing paged at 1 s, and the cut is the unwatched one's (4.02 MiB).
+  AutoMeasurements measurements = governed(0.06);
+  measurements.reference_cycle_ns = 1'020'000'000;
+  Rig rig(watching_options(4 * kMiB), measurements);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_sheds >= 1; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, false, false, false, false, false}));
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_sheds, 1u);
+  EXPECT_EQ(stats.auto_cycle_base_ns, 1'000'000'000u) << "fitted, not the watched pass's 1.02 s";
+  EXPECT_EQ(stats.auto_bytes_paged, 4 * kMiB);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
   // 20% whatever is paged: the first shed keeps 1.2 MiB, less than any chosen tensor: nothing.
   AutoMeasurements measurements = governed(0);
