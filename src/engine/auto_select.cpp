@@ -283,11 +283,11 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
   if (phase_ != Phase::paging) return;
   paged_start_ns_ = 0;  // a forward whose backward marker was never reached measures nothing
   paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
-  // The governor's cycles run from one paged pass's start to the next's: near-free only (the
+  // The governor's cycles run from a paged pass's start (pass_start_reached): near-free only (the
   // device-memory goal pages what its target needs, whatever it costs), and on the GPU's times or a
   // test's injected cycles, never on a simulated device's host-timed ones.
   const bool governed = options_.device_memory_target == 0 &&
-                        (injected_.paged_cycle_ns ? true : injected_.d2h_bytes_per_s == 0);
+                        (static_cast<bool>(injected_.paged_cycle_ns) || injected_.d2h_bytes_per_s == 0);
   if (governed && paged_start_marker_ != 0) pass_starts_.push_back(PassStart{paged_start_marker_, pass_, generation_});
 }
 
