@@ -13,14 +13,16 @@
 //   of the passes that paged under the cap in force, `chosen_bytes` at first.
 // - A cycle after each change of the cap (the first paged one included) is the switch's, not
 //   judged. Then every kJudgedCycles cycles are judged by their lower median.
-// - What a byte costs: cycle = base + cost_per_byte x paged bytes, fitted through the reference and
-//   the judged cycles (with watched_bytes 0 the reference is the base). When the watched pass paged
+// - What a byte costs: cycle = base + cost_per_byte x paged bytes. The base is fitted once, at the
+//   first judgement, through the reference and the judged cycles (with watched_bytes 0 the
+//   reference is the base); later judgements keep it. When the watched pass paged
 //   nearly as much as the cap (less than kMinFitShare of the cap apart), the reference is the base:
 //   the governor then sees only what the paged passes cost beyond the watched one's.
 // - Over the allowance (cycles more than base x (1 + allowance)): the cap falls to the bytes the
 //   fitted cost says stay within kAimShare of the allowance, at most half the cap, and to 0 below
-//   min_bytes; the caller rounds it down to what it can page (cap_kept). Within it: settled, judged no more (a run's later cycles are not re-judged: noise would
-//   only ever shed). At 0: paging ends, settled.
+//   min_bytes; the caller rounds it down to what it can page (cap_kept). Within it: settled,
+//   judged no more (a run's later cycles are not re-judged: noise would only ever shed). At 0:
+//   paging ends, settled.
 // - It never raises the cap.
 #pragma once
 
