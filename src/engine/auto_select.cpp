@@ -304,7 +304,7 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
     } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && last_backward_ns_ > forward_start_ns_) {
       reference = last_backward_ns_ - forward_start_ns_;
     }
-    governor_.emplace(reference, watched_pass_bytes_, chosen_bytes_, options_.min_bytes);
+    governor_.emplace(reference, watched_bytes_, chosen_bytes_, options_.min_bytes);  // pass 2's
   } else if (governor_ && start.pass == last_start_->pass + 1 && start.generation == last_start_->generation &&
              start.generation == generation_) {
     // A whole pass under the cap in force (a pass the host began before a shed is the old cap's).
@@ -324,7 +324,6 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
 
 void AutoSelect::cap_lowered(std::uint64_t cap_bytes) {
   ++generation_;
-  capped_ = true;
   allowed_keys_.clear();
   // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
   std::uint64_t kept = 0;
@@ -417,7 +416,6 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
   const bool reload_limited = !memory_goal && near_free.reload_limited;
   decided_ = true;
-  watched_pass_bytes_ = watched_bytes_;
   budget_bytes_ = near_free.budget_bytes;
   chosen_bytes_ = choice.bytes;
   auto choose_keys = [&](std::size_t index, std::size_t count) {
@@ -614,7 +612,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_used_paged_bytes = used_paged_;
   stats.auto_peak_watched_bytes = peak_watched_;
   stats.auto_peak_paged_bytes = peak_paged_;
-  stats.auto_bytes_paged = capped_ ? capped_bytes_ : chosen_bytes_;
+  stats.auto_bytes_paged = capped() ? capped_bytes_ : chosen_bytes_;
   if (governor_) {
     stats.auto_sheds = governor_->sheds();
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
@@ -635,7 +633,7 @@ std::optional<std::string> AutoSelect::summary() const {
   if (governor_ && !governor_->judgement_text().empty()) {
     // What the paged passes cost the GPU, and what the governor made of it.
     line += "; " + governor_->judgement_text();
-    if (capped_) {
+    if (capped()) {
       line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
                                        std::to_string(shed_pass_)
                                  : ": paging ended at the job's pass " + std::to_string(shed_pass_);

@@ -141,7 +141,7 @@ class AutoSelect {
                          std::uint64_t key);
   // Whether a chosen key (Engine's candidates) is still paged under the governor's cap; true before
   // any shed and for key 0.
-  bool pages_key(std::uint64_t key) const { return !capped_ || key == 0 || allowed_keys_.contains(key); }
+  bool pages_key(std::uint64_t key) const { return !capped() || key == 0 || allowed_keys_.contains(key); }
   // A pack of an address none of ours (counted in pass 1).
   void tensor_saved(DevPtr address);
   // Backward's first marker of a pass (`marker`: GpuClock's id, 0 when not recorded).
@@ -223,8 +223,9 @@ class AutoSelect {
   // By allocating layer, in the order pass 1 saved them.
   std::unordered_map<ranges::PathId, std::vector<SavedKey>> saved_keys_;
 
-  // Paging while watching: bytes served in this pass, whether its cap stopped serving (no later layer
-  // is served then), pass 2's keys, and the most bytes a watched pass served.
+  // Paging while watching: bytes served in this pass (from the decision on, pass 2's: nothing is
+  // served while watching after it), whether its cap stopped serving (no later layer is served
+  // then), pass 2's keys, and the most bytes a watched pass served.
   std::uint64_t watched_bytes_ = 0;
   bool watch_full_ = false;
   std::unordered_set<std::uint64_t> watched_keys_;
@@ -280,7 +281,7 @@ class AutoSelect {
   std::uint64_t paged_forward_median_ns() const;
 
   // The governor: the paged passes' starts as the host marked them (with the cap's generation then),
-  // the last one the GPU reached, and the keys the cap leaves (capped_: a shed happened).
+  // the last one the GPU reached, and the keys the cap leaves (once a shed happened: capped()).
   struct PassStart {
     std::uint64_t marker = 0;
     std::uint64_t pass = 0;
@@ -295,9 +296,8 @@ class AutoSelect {
   std::uint64_t last_start_ns_ = 0;
   std::uint64_t last_backward_ns_ = 0;  // when the GPU reached the newest backward marker
   std::uint32_t generation_ = 0;  // the cap's: one more at each shed
-  std::uint64_t watched_pass_bytes_ = 0;  // what pass 2 paged while watching
+  bool capped() const { return generation_ != 0; }
   std::uint64_t shed_pass_ = 0;  // the host's pass when the cap last fell
-  bool capped_ = false;
   std::uint64_t capped_bytes_ = 0;  // the allowed keys' bytes a pass
   std::unordered_set<std::uint64_t> allowed_keys_;
 };
