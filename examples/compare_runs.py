@@ -267,7 +267,7 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
                    "job_thread_pass_start_ns", "job_thread_watched_ns", "auto_bytes_paged", "auto_sheds",
-                   "auto_cycle_base_ns", "auto_cycle_judged_ns")
+                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns")
 
 
 def engine_account(stderr_text):
@@ -586,6 +586,8 @@ def format_engine_table(rows):
         cycle = "-"
         if c.get("auto_cycle_judged_ns"):
             cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns")), ms(c.get("auto_cycle_judged_ns")))
+            if c.get("auto_cycle_probe_ns"):
+                cycle += " (probe %s)" % ms(c.get("auto_cycle_probe_ns"))
         cells = [
             row["variant"],
             gib,
@@ -725,8 +727,8 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
             handle.write("\n## actpage's own account\n\nMedians over each variant's runs of the counters the engine "
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass as chosen and "
                          "as its governor left them, the forward's GPU time unpaged (pass 2) and paged (median of "
-                         "the paged passes), a pass's GPU time (its start to backward's last marker) unpaged and as the governor last judged "
-                         "it paged; stalls "
+                         "the paged passes), a pass's GPU time (its start to backward's last marker) unpaged (fitted) and as the governor last "
+                         "judged it paged (and with its probe's half paged); stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
                          "still copying at the marker that asked for them; reloads the schedule asked for; the "
                          "job's threads' time inside actpage a pass (where the host runs far ahead, waits there "

@@ -297,24 +297,25 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
   // for reasons of the host's (the decision's wait at pass 3; a data loader), and the optimizer's
   // step and the first layer's backward are paging's neither.
   if (!last_start_) {
-    // The first paged pass's start ends the watched pass (pass 2, from its first allocation).
+    // The first paged pass's start ends the watched pass (pass 2, from its first allocation): its
+    // cycle bounds the unpaged one from above (it paged some while watching, and was no faster).
     std::uint64_t reference = 0;
     if (injected_.paged_cycle_ns) {
       reference = injected_.reference_cycle_ns;
     } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && last_backward_ns_ > forward_start_ns_) {
       reference = last_backward_ns_ - forward_start_ns_;
     }
-    governor_.emplace(reference, watched_bytes_, chosen_bytes_, options_.min_bytes);  // pass 2's
+    governor_.emplace(reference, chosen_bytes_, options_.min_bytes);
   } else if (governor_ && start.pass == last_start_->pass + 1 && start.generation == last_start_->generation &&
              start.generation == generation_) {
-    // A whole pass under the cap in force (a pass the host began before a shed is the old cap's).
+    // A whole pass under the cap in force (a pass the host began before a change is the old cap's).
     std::uint64_t cycle = 0;
     if (injected_.paged_cycle_ns) {
       cycle = injected_.paged_cycle_ns(governor_->cap_bytes());
     } else if (last_backward_ns_ > last_start_ns_) {
       cycle = last_backward_ns_ - last_start_ns_;
     }
-    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_lowered(*cap);
+    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_changed(*cap);
   }
   if (!last_start_ || start.pass != last_start_->pass) {
     last_start_ = start;
@@ -322,23 +323,47 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
   }
 }
 
-void AutoSelect::cap_lowered(std::uint64_t cap_bytes) {
+void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   ++generation_;
   allowed_keys_.clear();
   // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
   std::uint64_t kept = 0;
   for (const SavedKey& key : chosen_key_bytes_) {
-    if (kept + key.bytes > cap_bytes) break;
+    if (cap_bytes < chosen_bytes_ && kept + key.bytes > cap_bytes) break;
     kept += key.bytes;
     allowed_keys_.insert(key.key);
   }
   capped_bytes_ = kept;
   governor_->cap_kept(kept);
-  shed_pass_ = pass_;
-  const std::string line = "auto mode (near-free): " + governor_->judgement_text() + ": pages " +
-                           (kept != 0 ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
-                                      : "nothing more") +
-                           ", from the job's pass " + std::to_string(pass_) + " on";
+  cap_pass_ = pass_;
+  // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
+  // the switch's, the job's pool grown or trimmed to the cap during it).
+  reported_pass_ = pass_ + 2;
+  peak_paged_ = 0;
+  used_paged_ = 0;
+  last_paged_pass_ = 0;
+  std::string line = "auto mode (near-free): ";
+  const auto ms = [](std::uint64_t ns) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f ms", static_cast<double>(ns) / 1e6);
+    return std::string(text);
+  };
+  switch (governor_->stage()) {
+    case NearFreeGovernor::Stage::probe:
+      line += "paged passes' GPU time " + ms(governor_->judged_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
+              " paged; measuring what it costs: pages " + format_bytes(kept) + " a pass for the next " +
+              std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes";
+      break;
+    case NearFreeGovernor::Stage::whole:
+    case NearFreeGovernor::Stage::fitted:
+      line += governor_->judgement_text() + " (" + ms(governor_->probe_cycle_ns()) + " with " +
+              format_bytes(governor_->probe_bytes()) + " paged): pages " +
+              (kept == chosen_bytes_ ? "all " + format_bytes(kept) + " chosen"
+               : kept != 0           ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
+                                     : "nothing more");
+      break;
+  }
+  line += ", from the job's pass " + std::to_string(pass_) + " on";
   ACTPAGE_LOG_INFO("{}", line);
   parts_.core.events.message(line);
 }
@@ -468,6 +493,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   phase_ = Phase::paging;
   ++pass_;
   first_paged_pass_ = pass_;
+  reported_pass_ = pass_;
   // This push begins a forward pass: the observed backward is over for the groups.
   parts_.groups.paging_begins();
   // Pinned memory for what will leave, in the background, before the first offload asks for it
@@ -549,7 +575,7 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool ba
   const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
   if (pass <= kObservedPasses) {
     used_unpaged_ = std::max(used_unpaged_, used);
-  } else if (phase_ == Phase::paging) {
+  } else if (phase_ == Phase::paging && pass >= reported_pass_) {
     used_paged_ = std::max(used_paged_, used);
     last_paged_pass_ = std::max(last_paged_pass_, pass);
   }
@@ -559,7 +585,7 @@ void AutoSelect::memory_sampled(std::uint64_t used_bytes) {
   if (!on_) return;
   if (!decided_) {
     peak_watched_ = std::max(peak_watched_, used_bytes);
-  } else if (phase_ == Phase::paging && pass_ > first_paged_pass_) {
+  } else if (phase_ == Phase::paging && pass_ > reported_pass_) {
     peak_paged_ = std::max(peak_paged_, used_bytes);
   }
 }
@@ -617,6 +643,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
     stats.auto_sheds = governor_->sheds();
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
+    stats.auto_cycle_probe_ns = governor_->probe_cycle_ns();
   }
 }
 
@@ -633,10 +660,10 @@ std::optional<std::string> AutoSelect::summary() const {
   if (governor_ && !governor_->judgement_text().empty()) {
     // What the paged passes cost the GPU, and what the governor made of it.
     line += "; " + governor_->judgement_text();
-    if (capped()) {
+    if (governor_->sheds() != 0) {
       line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
-                                       std::to_string(shed_pass_)
-                                 : ": paging ended at the job's pass " + std::to_string(shed_pass_);
+                                       std::to_string(cap_pass_)
+                                 : ": paging ended at the job's pass " + std::to_string(cap_pass_);
     }
   }
   // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else
@@ -645,12 +672,12 @@ std::optional<std::string> AutoSelect::summary() const {
   const std::uint64_t before = sampled ? peak_watched_ : used_unpaged_;
   const std::uint64_t after = sampled ? peak_paged_ : used_paged_;
   // The passes whose backward the GPU began (pass_ runs one ahead in backward: not the label).
-  const std::uint64_t last_pass = std::max(last_paged_pass_, first_paged_pass_);
+  const std::uint64_t last_pass = std::max(last_paged_pass_, reported_pass_);
   if (before != 0) {
     line += std::string(sampled ? "; peak device memory in use " : "; device memory in use at backward's start: ") +
             format_bytes(before) + " " + watched_text() + " (passes 1-" + std::to_string(kObservedPasses) + ")";
     if (after != 0) {
-      line += " -> " + format_bytes(after) + " (passes " + std::to_string(first_paged_pass_) + "-" +
+      line += " -> " + format_bytes(after) + " (passes " + std::to_string(reported_pass_) + "-" +
               std::to_string(last_pass) + ", " + (after <= before ? "-" : "+") +
               format_bytes(after <= before ? before - after : after - before) + ")";
       const std::uint64_t target = options_.device_memory_target;

@@ -41,13 +41,15 @@
 //   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
 // - The governor (near-free only; NearFreeGovernor): each paged pass's start is marked on the job's
 //   stream (at its first served allocation) with the cap in force; the GPU's time from one start
-//   to the last backward marker before the next, under one cap, is a cycle, judged against the
-//   watched pass's (pass 2's start to its last backward marker). When paging costs the cycle more than kNearFreeAllowance, the cap falls:
-//   from then on only the chosen keys whose bytes, earliest first, fit in it are served
-//   (pages_key()); the rest go to the job's allocator. Logged (info) and said at the end.
+//   to the last backward marker before the next, under one cap, is a cycle. The governor judges the
+//   chosen bytes' cycles, then probes with half of them paged, fits the unpaged cycle through both
+//   (at most the watched pass 2's), and when paging costs more than kNearFreeAllowance the cap
+//   falls: from then on only the chosen keys whose bytes, earliest first, fit in it are served
+//   (pages_key()); the rest go to the job's allocator. Within it, the cap returns to the chosen
+//   bytes after the probe. Each change is logged (info), and the last judgement said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
-//   paged one (summary(), and the stats).
+//   paged one (summary(), and the stats); after a change of the governor's cap, only the new cap's.
 // - The goal "device memory" (auto_device_memory set): the decision waits for the unpaged figure
 //   too, and chooses with choose_for_device_memory (memory_goal.hpp) instead: the least paging that
 //   covers what that figure is over the target, whatever the link hides; the log line and summary()
@@ -85,8 +87,8 @@ struct AutoMeasurements {
   // Every layer's reload window (the GPU's time from backward's start to its marker) instead of the
   // observed backward's: a test's backward takes the host's time, not a GPU's.
   std::uint64_t reload_window_ns = 0;
-  // The governor's cycles (NearFreeGovernor) instead of the GPU's: the watched pass's, and a paged
-  // pass's as a function of the cap in force (a test's GPU whose cost grows with what it pages).
+  // The governor's cycles (NearFreeGovernor) instead of the GPU's: the watched pass's (0: none), and
+  // a paged pass's as a function of the cap in force (a test's GPU whose cost grows with what it pages).
   std::uint64_t reference_cycle_ns = 0;
   std::function<std::uint64_t(std::uint64_t cap_bytes)> paged_cycle_ns;
 };
@@ -152,7 +154,8 @@ class AutoSelect {
   void paged_forward_began(StreamHandle stream);
   // The sampler (DeviceEngine::sample_memory, every trace.sample_ms): device memory in use now.
   // Until the decision it counts to the watched passes' peak; from the first paged pass's backward
-  // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one.
+  // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one,
+  // begun again after each change of the governor's cap (from the pass after its switch's).
   void memory_sampled(std::uint64_t used_bytes);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   // `backward_marker`: one of a backward's markers, not a point of auto mode's own.
@@ -269,10 +272,13 @@ class AutoSelect {
   std::uint32_t unpaged_reads_ = 0;  // readings of an observed pass under way (lock released)
   std::uint64_t used_paged_ = 0;
   // Sampled peaks of device memory in use (memory_sampled): before the decision, and of the paged
-  // passes after the first's forward.
+  // passes from reported_pass_'s backward on.
   std::uint64_t peak_watched_ = 0;
   std::uint64_t peak_paged_ = 0;
   std::uint64_t first_paged_pass_ = 0;
+  // The paged figures (device memory in use) count from this pass's backward on: the first paged
+  // pass's, then the second after each change of the governor's cap (its switch's pass carries it).
+  std::uint64_t reported_pass_ = 0;
   std::uint64_t last_paged_pass_ = 0;
   // The paged passes' forward GPU times: what paging costs the forward, against forward_gpu_ns_.
   std::uint64_t paged_start_marker_ = 0;
@@ -288,16 +294,16 @@ class AutoSelect {
     std::uint32_t generation = 0;
   };
   void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
-  void cap_lowered(std::uint64_t cap_bytes);
+  void cap_changed(std::uint64_t cap_bytes);
   std::optional<NearFreeGovernor> governor_;
   std::vector<SavedKey> chosen_key_bytes_;  // chosen_keys_ with their bytes, in the same order
   std::deque<PassStart> pass_starts_;
   std::optional<PassStart> last_start_;
   std::uint64_t last_start_ns_ = 0;
   std::uint64_t last_backward_ns_ = 0;  // when the GPU reached the newest backward marker
-  std::uint32_t generation_ = 0;  // the cap's: one more at each shed
+  std::uint32_t generation_ = 0;  // the cap's: one more at each change
   bool capped() const { return generation_ != 0; }
-  std::uint64_t shed_pass_ = 0;  // the host's pass when the cap last fell
+  std::uint64_t cap_pass_ = 0;  // the host's pass when the cap last changed
   std::uint64_t capped_bytes_ = 0;  // the allowed keys' bytes a pass
   std::unordered_set<std::uint64_t> allowed_keys_;
 };

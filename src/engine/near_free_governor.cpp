@@ -7,15 +7,14 @@
 
 namespace actpage::engine {
 
-NearFreeGovernor::NearFreeGovernor(std::uint64_t reference_cycle_ns, std::uint64_t watched_bytes,
-                                   std::uint64_t chosen_bytes, std::uint64_t min_bytes, double allowance)
+NearFreeGovernor::NearFreeGovernor(std::uint64_t reference_cycle_ns, std::uint64_t chosen_bytes,
+                                   std::uint64_t min_bytes, double allowance)
     : reference_ns_(reference_cycle_ns),
-      watched_bytes_(watched_bytes),
+      chosen_bytes_(chosen_bytes),
       min_bytes_(min_bytes),
       allowance_(allowance),
-      base_ns_(reference_cycle_ns),
       cap_bytes_(chosen_bytes) {
-  settled_ = reference_cycle_ns == 0 || chosen_bytes == 0;
+  settled_ = chosen_bytes == 0;
 }
 
 std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycle_ns) {
@@ -35,24 +34,57 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
 }
 
 void NearFreeGovernor::judge() {
-  judged_ns_ = lower_median(cycles_);
-  const double paged = static_cast<double>(judged_ns_);
-  if (sheds_ == 0 && watched_bytes_ != 0 &&
-      static_cast<double>(watched_bytes_) < static_cast<double>(cap_bytes_) * (1.0 - kMinFitShare)) {
-    // The watched pass paged some: the line through both points says what nothing paged costs.
-    const double per_byte = (paged - static_cast<double>(reference_ns_)) /
-                            static_cast<double>(cap_bytes_ - watched_bytes_);
-    const double base = static_cast<double>(reference_ns_) - per_byte * static_cast<double>(watched_bytes_);
-    if (per_byte > 0 && base > 0) base_ns_ = static_cast<std::uint64_t>(base);
+  const std::uint64_t median = lower_median(cycles_);
+  switch (stage_) {
+    case Stage::whole:
+      whole_ns_ = median;
+      judged_ns_ = median;
+      stage_ = Stage::probe;
+      cap_bytes_ = chosen_bytes_ / 2;
+      return;
+    case Stage::probe:
+      probe_ns_ = median;
+      probe_bytes_ = cap_bytes_;
+      fit();
+      return;
+    case Stage::fitted:
+      judged_ns_ = median;
+      if (static_cast<double>(median) <= static_cast<double>(base_ns_) * (1.0 + allowance_)) {
+        settled_ = true;
+      } else {
+        shed(cap_bytes_, cap_bytes_ / 2);
+      }
+      return;
   }
-  const double base = static_cast<double>(base_ns_);
-  if (paged <= base * (1.0 + allowance_)) {
+}
+
+void NearFreeGovernor::fit() {
+  judged_ns_ = whole_ns_;
+  const double whole = static_cast<double>(whole_ns_);
+  const double probe = static_cast<double>(probe_ns_);
+  // Paging the second half cost nothing (noise): the whole cycle is as good as unpaged.
+  double base = whole;
+  if (whole > probe) {
+    const double per_byte = (whole - probe) / static_cast<double>(chosen_bytes_ - probe_bytes_);
+    base = probe - per_byte * static_cast<double>(probe_bytes_);
+  }
+  if (reference_ns_ != 0) base = std::min(base, static_cast<double>(reference_ns_));
+  // A line below nothing: paging costs more than the whole unpaged cycle (sheds all).
+  base_ns_ = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::max(base, 0.0)));
+  if (whole <= static_cast<double>(base_ns_) * (1.0 + allowance_)) {
+    cap_bytes_ = chosen_bytes_;
     settled_ = true;
     return;
   }
-  const double per_byte = (paged - base) / static_cast<double>(cap_bytes_);
+  stage_ = Stage::fitted;
+  shed(chosen_bytes_, chosen_bytes_);
+}
+
+void NearFreeGovernor::shed(std::uint64_t judged_bytes, std::uint64_t most) {
+  const double base = static_cast<double>(base_ns_);
+  const double per_byte = (static_cast<double>(judged_ns_) - base) / static_cast<double>(judged_bytes);
   const double within = kAimShare * allowance_ * base / per_byte;
-  std::uint64_t cap = std::min(static_cast<std::uint64_t>(within), cap_bytes_ / 2);
+  std::uint64_t cap = std::min(static_cast<std::uint64_t>(within), most);
   if (cap < min_bytes_) cap = 0;
   cap_bytes_ = cap;
   ++sheds_;
@@ -61,7 +93,8 @@ void NearFreeGovernor::judge() {
 
 void NearFreeGovernor::cap_kept(std::uint64_t kept_bytes) {
   cap_bytes_ = std::min(cap_bytes_, kept_bytes);
-  if (cap_bytes_ == 0) settled_ = true;
+  // The probe's half may be nothing (one chosen tensor over half): its passes are the unpaged ones.
+  if (cap_bytes_ == 0 && stage_ != Stage::probe) settled_ = true;
 }
 
 std::string NearFreeGovernor::judgement_text() const {
