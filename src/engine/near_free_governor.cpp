@@ -59,6 +59,7 @@ void NearFreeGovernor::judge() {
 }
 
 void NearFreeGovernor::fit() {
+  stage_ = Stage::fitted;
   judged_ns_ = whole_ns_;
   const double whole = static_cast<double>(whole_ns_);
   const double probe = static_cast<double>(probe_ns_);
@@ -76,7 +77,6 @@ void NearFreeGovernor::fit() {
     settled_ = true;
     return;
   }
-  stage_ = Stage::fitted;
   shed(chosen_bytes_, chosen_bytes_);
 }
 

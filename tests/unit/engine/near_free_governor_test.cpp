@@ -56,6 +56,7 @@ TEST(NearFreeGovernor, WithinTheAllowanceTheProbeEndsWithTheWholeChoicePagedAgai
   // 1 ms a GiB: 100 ms unpaged, 2% at the whole choice.
   EXPECT_EQ(governor.cycle_measured(101 * kMs), 2 * kGiB);
   EXPECT_TRUE(governor.settled());
+  EXPECT_EQ(governor.stage(), NearFreeGovernor::Stage::fitted);
   EXPECT_EQ(governor.base_cycle_ns(), 100 * kMs);
   EXPECT_EQ(governor.judged_cycle_ns(), 102 * kMs);
   EXPECT_EQ(governor.probe_cycle_ns(), 101 * kMs);
