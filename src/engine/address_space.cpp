@@ -217,4 +217,11 @@ void AddressSpace::forward_begins() {
   cursor_ = 0;
 }
 
+void AddressSpace::forget_demand() {
+  sizes_last_iteration_.clear();
+  sizes_this_iteration_.clear();
+  cursor_ = 0;
+  mark_dirty();
+}
+
 }  // namespace actpage::engine

@@ -103,8 +103,12 @@ class AddressSpace {
   bool next_allocation_misses() const;
   // Whether this forward pass has served any candidate yet.
   bool served_this_iteration() const { return !sizes_this_iteration_.empty(); }
-  // A forward pass begins: this one's sizes become the last one's.
+  // A forward pass begins: this one's sizes become the last one's (a pass that served nothing keeps
+  // the one before's: an evaluation's pass).
   void forward_begins();
+  // Nothing more will be served (auto mode's governor ended paging): no demand, so that the VMM
+  // worker's next trim gives every cached range back.
+  void forget_demand();
 
  private:
   EngineParts& parts_;

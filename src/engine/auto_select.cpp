@@ -10,6 +10,7 @@
 #include "common/median.hpp"
 #include "common/thread_name.hpp"
 #include "common/units.hpp"
+#include "engine/address_space.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/gpu_clock.hpp"
 #include "engine/groups.hpp"
@@ -339,6 +340,12 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
   // the switch's, the job's pool grown or trimmed to the cap during it).
   reported_pass_ = pass_ + 2;
+  if (kept == 0) {
+    // Paging ended: the range cache's pages would otherwise stay mapped for a demand that never
+    // comes back (resnet held 392 MiB so, above the job's own peak).
+    parts_.space.forget_demand();
+    parts_.core.work_cv.notify_all();
+  }
   peak_paged_ = 0;
   used_paged_ = 0;
   last_paged_pass_ = 0;
