@@ -64,6 +64,10 @@ def parse_zoo_args(parser, argv, tiny_preset, own_loop=False, dtypes=None):
     if probe.tiny:
         parser.set_defaults(**tiny_preset)
     args = parser.parse_args(argv)
+    if args.warmup >= args.steps:
+        # The median and the steady peak would silently take in the warm-up (and auto mode's start).
+        parser.error("--warmup %d is not below --steps %d: no step would be measured after the warm-up"
+                     % (args.warmup, args.steps))
     if own_loop and args.profile_step is not None:
         parser.error("--profile-step is common.train's; this job runs its own loop")
     if own_loop and args.alternate_actpage:

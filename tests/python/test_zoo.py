@@ -158,6 +158,16 @@ class ZooCommonTest(unittest.TestCase):
         # Jobs on common.train keep those flags.
         self.assertEqual(zoo_common.parse_zoo_args(self.parser(), ["--profile-step", "2"], {}).profile_step, 2)
 
+    def test_a_warm_up_that_leaves_no_step_to_measure_is_an_error(self):
+        # 30 steps asked as 12 with --warmup 16 would take the median over all 12, the first included.
+        failed, message = parse_fails(lambda a: zoo_common.parse_zoo_args(self.parser(), a, {}),
+                                      ["--steps", "12", "--warmup", "16"])
+        self.assertTrue(failed)
+        self.assertIn("--warmup 16 is not below --steps 12", message)
+        self.assertTrue(parse_fails(lambda a: zoo_common.parse_zoo_args(self.parser(), a, {}),
+                                    ["--steps", "3", "--warmup", "3"])[0])
+        self.assertEqual(zoo_common.parse_zoo_args(self.parser(), ["--steps", "4", "--warmup", "3"], {}).warmup, 3)
+
     def test_determinism_fields(self):
         on = argparse.Namespace(deterministic=True)
         off = argparse.Namespace(deterministic=False)
