@@ -172,6 +172,10 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
   if (!entry) return 0;
   if (!auto_.pages_key(auto_key)) {
     ++core_.stats.auto_key_capped;
+    // Left to the job's allocator by the governor's cap, it still tells the groups that a forward
+    // began, as a served one would (a recomputation in backward excepted): with nothing served
+    // (paging ended) the passes would stop counting, and with them auto mode's figures.
+    groups_.enter_forward(std::this_thread::get_id());
     return 0;
   }
   return allocate_locked(bytes, stream, verdict, entry.lock);
