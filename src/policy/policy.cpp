@@ -156,7 +156,7 @@ constexpr std::string_view kOtherVariables[] = {
     "ACTPAGE_UPDATE_GOLDEN", "ACTPAGE_BUILD_DIR",      "ACTPAGE_BUILD_TYPE",     "ACTPAGE_JOBS",
     "ACTPAGE_CUDA_ROOT",     "ACTPAGE_ASAN_BUILD_DIR", "ACTPAGE_TSAN_BUILD_DIR", "ACTPAGE_FUZZ_BUILD_DIR",
     "ACTPAGE_GPU_BUILD_DIR", "ACTPAGE_BENCH_BUILD_DIR", "ACTPAGE_BENCH_MIN_TIME", "ACTPAGE_CI_TSAN",
-    "ACTPAGE_GPU_OUT",       "ACTPAGE_MAIN_OUT",       "ACTPAGE_MAIN_POLICY"};
+    "ACTPAGE_GPU_OUT",       "ACTPAGE_MAIN_OUT",       "ACTPAGE_MAIN_POLICY",    "ACTPAGE_DEBUG_LEVEL"};
 // Prefixes of the test harnesses' variables, and of what `actpage validate` tells the Python hook
 // package (ACTPAGE_VALIDATE_OUT, ACTPAGE_VALIDATE_DETERMINISTIC: python/actpage_hooks/_fingerprint.py).
 constexpr std::string_view kOtherPrefixes[] = {"ACTPAGE_TEST_", "ACTPAGE_TORTURE_", "ACTPAGE_VALIDATE_"};
