@@ -142,7 +142,7 @@ class AutoSelect {
   void allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::thread::id thread,
                          std::uint64_t key);
   // Whether a chosen key (Engine's candidates) is still paged under the governor's cap; true before
-  // any shed and for key 0.
+  // the cap first changes and for key 0.
   bool pages_key(std::uint64_t key) const { return !capped() || key == 0 || allowed_keys_.contains(key); }
   // A pack of an address none of ours (counted in pass 1).
   void tensor_saved(DevPtr address);
@@ -287,7 +287,7 @@ class AutoSelect {
   std::uint64_t paged_forward_median_ns() const;
 
   // The governor: the paged passes' starts as the host marked them (with the cap's generation then),
-  // the last one the GPU reached, and the keys the cap leaves (once a shed happened: capped()).
+  // the last one the GPU reached, and the keys the cap leaves (once it changed: capped()).
   struct PassStart {
     std::uint64_t marker = 0;
     std::uint64_t pass = 0;

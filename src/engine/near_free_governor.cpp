@@ -37,8 +37,7 @@ void NearFreeGovernor::judge() {
   const std::uint64_t median = lower_median(cycles_);
   switch (stage_) {
     case Stage::whole:
-      whole_ns_ = median;
-      judged_ns_ = median;
+      judged_ns_ = median;  // the fit's point at the whole choice, until the probe
       stage_ = Stage::probe;
       cap_bytes_ = chosen_bytes_ / 2;
       return;
@@ -60,8 +59,7 @@ void NearFreeGovernor::judge() {
 
 void NearFreeGovernor::fit() {
   stage_ = Stage::fitted;
-  judged_ns_ = whole_ns_;
-  const double whole = static_cast<double>(whole_ns_);
+  const double whole = static_cast<double>(judged_ns_);  // the whole choice's, judged before the probe
   const double probe = static_cast<double>(probe_ns_);
   // Paging the second half cost nothing (noise): the whole cycle is as good as unpaged.
   double base = whole;

@@ -89,7 +89,6 @@ class NearFreeGovernor {
   Stage stage_ = Stage::whole;
   std::uint64_t cap_bytes_;
   std::uint64_t base_ns_ = 0;
-  std::uint64_t whole_ns_ = 0;
   std::uint64_t probe_bytes_ = 0;
   std::uint64_t probe_ns_ = 0;
   bool settled_ = false;
