@@ -487,9 +487,21 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
             format_bytes(observed) + " saved; link budget " + budget +
             (reload_limited ? "; less, for backward reaches them before more could come back" : "") + ")";
   }
+  // The device-memory goal's reloads back ahead of the GPU count at the peak where backward begins:
+  // no more of them than the target leaves room for over the unpaged peak less what is paged (the
+  // GPU waits for the copies instead). With the bound raised to what is paged the host, running
+  // ahead, asked for every layer at once: gpu_bound_llama paged 6.7 GiB a pass and its peak fell
+  // 0.9 GiB (H200, 2026-11-28). Its copies are done where the layers end (engine_options.cpp).
+  const std::uint64_t paged_floor = used_unpaged_ > chosen_bytes_ ? used_unpaged_ - chosen_bytes_ : 0;
+  const std::uint64_t target = options_.device_memory_target;
+  const std::uint64_t reload_room = std::min(parts_.clock.bound(), target > paged_floor ? target - paged_floor : 0);
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);
     if (short_bytes_ != 0) line += ": offloading cannot reach the target, it misses it by " + format_bytes(short_bytes_);
+  }
+  if (memory_goal && !chosen_names_.empty()) {
+    line += "; the job's thread waits where the layers end until the copies are done, and reloads come back at "
+            "most " + format_bytes(reload_room) + " ahead of the GPU";
   }
   ACTPAGE_LOG_INFO("{}", line);
   core.events.message(line);  // `actpage dump` shows it with the run's other messages
@@ -507,10 +519,14 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // (a quarter more: each allocation's block is rounded, and copies overlap their reloads).
   host_target_bytes_ = chosen_bytes_ + chosen_bytes_ / 4;
   if (core.host_pool) core.host_pool->grow_to(host_target_bytes_);
-  // Its reloads may all be back ahead of the GPU as the reload schedule asks for them (qwen3_moe's
-  // 2.3 GiB behind the 2 GiB default: layer 0 asked for one marker before its backward, 19 ms a
-  // step waited for).
-  parts_.clock.raise_bound(chosen_bytes_);
+  if (memory_goal) {
+    parts_.clock.limit_bound(reload_room);
+  } else {
+    // Its reloads may all be back ahead of the GPU as the reload schedule asks for them (qwen3_moe's
+    // 2.3 GiB behind the 2 GiB default: layer 0 asked for one marker before its backward, 19 ms a
+    // step waited for).
+    parts_.clock.raise_bound(chosen_bytes_);
+  }
   // Pass 1's peak reserve stays in the job's pool (PyTorch never lets it shrink): trimmed by what
   // leaves from now on beyond what pass 2 paged while watching (the reserve never held that), once
   // the GPU is here (pass 1's frees have run by then).

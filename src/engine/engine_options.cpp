@@ -47,6 +47,13 @@ DeviceEngineOptions device_engine_options(const Options& options) {
     // chooses them, whatever release_after and keep_last say.
     parts.groups.release_after = ReleaseAfter::range_end;
     parts.groups.keep_last = 0;
+    if (options.auto_device_memory != 0) {
+      // The device-memory goal pages more than the link copies within the forward pass: the
+      // copies still queued where the layers end would be on the device at the step's peak (or be
+      // cancelled by their reloads), so the job's thread waits there until they are done.
+      parts.front.drain_at_layers_end = true;
+      parts.groups.drain_at_layers_end = true;
+    }
   }
   return parts;
 }

@@ -92,6 +92,13 @@ class GpuClock {
   // the schedule; a bound below their sum holds the last of them until the GPU is one marker before
   // it needs them, whose copy the GPU then waits for.
   void raise_bound(std::uint64_t bytes) { bound_ = std::max(bound_, bytes); }
+  // The device-memory goal's decision: the bound becomes at most the room its target leaves over
+  // the unpaged peak less what is paged. A reload back ahead of the GPU beyond that would put the
+  // peak over the target; the GPU waits for the copies instead, which the goal accepts. The reload
+  // schedule's reloads stay within it too: let beyond it (each asked for when its copy would
+  // otherwise end late) four zoo jobs ran x1.05-1.21 faster, but their peaks rose 0.25-2.6 GiB,
+  // back over the target (H200, 2026-11-28).
+  void limit_bound(std::uint64_t bytes) { bound_ = std::min(bound_, bytes); }
   std::uint64_t bound() const { return bound_; }
   // The gate, on the marker's thread before its reloads are requested: waits while `bytes` more
   // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it

@@ -588,6 +588,47 @@ TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
   expect_every_read_right(rig);
 }
 
+// The device-memory goal pages more than the link copies within a forward pass: its copies must be
+// done before the step's peak, and its reloads may not bring back ahead of the GPU more than the
+// target leaves room for. Target 91 MiB over an unpaged peak of 100 MiB (set): 10 MiB paged, 1 MiB
+// of room. The device holds the copies to the host in pass 4, so that they are still in flight
+// when the layers end whatever the host's speed: the job's thread waits there ("model"'s end)
+// until every paged byte has left.
+TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsStayWithinItsRoom) {
+  Options options = auto_options();
+  options.auto_device_memory = 91 * kMiB;
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  AutoMeasurements measurements = budget_of(5 * kMiB);
+  measurements.unpaged_used_bytes = 100 * kMiB;
+  Rig rig(options, measurements);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 5 * kBytes);
+  EXPECT_EQ(rig.engine.stats().reload_bound_bytes, kMiB);
+  const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
+  rig.device.hold_copies_to_host();
+  std::thread release([&] {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (rig.engine.stats().backlog_waiters == 0 && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    EXPECT_EQ(rig.engine.stats().backlog_waiters, 1u) << "the job's thread did not wait where the layers end";
+    rig.device.release_copies_to_host();
+  });
+  job.forward();
+  const EngineStats after_forward = rig.engine.stats();  // the job's thread is back
+  release.join();
+  EXPECT_EQ(after_forward.offloaded_bytes_now, 5 * kBytes);
+  EXPECT_EQ(after_forward.backlog_waits, waits_before + 1);
+  job.backward();
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+  EXPECT_EQ(stats.offloads_cancelled, 0u);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) {
   // The unpaged peak as the (simulated) driver reads it where the GPU reaches pass 2's backward: the
   // decision waits for that reading. 1 MiB is out of reach: every layer but the last is paged.
