@@ -1,7 +1,6 @@
 #include "engine/auto_select.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 
@@ -21,35 +20,6 @@
 #include "engine/turns.hpp"
 
 namespace actpage::engine {
-namespace {
-
-// Splits "model.layers.12" into "model.layers." and 12; false without a trailing number.
-bool split_number(const std::string& name, std::string& prefix, std::uint64_t& number) {
-  std::size_t digits = name.size();
-  while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
-  if (digits == name.size()) return false;
-  prefix = name.substr(0, digits);
-  const auto [end, error] = std::from_chars(name.data() + digits, name.data() + name.size(), number);
-  return error == std::errc() && end == name.data() + name.size();
-}
-
-}  // namespace
-
-std::string layer_list(const std::vector<std::string>& names) {
-  if (names.empty()) return "nothing";
-  std::string prefix;
-  std::uint64_t first = 0;
-  bool consecutive = split_number(names.front(), prefix, first);
-  for (std::size_t index = 1; consecutive && index < names.size(); ++index) {
-    std::string other;
-    std::uint64_t number = 0;
-    consecutive = split_number(names[index], other, number) && other == prefix && number == first + index;
-  }
-  if (consecutive && names.size() > 1) return names.front() + "-" + std::to_string(first + names.size() - 1);
-  std::string joined;
-  for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;
-  return joined;
-}
 
 void AutoSelect::start(bool serialized) {
   // A replay (serialized) runs no auto mode: its job streams run no kernels to time, and a thread
@@ -435,6 +405,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   inputs.host_limit_bytes = options_.host_limit_bytes;
   const NearFreeChoice near_free = choose_near_free(inputs);
   LayerChoice choice = near_free;
+  LayerChoice movable;  // the device-memory goal: every layer it may page, its reserve beyond the choice
   if (memory_goal) {
     // The link's budget is said for comparison; the target decides, whatever the reloads cost.
     MemoryGoalInputs goal;
@@ -445,6 +416,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     const MemoryGoalChoice chosen = choose_for_device_memory(goal);
     choice = chosen;
     short_bytes_ = chosen.short_bytes;
+    goal.target_bytes = 1;  // everything that may move
+    movable = choose_for_device_memory(goal);
   }
   const bool reload_limited = !memory_goal && near_free.reload_limited;
   decided_ = true;
@@ -470,6 +443,8 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     partial_text_ = "the first " + std::to_string(choice.partial_tensors) + " of " +
                     std::to_string(layer.tensors.size()) + " saved tensors of " + layer.name;
   }
+  if (memory_goal && short_bytes_ == 0 && !chosen_names_.empty()) keep_reserve(inputs.layers, movable);
+  if (memory_goal && short_bytes_ == 0 && !chosen_names_.empty()) keep_reserve(inputs.layers, movable);
   seen_.clear();
   saved_bytes_.clear();
   saved_keys_.clear();
@@ -503,6 +478,12 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     line += "; the job's thread waits where the layers end until the copies are done, and reloads come back at "
             "most " + format_bytes(reload_room) + " ahead of the GPU";
   }
+  if (!reserve_key_bytes_.empty()) {
+    std::uint64_t reserve = 0;
+    for (const SavedKey& key : reserve_key_bytes_) reserve += key.bytes;
+    line += "; up to " + format_bytes(reserve) + " more, of " + layer_list(reserve_names_) +
+            ", when a paged pass's backward begins over the target";
+  }
   ACTPAGE_LOG_INFO("{}", line);
   core.events.message(line);  // `actpage dump` shows it with the run's other messages
   if (chosen_names_.empty()) {
@@ -521,6 +502,15 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   if (core.host_pool) core.host_pool->grow_to(host_target_bytes_);
   if (memory_goal) {
     parts_.clock.limit_bound(reload_room);
+    if (!reserve_key_bytes_.empty()) {
+      // The reserve is selected with the choice (Engine's classifier is made once) and capped until
+      // raise_for_target() takes some of it.
+      generation_ = 1;
+      allowed_keys_.insert(chosen_keys_.begin(), chosen_keys_.end());
+      capped_bytes_ = chosen_bytes_;
+      cap_pass_ = pass_;
+      for (const SavedKey& key : reserve_key_bytes_) chosen_keys_.push_back(key.key);
+    }
   } else {
     // Its reloads may all be back ahead of the GPU as the reload schedule asks for them (qwen3_moe's
     // 2.3 GiB behind the 2 GiB default: layer 0 asked for one marker before its backward, 19 ms a
@@ -601,7 +591,73 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool ba
   } else if (phase_ == Phase::paging && pass >= reported_pass_) {
     used_paged_ = std::max(used_paged_, used);
     last_paged_pass_ = std::max(last_paged_pass_, pass);
+    if (reserve_taken_ < reserve_key_bytes_.size()) raise_for_target(used);
   }
+}
+
+void AutoSelect::keep_reserve(const std::vector<LayerSaved>& layers, const LayerChoice& movable) {
+  const std::unordered_set<std::uint64_t> chosen(chosen_keys_.begin(), chosen_keys_.end());
+  auto take = [&](std::size_t index, std::size_t count) {
+    const auto keys = saved_keys_.find(layers_[index]);
+    if (keys == saved_keys_.end()) return;
+    bool taken = false;
+    for (std::size_t i = 0; i < keys->second.size() && i < count; ++i) {
+      if (chosen.contains(keys->second[i].key)) continue;
+      reserve_key_bytes_.push_back(keys->second[i]);
+      taken = true;
+    }
+    const std::string& name = layers[index].name;
+    if (taken && std::find(chosen_names_.begin(), chosen_names_.end(), name) == chosen_names_.end()) {
+      reserve_names_.push_back(name);
+    }
+  };
+  // Earliest first, as the choice was taken: the partial layer's other tensors, then the next layers.
+  for (std::size_t index : movable.chosen) take(index, SIZE_MAX);
+  if (movable.partial_layer != kNoPartialLayer) take(movable.partial_layer, movable.partial_tensors);
+}
+
+void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
+  // The first reading under a cap carries its switch (the job's pool trimmed or grown meanwhile).
+  if (++goal_readings_ < 2) return;
+  const std::uint64_t target = options_.device_memory_target;
+  if (used_bytes <= target) return;
+  const std::uint64_t excess = used_bytes - target;
+  std::uint64_t added = 0;
+  while (reserve_taken_ < reserve_key_bytes_.size() && added < excess) {
+    const SavedKey& key = reserve_key_bytes_[reserve_taken_++];
+    allowed_keys_.insert(key.key);
+    added += key.bytes;
+  }
+  capped_bytes_ += added;
+  short_bytes_ = added < excess ? excess - added : 0;
+  raised_reading_ = used_bytes;
+  ++generation_;
+  cap_pass_ = pass_;
+  goal_readings_ = 0;
+  // The paged figures are the new cap's, as after the governor's changes.
+  reported_pass_ = pass_ + 2;
+  peak_paged_ = 0;
+  used_paged_ = 0;
+  last_paged_pass_ = 0;
+  // What backward's start should read now is the reading less what leaves besides: the reloads'
+  // room shrinks by what that leaves over the target (to none, here: the raise covers the excess).
+  const std::uint64_t expected = used_bytes > added ? used_bytes - added : 0;
+  parts_.clock.limit_bound(target > expected ? target - expected : 0);
+  host_target_bytes_ = capped_bytes_ + capped_bytes_ / 4;
+  if (parts_.core.host_pool) parts_.core.host_pool->grow_to(host_target_bytes_);
+  const std::string line = "auto mode (" + auto_goal_text(target) + "): device memory in use at a paged backward's start " +
+                           format_bytes(used_bytes) + ", over the target by " + format_bytes(excess) + ": pages " +
+                           format_bytes(capped_bytes_) + " a pass (" + format_bytes(added) + " more" +
+                           (short_bytes_ != 0 ? ", all it may; it misses by " + format_bytes(short_bytes_) : "") +
+                           "), from the job's pass " + std::to_string(pass_) + " on";
+  ACTPAGE_LOG_INFO("{}", line);
+  parts_.core.events.message(line);
+}
+
+std::vector<std::string> AutoSelect::selected() const {
+  std::vector<std::string> names = chosen_names_;
+  names.insert(names.end(), reserve_names_.begin(), reserve_names_.end());
+  return names;
 }
 
 void AutoSelect::memory_sampled(std::uint64_t used_bytes) {
@@ -617,110 +673,6 @@ bool AutoSelect::unpaged_reading_pending() const {
   if (unpaged_reads_ != 0) return true;
   return std::any_of(backward_markers_.begin(), backward_markers_.end(),
                      [](const auto& entry) { return entry.second <= kObservedPasses; });
-}
-
-std::string AutoSelect::chosen_text() const {
-  if (partial_text_.empty()) return layer_list(chosen_names_);
-  // The partial layer is the last name; the whole ones come before it.
-  const std::vector<std::string> whole(chosen_names_.begin(), chosen_names_.end() - 1);
-  return whole.empty() ? partial_text_ : layer_list(whole) + " and " + partial_text_;
-}
-
-std::string AutoSelect::watched_text() const {
-  if (options_.watch_bytes == 0) return "unpaged";
-  return "watched, " + format_bytes(watched_peak_bytes_) + " paged";
-}
-
-std::string AutoSelect::forward_text() const {
-  if (options_.watch_bytes == 0 || forward_gpu_measured_ns_ == 0 || forward_gpu_measured_ns_ == forward_gpu_ns_) {
-    return watched_text();
-  }
-  char text[96];
-  std::snprintf(text, sizeof text, "%s: %.1f ms measured, its paged layers at the others' median",
-                watched_text().c_str(), static_cast<double>(forward_gpu_measured_ns_) / 1e6);
-  return text;
-}
-
-std::string auto_goal_text(std::uint64_t device_memory_target) {
-  if (device_memory_target == 0) return "near-free";
-  return "device memory <= " + format_bytes(device_memory_target);
-}
-
-std::string AutoSelect::budget_text() const {
-  return near_free_budget_text(budget_bytes_, link_bytes_per_s_, forward_gpu_ns_);
-}
-
-void AutoSelect::add_stats(EngineStats& stats) const {
-  stats.auto_layers_chosen = chosen_names_.size();
-  stats.auto_bytes_chosen = chosen_bytes_;
-  stats.auto_budget_bytes = budget_bytes_;
-  stats.auto_link_bytes_per_s = static_cast<std::uint64_t>(link_bytes_per_s_);
-  stats.auto_forward_gpu_ns = forward_gpu_ns_;
-  stats.auto_forward_gpu_paged_ns = paged_forward_median_ns();
-  stats.auto_used_unpaged_bytes = used_unpaged_;
-  stats.auto_used_paged_bytes = used_paged_;
-  stats.auto_peak_watched_bytes = peak_watched_;
-  stats.auto_peak_paged_bytes = peak_paged_;
-  stats.auto_bytes_paged = capped() ? capped_bytes_ : chosen_bytes_;
-  if (governor_) {
-    stats.auto_sheds = governor_->sheds();
-    stats.auto_cycle_base_ns = governor_->base_cycle_ns();
-    stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
-    stats.auto_cycle_probe_ns = governor_->probe_cycle_ns();
-  }
-}
-
-std::optional<std::string> AutoSelect::summary() const {
-  if (!decided_) return std::nullopt;
-  std::string line = "auto (" + auto_goal_text(options_.device_memory_target) + "): ";
-  if (chosen_names_.empty()) {
-    line += "paged nothing (link budget " + budget_text() + ")";
-  } else {
-    line += "paged " + chosen_text() + " (" + format_bytes(chosen_bytes_) + " a pass, link budget " +
-            budget_text() + ")";
-  }
-  if (short_bytes_ != 0) line += "; offloading cannot reach the target: it misses it by " + format_bytes(short_bytes_);
-  if (governor_ && !governor_->judgement_text().empty()) {
-    // What the paged passes cost the GPU, and what the governor made of it.
-    line += "; " + governor_->judgement_text();
-    if (governor_->sheds() != 0) {
-      line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
-                                       std::to_string(cap_pass_)
-                                 : ": paging ended at the job's pass " + std::to_string(cap_pass_);
-    }
-  }
-  // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else
-  // the readings at backward's start.
-  const bool sampled = peak_watched_ != 0 && peak_paged_ != 0;
-  const std::uint64_t before = sampled ? peak_watched_ : used_unpaged_;
-  const std::uint64_t after = sampled ? peak_paged_ : used_paged_;
-  // The passes whose backward the GPU began (pass_ runs one ahead in backward: not the label).
-  const std::uint64_t last_pass = std::max(last_paged_pass_, reported_pass_);
-  if (before != 0) {
-    line += std::string(sampled ? "; peak device memory in use " : "; device memory in use at backward's start: ") +
-            format_bytes(before) + " " + watched_text() + " (passes 1-" + std::to_string(kObservedPasses) + ")";
-    if (after != 0) {
-      line += " -> " + format_bytes(after) + " (passes " + std::to_string(reported_pass_) + "-" +
-              std::to_string(last_pass) + ", " + (after <= before ? "-" : "+") +
-              format_bytes(after <= before ? before - after : after - before) + ")";
-      const std::uint64_t target = options_.device_memory_target;
-      if (target != 0) {
-        line += after <= target ? ", within the target" : ", over the target by " + format_bytes(after - target);
-      }
-    }
-  }
-  if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
-    // What paging costs the forward, on the GPU: the copies share the device's memory with it.
-    char text[200];
-    std::snprintf(text, sizeof text,
-                  "; forward's GPU time %.1f ms (pass %llu, %s) -> %.1f ms (median of %zu paged passes, %+.1f%%)",
-                  static_cast<double>(forward_gpu_ns_) / 1e6, static_cast<unsigned long long>(kObservedPasses),
-                  forward_text().c_str(),
-                  static_cast<double>(paged) / 1e6, paged_forward_ns_.size(),
-                  (static_cast<double>(paged) / static_cast<double>(forward_gpu_ns_) - 1.0) * 100.0);
-    line += text;
-  }
-  return line;
 }
 
 }  // namespace actpage::engine

@@ -53,7 +53,10 @@
 // - The goal "device memory" (auto_device_memory set): the decision waits for the unpaged figure
 //   too, and chooses with choose_for_device_memory (memory_goal.hpp) instead: the least paging that
 //   covers what that figure is over the target, whatever the link hides; the log line and summary()
-//   say the target and by how much the choice misses it.
+//   say the target and by how much the choice misses it. The further layers it may move are
+//   selected too, their keys capped (the reserve): when a paged pass's backward begins over the
+//   target (from the second reading under a cap on), it pages the next of them that cover the
+//   excess (raise_for_target()), said in the log and in summary().
 // - Everything with the engine's lock held, but start()/stop() and the measuring thread's copies.
 #pragma once
 
@@ -72,6 +75,7 @@
 #include "actpage/options.hpp"
 #include "engine/engine_parts.hpp"
 #include "engine/engine_stats.hpp"
+#include "engine/near_free.hpp"
 #include "engine/near_free_governor.hpp"
 #include "engine/node_verdict.hpp"
 #include "policy/module_matcher.hpp"
@@ -165,8 +169,11 @@ class AutoSelect {
   // ones, then the one of which only the first saved tensors are (their keys are chosen_keys()).
   const std::vector<std::string>& chosen() const { return chosen_names_; }
   // The keys of the allocations the chosen layers saved in pass 1: the only candidates from the
-  // decision on (allocation_key.hpp).
+  // decision on (allocation_key.hpp); with the device-memory goal's reserve's after them.
   const std::vector<std::uint64_t>& chosen_keys() const { return chosen_keys_; }
+  // The layers Engine selects: the chosen ones, then the device-memory goal's reserve (the further
+  // layers it may page when the paged passes read over the target; their keys stay capped until).
+  std::vector<std::string> selected() const;
   // The pinned memory auto mode asked the host pool for (0: none): its first paged pass's misses
   // are its own doing, not a preallocation the user could have known (DeviceEngine::advice()).
   std::uint64_t host_target_bytes() const { return host_target_bytes_; }
@@ -306,6 +313,18 @@ class AutoSelect {
   std::uint64_t cap_pass_ = 0;  // the host's pass when the cap last changed
   std::uint64_t capped_bytes_ = 0;  // the allowed keys' bytes a pass
   std::unordered_set<std::uint64_t> allowed_keys_;
+
+  // The device-memory goal's reserve: what more it may page, earliest first, when a paged pass's
+  // backward begins over the target (the observed passes' reading can be low: a job whose optimizer
+  // makes its state at its first step, after them). Selected from the decision on, capped until
+  // taken; raise_for_target() takes what covers the excess.
+  void keep_reserve(const std::vector<LayerSaved>& layers, const LayerChoice& movable);
+  void raise_for_target(std::uint64_t used_bytes);
+  std::vector<std::string> reserve_names_;
+  std::vector<SavedKey> reserve_key_bytes_;
+  std::size_t reserve_taken_ = 0;
+  std::uint64_t goal_readings_ = 0;  // readings at a paged backward's start under the cap in force
+  std::uint64_t raised_reading_ = 0;  // the reading the last raise answered (0: none)
 };
 
 // "model.layers.0-5" for consecutive numbered names of one prefix, else the names joined by ", ".

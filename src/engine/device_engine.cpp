@@ -386,6 +386,11 @@ std::vector<std::string> DeviceEngine::auto_chosen() const {
   return auto_.chosen();
 }
 
+std::vector<std::string> DeviceEngine::auto_selected() const {
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  return auto_.selected();
+}
+
 std::optional<std::string> DeviceEngine::auto_summary() const {
   std::lock_guard<std::mutex> lock(core_.mutex);
   auto line = auto_.summary();

@@ -100,6 +100,7 @@ class DeviceEngine {
   // watched_verdict() says so (`key`: its allocation key, not counted yet); 0 passes it through.
   DevPtr allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key);
   std::vector<std::string> auto_chosen() const;
+  std::vector<std::string> auto_selected() const;  // the chosen layers and the device-memory goal's reserve
   std::vector<std::uint64_t> auto_chosen_keys() const;
   // Before start(): the link's rate and the forward's GPU time to use instead of measuring them.
   void set_auto_measurements(const AutoMeasurements& measurements) { auto_.set_measurements(measurements); }

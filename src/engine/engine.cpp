@@ -222,7 +222,7 @@ void Engine::auto_layer_pushed(ranges::PathId node) {
       break;
     }
     case AutoSelect::Push::decided:
-      select_layers(observer->auto_chosen(), observer->auto_chosen_keys());
+      select_layers(observer->auto_selected(), observer->auto_chosen_keys());
       auto_phase_.store(kAutoDecided, std::memory_order_relaxed);
       break;
     case AutoSelect::Push::ignored:

@@ -629,6 +629,47 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
   expect_every_read_right(rig);
 }
 
+// The observed passes can read low: a job whose optimizer makes its state at its first step, after
+// them (gpt_accum's four micro-batches a step: 15.2 GiB at backward's start there, 19.6 later). A
+// paged pass whose backward begins over the target makes the goal page more of what it may move,
+// earliest first, until the reading is within it. Here the unpaged reading is set 8 MiB below what
+// the simulated device then reads, so the choice (one 2 MiB tensor) leaves the paged passes 8 MiB
+// over the target.
+TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
+  std::uint64_t unpaged = 0;
+  {
+    Options options = auto_options();
+    options.auto_device_memory = kMiB;
+    Rig rig(options, budget_of(5 * kMiB));
+    LayerJob job(rig);
+    for (int pass = 1; pass <= 3; ++pass) job.pass();
+    unpaged = rig.engine.stats().auto_used_unpaged_bytes;  // the simulated device's own reading
+  }
+  ASSERT_GT(unpaged, 20 * kMiB) << "the simulated job is too small for this test";
+  Options options = auto_options();
+  options.auto_device_memory = unpaged - 10 * kMiB;
+  AutoMeasurements measurements = budget_of(5 * kMiB);
+  measurements.unpaged_used_bytes = options.auto_device_memory + kBytes;  // needs one tensor
+  Rig rig(options, measurements);
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, kBytes);
+  EXPECT_EQ(rig.engine.stats().auto_bytes_paged, kBytes) << "raised on its first paged reading (the switch's)";
+  for (int pass = 4; pass <= 9; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_bytes_chosen, kBytes);
+  EXPECT_GE(stats.auto_bytes_paged, 5 * kBytes) << "8 MiB over the target: four more tensors";
+  EXPECT_LE(stats.auto_used_paged_bytes, options.auto_device_memory);
+  EXPECT_GT(stats.auto_used_paged_bytes, 0u);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("; raised to " + format_bytes(stats.auto_bytes_paged) + " a pass from the job's pass"),
+            std::string::npos)
+      << summary[0];
+  EXPECT_NE(summary[0].find(", within the target"), std::string::npos) << summary[0];
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) {
   // The unpaged peak as the (simulated) driver reads it where the GPU reaches pass 2's backward: the
   // decision waits for that reading. 1 MiB is out of reach: every layer but the last is paged.
