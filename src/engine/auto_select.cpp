@@ -444,7 +444,6 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
                     std::to_string(layer.tensors.size()) + " saved tensors of " + layer.name;
   }
   if (memory_goal && short_bytes_ == 0 && !chosen_names_.empty()) keep_reserve(inputs.layers, movable);
-  if (memory_goal && short_bytes_ == 0 && !chosen_names_.empty()) keep_reserve(inputs.layers, movable);
   seen_.clear();
   saved_bytes_.clear();
   saved_keys_.clear();
