@@ -21,10 +21,14 @@
 #   actpage            actpage run with no policy at all: what a new user types
 #   actpage-default    actpage run --policy config/default-policy.json (every `*.mlp` and expert
 #                      range: the shipped generic policy, not written for any one job)
-#   auto_goal_variants actpage's automatic goals, when auto mode lands (below; empty until then)
+#   actpage-device-memory  actpage run with no policy and a target for the peak of device memory in
+#                      use (`--device-memory`, ACTPAGE_AUTO_DEVICE_MEMORY): BENCH_DEVICE_MEMORY (75%)
+#                      of the job's peak in its preflight run (issue 37: "25% below the unpaged
+#                      peak"); with it the preflight runs (BENCH_PREFLIGHT_STEPS, 3 when unset)
 #   checkpointing      the job's gradient checkpointing (`--method checkpointing`), where the
 #                      manifest says it has one ("checkpointing": "method")
 #   actpage-default+checkpointing  actpage's default policy on top of that checkpointing
+#   actpage+checkpointing  actpage run with no policy (auto mode) on top of that checkpointing
 #   no-checkpointing   where the job checkpoints by default ("checkpointing": "default-on",
 #                      long-context): its baseline already checkpoints, this turns it off
 #   save_on_cpu        torch.autograd.graph.save_on_cpu(pin_memory=True), fewer steps (it is ~6x
@@ -37,11 +41,11 @@
 # report multiplies it by each job's baseline forward GPU time (median_fwd_ms, CUDA events).
 #
 # Time (the single-GPU zoo, 1 repetition): a job with checkpointing, save_on_cpu and stream_offload
-# makes 8 runs, compiled 6 (it has no save_on_cpu or stream_offload), long-context 7: about 60 runs.
+# makes 10 runs and a short preflight, compiled and long-context 8: about 80 runs.
 # A run is mostly the process's start (imports, model build, CUDA context, ~12-15 s): an 8-layer
 # examples/train_llama.py took 19 s a run on an H200, save_on_cpu's 6 slow steps included; the zoo's
 # larger jobs (hidden 4096, seq 4096-32k) and compiled's compilation take longer. At 20-25 s a run
-# the zoo takes 20-25 minutes, ~3 minutes a job: give a device call two jobs (compiled and
+# the zoo takes 30-35 minutes, ~4 minutes a job: give a device call two jobs (compiled and
 # long-context alone: 32 steps of its 1.6 s add ~40 s a run), and
 # fsdp2 its own call on nvidia-h100-x2 (4 variants took 100 s for a 4-layer FSDP2 Llama). Each
 # further repetition (BENCH_REPS) adds the main variants' runs again; BENCH_SKIP_VARIANTS drops some.
@@ -61,7 +65,9 @@
 # cores and taskset is there; empty: unpinned), BENCH_GPUS (this machine's GPU count, default from
 # `nvidia-smi -L`: jobs needing more are skipped with a message), BENCH_SKIP_VARIANTS (variant names
 # not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_RUN_ESTIMATE_S
-# (20: --list's seconds a run).
+# (20: --list's seconds a run), BENCH_DEVICE_MEMORY (75%: actpage-device-memory's target as a share of
+# the preflight's peak; 0: no such variant, and no preflight unless asked), BENCH_PREFLIGHT_STEPS (3
+# with BENCH_DEVICE_MEMORY, else 0: a short plain run of each job first; a job that fails it is skipped).
 # Results: out/bench/JOB/{results.json,results.md,meta.json,compare.log,logs/} (a skipped job:
 # skipped.json), out/bench/{link.json,calibration.json}, the report in out/bench/{report.txt,
 # report.json,results.md,bench.png}. When $OUT is set (the device tool), everything but the traces
@@ -84,6 +90,12 @@ trace=${BENCH_TRACE:-0}
 thread_stats=${BENCH_THREAD_STATS:-0.5}
 cpu_probe=${BENCH_CPU_PROBE:-0.05}
 preflight_steps=${BENCH_PREFLIGHT_STEPS:-0}  # >0: a short plain run of each job first; a job that fails it is skipped
+# The device-memory goal's target as a share of the preflight's peak: "75%" (default), 0: no such variant.
+device_memory_share=${BENCH_DEVICE_MEMORY-75%}
+device_memory_share=${device_memory_share%\%}
+[[ $device_memory_share =~ ^[0-9]+$ ]] && (( device_memory_share < 100 )) ||
+  { echo "bench: BENCH_DEVICE_MEMORY must be a share of the preflight's peak below 100%, such as 75%, or 0 (got ${BENCH_DEVICE_MEMORY-})" >&2; exit 2; }
+if (( device_memory_share > 0 )) && [[ -z ${BENCH_PREFLIGHT_STEPS:-} ]]; then preflight_steps=3; fi
 run_timeout=${BENCH_RUN_TIMEOUT:-300}
 # --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
 # run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
@@ -96,13 +108,6 @@ warmup=${BENCH_WARMUP:-20}
 slow_steps=${BENCH_SLOW_STEPS:-6}
 slow_warmup=${BENCH_SLOW_WARMUP:-2}
 export PYTHONUNBUFFERED=1
-
-# Actpage's automatic goals (the auto-mode issue fills this in; nothing else belongs here): one
-# compare_runs variant spec per goal, each run on every job with no policy file, e.g.
-#   "actpage-near-free;actpage;async;policy=none;env=ACTPAGE_GOAL=near-free"
-#   "actpage-max-slowdown-10;actpage;async;policy=none;env=ACTPAGE_MAX_SLOWDOWN=10%"
-#   "actpage-device-memory;actpage;async;policy=none;env=ACTPAGE_DEVICE_MEMORY=..."
-auto_goal_variants=()
 
 report() {
   "$python" scripts/bench_report.py "$out" --manifest "$manifest" --png "$out/bench.png" --json "$out/report.json" \
@@ -149,11 +154,15 @@ job_variants() {
     "$observe"
     "actpage;actpage;async;policy=none"
     "actpage-default;actpage;async;policy=config/default-policy.json"
-    "${auto_goal_variants[@]}"
   )
+  # The target comes from the preflight's peak (device_memory_target, set where it ran; none: left out).
+  if (( device_memory_share > 0 )) && [[ -n ${device_memory_target:-} ]]; then
+    variants+=("actpage-device-memory;actpage;async;policy=none;env=ACTPAGE_AUTO_DEVICE_MEMORY=$device_memory_target")
+  fi
   case $job_checkpointing in
     method) variants+=("checkpointing;plain;async;--method checkpointing"
-                       "actpage-default+checkpointing;actpage;async;policy=config/default-policy.json;--method checkpointing") ;;
+                       "actpage-default+checkpointing;actpage;async;policy=config/default-policy.json;--method checkpointing"
+                       "actpage+checkpointing;actpage;async;policy=none;--method checkpointing") ;;
     default-on) variants+=("no-checkpointing;plain;async;--no-checkpointing") ;;
   esac
   if has_method save_on_cpu; then
@@ -193,6 +202,7 @@ if [[ $mode == list ]]; then
   total=0
   for job in "${jobs[@]}"; do
     fields=$("$python" scripts/bench_manifest.py "$manifest" shell "$job") && eval "$fields" || exit 2
+    device_memory_target="${device_memory_share}%-of-the-preflight's-peak"
     job_variants
     job_command
     runs=0
@@ -247,8 +257,8 @@ PY
     fi
     continue
   fi
-  job_variants
   job_command
+  device_memory_target=""
   if (( preflight_steps > 0 )); then
     # A job that cannot run plain is not worth its variants' device time: one short plain run first.
     rm -rf "$job_out"
@@ -270,7 +280,23 @@ PY
       failed=1
       continue
     fi
+    if (( device_memory_share > 0 )); then
+      # The device-memory goal's target: the share of the peak the preflight's job measured.
+      device_memory_target=$("$python" - "$job_out/preflight.log" "$device_memory_share" <<'PY'
+import sys
+sys.path.insert(0, "examples")
+from common import parse_result_lines
+results = parse_result_lines(open(sys.argv[1], errors="replace").read())
+peak = results[-1].get("device_used_peak_mib") if results else None
+if peak:
+    print("%dMiB" % int(float(peak) * int(sys.argv[2]) / 100))
+PY
+      )
+      [[ -n $device_memory_target ]] ||
+        echo "bench: $job: its preflight printed no device peak: no actpage-device-memory variant"
+    fi
   fi
+  job_variants
   variant_args=()
   for spec in "${variants[@]}"; do variant_args+=(--variant "$spec"); done
   watch_args=()  # compare_runs options: traces, thread watch, CPU probe

@@ -31,15 +31,17 @@ import bench_manifest  # noqa: E402
 GIB_IN_MIB = 1024.0
 GIB = 1 << 30
 BASELINE = "none"
-# What each of bench.sh's variants is, in the order the tables list them; others (auto-mode goals)
-# follow in results.json's order.
+# What each of bench.sh's variants is, in the order the tables list them; others follow in
+# results.json's order.
 VARIANTS = {
     "none": "the job as is",
     "actpage-observe": "actpage run, observe only",
     "actpage": "actpage run, no policy",
     "actpage-default": "actpage run, config/default-policy.json",
+    "actpage-device-memory": "actpage run --device-memory (a share of the preflight's peak)",
     "checkpointing": "the job's gradient checkpointing",
     "actpage-default+checkpointing": "actpage default policy on top of checkpointing",
+    "actpage+checkpointing": "actpage run, no policy, on top of checkpointing",
     "no-checkpointing": "the job's default checkpointing turned off",
     "save_on_cpu": "torch save_on_cpu(pin_memory=True)",
     "stream_offload": "streamed offload in the job",

@@ -404,6 +404,7 @@ FAKE_JOB = textwrap.dedent("""
             "actpage-default-policy": 19000.0, "no-checkpointing": 26000.0}.get(key, 19500.0)
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"script": script, "key": key, "args": args, "time": time.time(),
+                              "target": os.environ.get("ACTPAGE_AUTO_DEVICE_MEMORY"),
                               "alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "policy": policy,
                               "trace": os.environ.get("ACTPAGE_TRACE_PATH"), "rank": os.environ.get("RANK"),
                               "cpus": sorted(os.sched_getaffinity(0)),
@@ -494,7 +495,7 @@ class BenchScriptTest(unittest.TestCase):
             FAKE_LOG=self.log, FAKE_JOB=self.job, BENCH_MANIFEST=self.manifest, BENCH_OUT=self.out, OUT=self.packed,
             PYTHON=sys.executable, BENCH_JOB_PYTHON=self.job, BENCH_ACTPAGE=self.actpage, BENCH_STEPS="5",
             BENCH_WARMUP="1", BENCH_CPUS=str(self.core), BENCH_GPUS="1", BENCH_THREAD_STATS="0.05",
-            BENCH_CPU_PROBE="0.005"))
+            BENCH_CPU_PROBE="0.005", BENCH_DEVICE_MEMORY="0"))
 
     def bench(self, *args, **env):
         return run_script("bench.sh", args, dict(self.env, **env), timeout=280)
@@ -509,7 +510,7 @@ class BenchScriptTest(unittest.TestCase):
         calls = self.calls()
         llama = [c for c in calls if c["script"] == "tiny_llama.py"]
         main = ["none", "actpage-observe", "actpage-bare", "actpage-default-policy", "checkpointing",
-                "actpage-default-policy+checkpointing"]
+                "actpage-default-policy+checkpointing", "actpage-bare+checkpointing"]
         peers = ["save_on_cpu", "stream_offload"]
         # rep 1: every variant in bench.sh's order; rep 2 rotated by one, the peers (BENCH_PEER_REPS 1) left out
         self.assertEqual([c["key"] for c in llama], main + peers + main[1:] + main[:1])
@@ -588,6 +589,26 @@ class BenchScriptTest(unittest.TestCase):
         self.assertIn("no link bound: D2H rate not measured", read(os.path.join(self.out, "report.txt")))
         self.assertIn("not run yet: tiny-llama, tiny-long", read(os.path.join(self.out, "report.txt")))
 
+    def test_the_device_memory_goal_runs_at_a_share_of_the_preflights_peak(self):
+        # By default a preflight of 3 plain steps runs first; the goal's target is 75% of its peak
+        # (the fake job's plain peak: 20000 MiB), in the variant's environment, and nowhere else.
+        env = dict(self.env)
+        del env["BENCH_DEVICE_MEMORY"]
+        code, printed = run_script("bench.sh", ("tiny-llama",), env, timeout=280)
+        self.assertEqual(code, 0, printed[-3000:])
+        calls = self.calls()
+        self.assertEqual(calls[0]["args"][-4:], ["--steps", "3", "--warmup", "0"])  # the preflight
+        targeted = [c for c in calls if c["target"]]
+        self.assertEqual([(c["key"], c["target"]) for c in targeted], [("actpage-bare", "15000MiB")])
+        results = json.loads(read(os.path.join(self.out, "tiny-llama", "results.json")))
+        self.assertIn("actpage-device-memory", {r["variant"] for r in results["runs"]})
+        code, printed = self.bench("--list", "tiny-llama", BENCH_DEVICE_MEMORY="60%")
+        self.assertEqual(code, 0, printed)
+        self.assertIn("ACTPAGE_AUTO_DEVICE_MEMORY=60%-of-the-preflight's-peak", printed)
+        code, printed = self.bench("--list", BENCH_DEVICE_MEMORY="120%")
+        self.assertEqual(code, 2, printed)
+        self.assertIn("BENCH_DEVICE_MEMORY must be a share of the preflight's peak below 100%", printed)
+
     def test_a_job_failing_its_preflight_is_skipped_as_a_failure(self):
         code, printed = self.bench("tiny-llama", "tiny-long", BENCH_PREFLIGHT_STEPS="2",
                                    FAKE_BROKEN_SCRIPTS="tiny_long.py")
@@ -598,7 +619,7 @@ class BenchScriptTest(unittest.TestCase):
         llama = [c for c in calls if c["script"] == "tiny_llama.py"]
         self.assertEqual(llama[0]["key"], "none")  # the preflight: plain, 2 steps, no warm-up
         self.assertEqual(llama[0]["args"][-4:], ["--steps", "2", "--warmup", "0"])
-        self.assertEqual(len(llama), 1 + 8)  # then every variant once
+        self.assertEqual(len(llama), 1 + 9)  # then every variant once
         self.assertIn("bench: tiny-long: the preflight run failed", printed)
         report = json.loads(read(os.path.join(self.out, "report.json")))
         self.assertEqual(list(report["jobs"]), ["tiny-llama"])
@@ -607,13 +628,13 @@ class BenchScriptTest(unittest.TestCase):
     def test_list_unknown_jobs_and_a_missing_manifest(self):
         code, printed = self.bench("--list")
         self.assertEqual(code, 0, printed)
-        self.assertIn("tiny-llama: 1 GPU(s), 8 runs:", printed)
+        self.assertIn("tiny-llama: 1 GPU(s), 9 runs:", printed)
         self.assertIn("tiny-fsdp: 2 GPU(s), 4 runs (skipped here: needs 2 GPUs, this machine has 1):", printed)
         self.assertIn("  actpage;actpage;async;policy=none", printed)
-        self.assertIn("total: 17 runs, about 6 minutes at ~20 s a run", printed)
+        self.assertIn("total: 18 runs, about 6 minutes at ~20 s a run", printed)
         self.assertFalse(os.path.exists(self.log))
         code, printed = self.bench("--list", "tiny-llama", BENCH_SKIP_VARIANTS="save_on_cpu,stream_offload")
-        self.assertIn("tiny-llama: 1 GPU(s), 6 runs:", printed)
+        self.assertIn("tiny-llama: 1 GPU(s), 7 runs:", printed)
         self.assertNotIn("save_on_cpu", printed)
         code, printed = self.bench("--list", BENCH_SKIP_VARIANTS="none")
         self.assertEqual(code, 2)
