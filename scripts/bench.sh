@@ -64,7 +64,8 @@
 # (the cores every job runs on, `taskset -c` syntax; default 2-9 where the machine has at least 10
 # cores and taskset is there; empty: unpinned), BENCH_GPUS (this machine's GPU count, default from
 # `nvidia-smi -L`: jobs needing more are skipped with a message), BENCH_SKIP_VARIANTS (variant names
-# not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_RUN_ESTIMATE_S
+# not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_VARIANTS (the
+# only variants to run, comma-separated; none, the baseline, always runs), BENCH_RUN_ESTIMATE_S
 # (20: --list's seconds a run), BENCH_DEVICE_MEMORY (75%: actpage-device-memory's target as a share of
 # the preflight's peak; 0: no such variant, and no preflight unless asked), BENCH_PREFLIGHT_STEPS (3
 # with BENCH_DEVICE_MEMORY, else 0: a short plain run of each job first; a job that fails it is skipped).
@@ -95,12 +96,18 @@ device_memory_share=${BENCH_DEVICE_MEMORY-75%}
 device_memory_share=${device_memory_share%\%}
 [[ $device_memory_share =~ ^[0-9]+$ ]] && (( device_memory_share < 100 )) ||
   { echo "bench: BENCH_DEVICE_MEMORY must be a share of the preflight's peak below 100%, such as 75%, or 0 (got ${BENCH_DEVICE_MEMORY-})" >&2; exit 2; }
+# Not when the variant is left out (BENCH_SKIP_VARIANTS, BENCH_VARIANTS below).
+if [[ ,${BENCH_SKIP_VARIANTS:-}, == *,actpage-device-memory,* ]] ||
+   [[ -n ${BENCH_VARIANTS:-} && ,$BENCH_VARIANTS, != *,actpage-device-memory,* ]]; then
+  device_memory_share=0
+fi
 if (( device_memory_share > 0 )) && [[ -z ${BENCH_PREFLIGHT_STEPS:-} ]]; then preflight_steps=3; fi
 run_timeout=${BENCH_RUN_TIMEOUT:-300}
 # --list's estimate of a run's seconds, start included: an 8-layer examples/train_llama.py took 19 s a
 # run (H200, 8 steps, 2026-11-27); bigger zoo jobs take longer.
 run_estimate=${BENCH_RUN_ESTIMATE_S:-20}
 skip_variants=${BENCH_SKIP_VARIANTS:-}
+only_variants=${BENCH_VARIANTS:-}  # empty: every variant; else these (and none, the baseline)
 # Auto mode's governor judges, probes and settles by the job's pass 12-22 (docs/engine.md, "The
 # governor"): the steps measured come after that.
 steps=${BENCH_STEPS:-32}
@@ -173,7 +180,10 @@ job_variants() {
   fi
   local kept=() spec
   for spec in "${variants[@]}"; do
-    [[ ,${skip_variants}, == *",${spec%%;*},"* ]] || kept+=("$spec")
+    local name=${spec%%;*}
+    [[ ,${skip_variants}, == *",$name,"* ]] && continue
+    [[ -z $only_variants || $name == none || ,${only_variants}, == *",$name,"* ]] || continue
+    kept+=("$spec")
   done
   variants=("${kept[@]}")
 }

@@ -605,6 +605,13 @@ class BenchScriptTest(unittest.TestCase):
         code, printed = self.bench("--list", "tiny-llama", BENCH_DEVICE_MEMORY="60%")
         self.assertEqual(code, 0, printed)
         self.assertIn("ACTPAGE_AUTO_DEVICE_MEMORY=60%-of-the-preflight's-peak", printed)
+        # Only some variants (none always); without the goal's variant, no preflight either
+        before = len(self.calls())
+        code, printed = run_script("bench.sh", ("tiny-llama",),
+                                   dict(env, BENCH_VARIANTS="checkpointing,actpage+checkpointing"), timeout=280)
+        self.assertEqual(code, 0, printed[-3000:])
+        self.assertEqual([c["key"] for c in self.calls()[before:]], ["none", "checkpointing", "actpage-bare+checkpointing"])
+        self.assertNotIn("preflight", printed)
         code, printed = self.bench("--list", BENCH_DEVICE_MEMORY="120%")
         self.assertEqual(code, 2, printed)
         self.assertIn("BENCH_DEVICE_MEMORY must be a share of the preflight's peak below 100%", printed)
