@@ -266,7 +266,7 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "job_thread_saved_ns", "job_thread_observe_ns", "job_thread_lock_wait_ns", "gpu_waits",
                    "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
-                   "job_thread_pass_start_ns", "job_thread_watched_ns", "auto_bytes_paged", "auto_sheds",
+                   "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged", "auto_sheds",
                    "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns")
 
 
@@ -560,7 +560,7 @@ def format_engine_table(rows):
     header = ["variant", "paged a pass GiB (chosen -> after the governor)", "forward GPU ms unpaged -> paged",
               "pass GPU ms unpaged -> paged (judged)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
-              "job thread in actpage, ms a pass (allocating; of that, paged passes' starts)",
+              "job thread in actpage, ms a pass (allocating; of that, paged passes' starts [their job pool marks])",
               "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
 
@@ -599,8 +599,8 @@ def format_engine_table(rows):
                          _cell(None if c.get("scheduled_reload_bytes") is None
                                else c["scheduled_reload_bytes"] / float(1 << 30), "%.2f")),
             _cell(c.get("job_thread_vmm_calls"), "%d"),
-            "%s (%s; %s)" % (ms(per_pass(c, "job_thread_ns")), ms(per_pass(c, "job_thread_allocate_ns")),
-                             ms(per_pass(c, "job_thread_pass_start_ns"))),
+            "%s (%s; %s [%s])" % (ms(per_pass(c, "job_thread_ns")), ms(per_pass(c, "job_thread_allocate_ns")),
+                                  ms(per_pass(c, "job_thread_pass_start_ns")), ms(per_pass(c, "job_thread_pool_mark_ns"))),
             "%s -> %s (%s, %s)" % (mib(c.get("auto_peak_watched_bytes")), mib(c.get("auto_peak_paged_bytes")),
                                    _cell(row.get("device_used_peak_mib"), "%.0f"),
                                    _cell(row.get("device_used_steady_peak_mib"), "%.0f")),

@@ -639,7 +639,7 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   used_paged_ = 0;
   last_paged_pass_ = 0;
   // What backward's start should read now is the reading less what leaves besides: the reloads'
-  // room shrinks by what that leaves over the target (to none, here: the raise covers the excess).
+  // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
   const std::uint64_t expected = used_bytes > added ? used_bytes - added : 0;
   parts_.clock.limit_bound(target > expected ? target - expected : 0);
   host_target_bytes_ = capped_bytes_ + capped_bytes_ / 4;

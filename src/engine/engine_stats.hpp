@@ -25,6 +25,8 @@ namespace actpage::engine {
 //     H200, 2026-11-28, and still 0.4 s with the pool's trims off: the event, most likely), and
 //     auto mode's watched passes' allocations
 //     (all of each, their windows and pass starts included)
+//   job_thread_pool_mark_ns: of job_thread_pass_start_ns, the job pool's high-water mark read and
+//     restarted (two pool attribute calls; what is left is the events recorded)
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
@@ -140,6 +142,7 @@ namespace actpage::engine {
   X(job_thread_vmm_ns) \
   X(job_thread_window_ns) \
   X(job_thread_pass_start_ns) \
+  X(job_thread_pool_mark_ns) \
   X(job_thread_watched_ns) \
   X(worker_vmm_calls) \
   X(offload_unmaps) \

@@ -174,7 +174,10 @@ void JobPool::forward_began_on(StreamHandle stream) {
   // A replay's GPU runs no kernels: nothing to time, and its pool is the simulated one.
   if (fit_failed_ || !options_.trim || parts_.turns.serialized() || failed_.load(std::memory_order_relaxed)) return;
   // Restart the mark: from here to backward's start is this forward's need.
-  if (Result<std::uint64_t> high = core.device.take_job_pool_high(); !high.ok()) {
+  const std::uint64_t mark_started = monotonic_ns();
+  Result<std::uint64_t> high = core.device.take_job_pool_high();
+  core.stats.job_thread_pool_mark_ns += monotonic_ns() - mark_started;
+  if (!high.ok()) {
     fit_failed(high.status());
     return;
   }

@@ -298,6 +298,9 @@ TEST(AutoMode, TheJobThreadsTimeInTheEngineSplitsBySitesThatAddUpToIt) {
   EXPECT_GT(stats.job_thread_pass_start_ns, 0u);
   EXPECT_LE(stats.job_thread_window_ns + stats.job_thread_pass_start_ns + stats.job_thread_watched_ns,
             stats.job_thread_allocate_ns);
+  // The pass starts' job pool marks (the simulated pool answers them) are a part of theirs.
+  EXPECT_GT(stats.job_thread_pool_mark_ns, 0u);
+  EXPECT_LE(stats.job_thread_pool_mark_ns, stats.job_thread_pass_start_ns);
   expect_every_read_right(rig);
 }
 
