@@ -294,7 +294,8 @@ class AutoSelect {
   std::uint64_t paged_forward_median_ns() const;
 
   // The governor: the paged passes' starts as the host marked them (with the cap's generation then),
-  // the last one the GPU reached, and the keys the cap leaves (once it changed: capped()).
+  // the last one the GPU reached, and the keys the cap leaves (once it changed: capped(); the
+  // device-memory goal caps from its decision when it keeps a reserve).
   struct PassStart {
     std::uint64_t marker = 0;
     std::uint64_t pass = 0;

@@ -116,10 +116,12 @@ namespace actpage::engine {
 //     the paged passes after the first's forward; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp); auto_bytes_paged: what is paged a pass after the
-//     governor's sheds (auto_sheds; NearFreeGovernor), auto_cycle_base_ns / auto_cycle_judged_ns /
+//     governor's sheds (auto_sheds; NearFreeGovernor) or the device-memory goal's raises (it
+//     takes its reserve), auto_cycle_base_ns / auto_cycle_judged_ns /
 //     auto_cycle_probe_ns: a pass's GPU time (its start to backward's last marker) unpaged (fitted),
 //     as last judged paged, and with the probe's half paged; auto_key_capped: chosen-key
-//     allocations the governor's cap left to the job's allocator
+//     allocations the cap (the governor's, or the device-memory goal's reserve) left to the job's
+//     allocator
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
 // X(name): a std::uint64_t counter, 0 to start.
 #define ACTPAGE_ENGINE_STATS(X) \
