@@ -257,7 +257,8 @@ def environment_for(variant, base=None):
 # The counters of the engine's end-of-run line (`[actpage] info: engine: {...}`) that say where the
 # time went, kept in a run's `engine`: job_thread_ns split by where the job's thread was
 # (job_thread_*_ns), and the waits and driver calls on its thread that may explain it (the lock,
-# the gates before a marker's reloads, the backlog, the job pool's trims).
+# the gates before a marker's reloads, the backlog, the job pool's trims); and auto mode's inputs
+# to issue 37's link floor (its link budget and rate, device memory where backward began).
 ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns", "scheduled_reloads",
                    "scheduled_reload_bytes", "offloads_completed", "bytes_offloaded", "iterations",
                    "auto_bytes_chosen", "auto_forward_gpu_ns", "auto_forward_gpu_paged_ns", "job_thread_ns",
@@ -266,8 +267,10 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "job_thread_saved_ns", "job_thread_observe_ns", "job_thread_lock_wait_ns", "gpu_waits",
                    "gpu_wait_ns", "room_gate_ns", "pool_waits", "pool_wait_ns", "pool_trims", "pool_trim_ns",
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
-                   "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged", "auto_sheds",
-                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns")
+                   "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged",
+                   "auto_sheds",
+                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns", "auto_budget_bytes",
+                   "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes")
 
 
 def engine_account(stderr_text):
