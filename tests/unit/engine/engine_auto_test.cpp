@@ -563,15 +563,26 @@ TEST(AutoMode, ASlowFirstPassDoesNotSetTheBudget) {
   expect_every_read_right(rig);
 }
 
+// The device-memory goal at `target`; the unpaged passes' reading at backward's start set to
+// `unpaged` (with a link budget of one layer, which the goal does not go by).
+Options memory_goal_options(std::uint64_t target) {
+  Options options = auto_options();
+  options.auto_device_memory = target;
+  return options;
+}
+
+AutoMeasurements unpaged_reading(std::uint64_t unpaged) {
+  AutoMeasurements measurements = budget_of(5 * kMiB);
+  measurements.unpaged_used_bytes = unpaged;
+  return measurements;
+}
+
 TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
   // The unpaged peak 100 MiB (set), the target 91 MiB: 9 MiB over. Two layers of 4 MiB leave 1 MiB,
   // which the third's first saved tensor (its activation, 2 MiB) covers; the link's budget (one
   // layer) does not decide.
-  Options options = auto_options();
-  options.auto_device_memory = 91 * kMiB;
-  AutoMeasurements measurements = budget_of(5 * kMiB);
-  measurements.unpaged_used_bytes = 100 * kMiB;
-  Rig rig(options, measurements);
+  const Options options = memory_goal_options(91 * kMiB);
+  Rig rig(options, unpaged_reading(100 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 4; ++pass) job.pass();
   EXPECT_EQ(rig.engine.auto_chosen(),
@@ -598,13 +609,10 @@ TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
 // when the layers end whatever the host's speed: the job's thread waits there ("model"'s end)
 // until every paged byte has left.
 TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsStayWithinItsRoom) {
-  Options options = auto_options();
-  options.auto_device_memory = 91 * kMiB;
+  Options options = memory_goal_options(91 * kMiB);
   options.prefetch_ahead_bytes = 64 * kMiB;
   options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
-  AutoMeasurements measurements = budget_of(5 * kMiB);
-  measurements.unpaged_used_bytes = 100 * kMiB;
-  Rig rig(options, measurements);
+  Rig rig(options, unpaged_reading(100 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 5 * kBytes);
@@ -641,19 +649,14 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
 TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
   std::uint64_t unpaged = 0;
   {
-    Options options = auto_options();
-    options.auto_device_memory = kMiB;
-    Rig rig(options, budget_of(5 * kMiB));
+    Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
     LayerJob job(rig);
     for (int pass = 1; pass <= 3; ++pass) job.pass();
     unpaged = rig.engine.stats().auto_used_unpaged_bytes;  // the simulated device's own reading
   }
   ASSERT_GT(unpaged, 20 * kMiB) << "the simulated job is too small for this test";
-  Options options = auto_options();
-  options.auto_device_memory = unpaged - 10 * kMiB;
-  AutoMeasurements measurements = budget_of(5 * kMiB);
-  measurements.unpaged_used_bytes = options.auto_device_memory + kBytes;  // needs one tensor
-  Rig rig(options, measurements);
+  const Options options = memory_goal_options(unpaged - 10 * kMiB);
+  Rig rig(options, unpaged_reading(options.auto_device_memory + kBytes));  // needs one tensor
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, kBytes);
@@ -681,11 +684,8 @@ TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
 // GiB, H200). Here the job's pool grows by 200 MiB between paged passes (an optimizer's step) and
 // the sampler sees it: the line says the target holds at backward's start and where the peak is.
 TEST(AutoMode, ADeviceMemoryTargetMetWhereBackwardBeginsSaysThePeakIsElsewhere) {
-  Options options = auto_options();
-  options.auto_device_memory = 91 * kMiB;
-  AutoMeasurements measurements = budget_of(5 * kMiB);
-  measurements.unpaged_used_bytes = 100 * kMiB;
-  Rig rig(options, measurements);
+  const Options options = memory_goal_options(91 * kMiB);
+  Rig rig(options, unpaged_reading(100 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 4; ++pass) job.pass();
   constexpr std::uint64_t kOptimizerPool = 200 * kMiB;
@@ -712,9 +712,7 @@ TEST(AutoMode, ADeviceMemoryTargetMetWhereBackwardBeginsSaysThePeakIsElsewhere) 
 TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) {
   // The unpaged peak as the (simulated) driver reads it where the GPU reaches pass 2's backward: the
   // decision waits for that reading. 1 MiB is out of reach: every layer but the last is paged.
-  Options options = auto_options();
-  options.auto_device_memory = kMiB;
-  Rig rig(options, budget_of(5 * kMiB));
+  Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 4; ++pass) job.pass();
   const EngineStats stats = rig.engine.stats();
