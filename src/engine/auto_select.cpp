@@ -294,8 +294,19 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
   }
 }
 
-void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
+void AutoSelect::cap_switched() {
   ++generation_;
+  cap_pass_ = pass_;
+  // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
+  // the switch's, the job's pool grown or trimmed to the cap during it).
+  reported_pass_ = pass_ + 2;
+  peak_paged_ = 0;
+  used_paged_ = 0;
+  last_paged_pass_ = 0;
+}
+
+void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
+  cap_switched();
   allowed_keys_.clear();
   // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
   std::uint64_t kept = 0;
@@ -306,19 +317,12 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   }
   capped_bytes_ = kept;
   governor_->cap_kept(kept);
-  cap_pass_ = pass_;
-  // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
-  // the switch's, the job's pool grown or trimmed to the cap during it).
-  reported_pass_ = pass_ + 2;
   if (kept == 0) {
     // Paging ended: the range cache's pages would otherwise stay mapped for a demand that never
     // comes back (resnet held 392 MiB so, above the job's own peak).
     parts_.space.forget_demand();
     parts_.core.work_cv.notify_all();
   }
-  peak_paged_ = 0;
-  used_paged_ = 0;
-  last_paged_pass_ = 0;
   std::string line = "auto mode (near-free): ";
   const auto ms = [](std::uint64_t ns) {
     char text[32];
@@ -466,9 +470,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // GPU waits for the copies instead). With the bound raised to what is paged the host, running
   // ahead, asked for every layer at once: gpu_bound_llama paged 6.7 GiB a pass and its peak fell
   // 0.9 GiB (H200, 2026-11-28). Its copies are done where the layers end (engine_options.cpp).
-  const std::uint64_t paged_floor = used_unpaged_ > chosen_bytes_ ? used_unpaged_ - chosen_bytes_ : 0;
-  const std::uint64_t target = options_.device_memory_target;
-  const std::uint64_t reload_room = std::min(parts_.clock.bound(), target > paged_floor ? target - paged_floor : 0);
+  const std::uint64_t reload_room = std::min(parts_.clock.bound(), room_under_target(used_unpaged_, chosen_bytes_));
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);
     if (short_bytes_ != 0) line += ": offloading cannot reach the target, it misses it by " + format_bytes(short_bytes_);
@@ -594,6 +596,12 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool ba
   }
 }
 
+std::uint64_t AutoSelect::room_under_target(std::uint64_t reading, std::uint64_t leaving) const {
+  const std::uint64_t expected = reading > leaving ? reading - leaving : 0;
+  const std::uint64_t target = options_.device_memory_target;
+  return target > expected ? target - expected : 0;
+}
+
 void AutoSelect::keep_reserve(const std::vector<LayerSaved>& layers, const LayerChoice& movable) {
   const std::unordered_set<std::uint64_t> chosen(chosen_keys_.begin(), chosen_keys_.end());
   auto take = [&](std::size_t index, std::size_t count) {
@@ -630,18 +638,11 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   capped_bytes_ += added;
   short_bytes_ = added < excess ? excess - added : 0;
   raised_reading_ = used_bytes;
-  ++generation_;
-  cap_pass_ = pass_;
   goal_readings_ = 0;
-  // The paged figures are the new cap's, as after the governor's changes.
-  reported_pass_ = pass_ + 2;
-  peak_paged_ = 0;
-  used_paged_ = 0;
-  last_paged_pass_ = 0;
+  cap_switched();
   // What backward's start should read now is the reading less what leaves besides: the reloads'
   // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
-  const std::uint64_t expected = used_bytes > added ? used_bytes - added : 0;
-  parts_.clock.limit_bound(target > expected ? target - expected : 0);
+  parts_.clock.limit_bound(room_under_target(used_bytes, added));
   host_target_bytes_ = capped_bytes_ + capped_bytes_ / 4;
   if (parts_.core.host_pool) parts_.core.host_pool->grow_to(host_target_bytes_);
   const std::string line = "auto mode (" + auto_goal_text(target) + "): device memory in use at a paged backward's start " +

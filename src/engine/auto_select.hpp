@@ -302,6 +302,9 @@ class AutoSelect {
     std::uint32_t generation = 0;
   };
   void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
+  // A new cap is in force (the governor's change, or the device-memory goal's raise): its
+  // generation, the pass it came at, and the paged figures begun again from the pass after it.
+  void cap_switched();
   void cap_changed(std::uint64_t cap_bytes);
   std::optional<NearFreeGovernor> governor_;
   std::vector<SavedKey> chosen_key_bytes_;  // chosen_keys_ with their bytes, in the same order
@@ -321,6 +324,9 @@ class AutoSelect {
   // taken; raise_for_target() takes what covers the excess.
   void keep_reserve(const std::vector<LayerSaved>& layers, const LayerChoice& movable);
   void raise_for_target(std::uint64_t used_bytes);
+  // The device-memory goal: what the target leaves for reloads ahead of the GPU when backward's
+  // start reads `reading` less the `leaving` bytes paged besides (0: nothing).
+  std::uint64_t room_under_target(std::uint64_t reading, std::uint64_t leaving) const;
   std::vector<std::string> reserve_names_;
   std::vector<SavedKey> reserve_key_bytes_;
   std::size_t reserve_taken_ = 0;
