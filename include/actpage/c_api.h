@@ -52,8 +52,15 @@ int actpage_saved_tensor_hooks_installed(void);
 /* Pack: autograd saves the tensor at `address`; called on the thread running forward, inside the
    ranges of the module saving it. A module that saves it after its release point keeps it on the
    device until that module's layer ends. While a trace is written it is recorded. Returns 1 when the library serves that address (then the
-   unpack must ask about it), 0 when it is none of the library's (the unpack may skip the call). */
+   unpack must ask about it), 0 when it is none of the library's (the unpack may skip the call), and
+   2 when it serves it and the pack came outside any layer (a job's own checkpointing saves each
+   layer's input in the parent module): it then stays on the device until a range with no layer
+   ends, unless actpage_tensor_unreferenced says earlier that forward holds it no more. */
 int actpage_tensor_saved(unsigned long long address);
+/* On the thread running forward, for an address actpage_tensor_saved answered 2: no tensor (nor
+   storage) but autograd's saved ones holds its storage any more, so no op of forward can read it:
+   it may leave now. Ignored in backward and when nothing waits for it. */
+void actpage_tensor_unreferenced(unsigned long long address);
 /* Unpack, on autograd's thread: 1 when the tensor at `address` is not back for sure and the stream
    reading it must wait for it (then call actpage_tensor_wait), else 0. */
 int actpage_tensor_unpacking(unsigned long long address);

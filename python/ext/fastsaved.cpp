@@ -8,10 +8,17 @@
 // Here a pack is a few attribute lookups and method calls made from C, no Python frame, and a direct
 // call of the library's function.
 //
-// Hooks(saved, unpacking, wait, current_stream, warn, storage="untyped_storage", keep=None) holds
-// what SavedTensorHooks holds; its methods pack and unpack are the hooks torch is given:
+// Hooks(saved, unpacking, wait, current_stream, warn, storage="untyped_storage", keep=None, held=None)
+// holds what SavedTensorHooks holds; its methods pack and unpack are the hooks torch is given:
 //   pack(tensor)    -> (tensor.detach(), tensor._version, ours), where ours is, for a tensor whose
-//                      is_cuda is true, bool(saved(tensor.<storage>().data_ptr())), else False;
+//                      is_cuda is true, bool(saved(tensor.<storage>().data_ptr())), else False.
+//                      saved answers 0 (not the library's), 1 (the library's) or 2 (the library's,
+//                      and its release point waits until no tensor but autograd's saved copies
+//                      holds the storage: a pack outside any layer, e.g. the inputs non-reentrant
+//                      checkpointing saves in the parent module). On 2 (exactly: the int, or the
+//                      C function's value), held(tensor, detached, address) is called when held is
+//                      not None, detached being the tensor of the returned tuple (_saved.py's
+//                      UnreferencedWatch, which tells the library once the job dropped the rest);
 //   unpack(packed)  -> the detached tensor, after checking its version (the RuntimeError autograd
 //                      raises without hooks, same text as _saved.py's) and, when ours, calling
 //                      unpacking(address) and, when that answers nonzero,
@@ -19,10 +26,10 @@
 // saved, unpacking and wait are either three integers, the addresses of the library's C functions
 // (include/actpage/c_api.h: int(unsigned long long), int(unsigned long long),
 // void(unsigned long long, unsigned long long)), or three Python callables (tests, any other sink).
-// An Exception raised by the sink, the storage lookup or current_stream is given to
+// An Exception raised by the sink, the storage lookup, held or current_stream is given to
 // warn(key, exception) ("saved-pack" / "saved-unpack": _saved.py prints it once) and the tensor
-// goes through untouched; what warn raises is dropped. `keep` is held for the object's lifetime
-// (the ctypes objects behind the addresses).
+// goes through untouched (a pack whose held raised still returns its tuple); what warn raises is
+// dropped. `keep` is held for the object's lifetime (the ctypes objects behind the addresses).
 //
 // The GIL: saved and unpacking are called holding it, as the library's interposed CUDA calls already
 // are (torch calls cudaMalloc and the launches holding it): they take the engine's lock, and where
@@ -45,6 +52,12 @@ namespace {
 using SavedFunction = int (*)(unsigned long long);
 using UnpackingFunction = int (*)(unsigned long long);
 using WaitFunction = void (*)(unsigned long long, unsigned long long);
+
+// saved's answers: not the library's, the library's, the library's with a release point that waits
+// for the storage to be unreferenced (held is told).
+constexpr int kNotOurs = 0;
+constexpr int kOurs = 1;
+constexpr int kOursHeld = 2;
 
 // Interned attribute names, made once at import.
 struct Names {
@@ -75,6 +88,7 @@ struct Hooks {
   PyObject* warn;            // callable(key, exception)
   PyObject* storage;         // str: "untyped_storage" (torch >= 2.0) or "storage"
   PyObject* keep;
+  PyObject* held;  // callable(tensor, detached, address) for the packs answered kOursHeld, or nullptr
   unsigned long long saved_count;
   unsigned long long waits;
 };
@@ -109,39 +123,61 @@ bool storage_address(Hooks* self, PyObject* tensor, unsigned long long* address)
   return !(*address == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr);
 }
 
-// The answer of a sink function given an address: 1 or 0, or -1 with an exception set.
+// saved's answer as one of kNotOurs, kOurs, kOursHeld: 2 exactly is kOursHeld, any other value
+// counts by its truth (as before the third answer existed).
+int saved_answer(int value) { return value == kOursHeld ? kOursHeld : (value != 0 ? kOurs : kNotOurs); }
+
+// The answer of a sink's Python function given an address: kOursHeld for an int equal to 2 (saved's
+// third answer; True is an int too, but 1), else its truth (1 or 0), or -1 with an exception set.
 int ask(PyObject* function, unsigned long long address) {
   PyObject* argument = PyLong_FromUnsignedLongLong(address);
   if (argument == nullptr) return -1;
   PyObject* answer = PyObject_CallFunctionObjArgs(function, argument, nullptr);
   Py_DECREF(argument);
   if (answer == nullptr) return -1;
-  const int truth = PyObject_IsTrue(answer);
+  int overflow = 0;
+  const long value = PyLong_Check(answer) ? PyLong_AsLongAndOverflow(answer, &overflow) : 0;
+  const int truth = overflow == 0 && value == kOursHeld ? kOursHeld : PyObject_IsTrue(answer);
   Py_DECREF(answer);
   return truth;
 }
 
-// The library's answer for a saved CUDA tensor (1 or 0), or -1 with an exception set.
-int tell_saved(Hooks* self, PyObject* tensor) {
+// The library's answer for a saved CUDA tensor (kNotOurs, kOurs or kOursHeld, its storage's address
+// in *address), kNotOurs for a host tensor, or -1 with an exception set.
+int tell_saved(Hooks* self, PyObject* tensor, unsigned long long* address) {
   PyObject* is_cuda = PyObject_GetAttr(tensor, g_names.is_cuda);
   if (is_cuda == nullptr) return -1;
   const int cuda = PyObject_IsTrue(is_cuda);
   Py_DECREF(is_cuda);
   if (cuda <= 0) return cuda;  // a host tensor: nothing to tell
-  unsigned long long address = 0;
-  if (!storage_address(self, tensor, &address)) return -1;
-  const int ours = self->saved_function != nullptr ? (self->saved_function(address) != 0 ? 1 : 0)
-                                                   : ask(self->saved, address);
+  if (!storage_address(self, tensor, address)) return -1;
+  const int ours = self->saved_function != nullptr ? saved_answer(self->saved_function(*address))
+                                                   : ask(self->saved, *address);
   if (ours >= 0) ++self->saved_count;
   return ours;
 }
 
+// held(tensor, detached, address). false when it raised something that is not an Exception (left
+// pending for the caller to raise); an Exception goes to warn().
+bool tell_held(Hooks* self, PyObject* tensor, PyObject* detached, unsigned long long address) {
+  PyObject* argument = PyLong_FromUnsignedLongLong(address);
+  PyObject* result =
+      argument != nullptr ? PyObject_CallFunctionObjArgs(self->held, tensor, detached, argument, nullptr) : nullptr;
+  Py_XDECREF(argument);
+  if (result != nullptr) {
+    Py_DECREF(result);
+    return true;
+  }
+  return report(self, g_names.pack_key);
+}
+
 PyObject* pack(PyObject* object, PyObject* tensor) {
   auto* self = reinterpret_cast<Hooks*>(object);
-  int ours = tell_saved(self, tensor);
+  unsigned long long address = 0;
+  int ours = tell_saved(self, tensor, &address);
   if (ours < 0) {
     if (!report(self, g_names.pack_key)) return nullptr;
-    ours = 0;
+    ours = kNotOurs;
   }
   // Never the tensor itself (see _saved.py: an output saved by its own grad_fn would hold itself).
   PyObject* detached = PyObject_CallMethodObjArgs(tensor, g_names.detach, nullptr);
@@ -151,9 +187,13 @@ PyObject* pack(PyObject* object, PyObject* tensor) {
     Py_DECREF(detached);
     return nullptr;
   }
-  PyObject* packed = PyTuple_Pack(3, detached, version, ours != 0 ? Py_True : Py_False);
-  Py_DECREF(detached);
+  PyObject* packed = PyTuple_Pack(3, detached, version, ours != kNotOurs ? Py_True : Py_False);
   Py_DECREF(version);
+  // Told once the tuple exists: held may keep a weak reference to `detached`, the saved copy.
+  if (packed != nullptr && ours == kOursHeld && self->held != nullptr && !tell_held(self, tensor, detached, address)) {
+    Py_CLEAR(packed);  // an interrupt: raised, as `except Exception` would leave it
+  }
+  Py_DECREF(detached);
   return packed;
 }
 
@@ -260,6 +300,7 @@ int traverse(PyObject* object, visitproc visit, void* arg) {
   Py_VISIT(self->warn);
   Py_VISIT(self->storage);
   Py_VISIT(self->keep);
+  Py_VISIT(self->held);
   // A heap type's instances hold their type (3.9+ expects traverse to say so).
   Py_VISIT(reinterpret_cast<PyObject*>(Py_TYPE(object)));
   return 0;
@@ -274,6 +315,7 @@ int clear(PyObject* object) {
   Py_CLEAR(self->warn);
   Py_CLEAR(self->storage);
   Py_CLEAR(self->keep);
+  Py_CLEAR(self->held);
   return 0;
 }
 
@@ -286,7 +328,8 @@ void dealloc(PyObject* object) {
 }
 
 PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static const char* keywords[] = {"saved", "unpacking", "wait", "current_stream", "warn", "storage", "keep", nullptr};
+  static const char* keywords[] = {"saved", "unpacking", "wait", "current_stream", "warn", "storage", "keep", "held",
+                                   nullptr};
   PyObject* saved = nullptr;
   PyObject* unpacking = nullptr;
   PyObject* wait = nullptr;
@@ -294,12 +337,17 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* warn = nullptr;
   PyObject* storage = nullptr;
   PyObject* keep = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|UO:Hooks", const_cast<char**>(keywords), &saved, &unpacking,
-                                   &wait, &current_stream, &warn, &storage, &keep)) {
+  PyObject* held = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|UOO:Hooks", const_cast<char**>(keywords), &saved, &unpacking,
+                                   &wait, &current_stream, &warn, &storage, &keep, &held)) {
     return nullptr;
   }
   if (!PyCallable_Check(current_stream) || !PyCallable_Check(warn)) {
     PyErr_SetString(PyExc_TypeError, "Hooks(): current_stream and warn must be callable");
+    return nullptr;
+  }
+  if (held != Py_None && !PyCallable_Check(held)) {
+    PyErr_SetString(PyExc_TypeError, "Hooks(): held must be callable or None");
     return nullptr;
   }
   const bool native = PyLong_Check(saved) && PyLong_Check(unpacking) && PyLong_Check(wait);
@@ -336,6 +384,10 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (storage != nullptr) Py_INCREF(storage);
   Py_INCREF(keep);
   self->keep = keep;
+  if (held != Py_None) {
+    Py_INCREF(held);
+    self->held = held;
+  }
   if (self->storage == nullptr) {
     Py_DECREF(object);
     return nullptr;

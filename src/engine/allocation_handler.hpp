@@ -45,8 +45,12 @@ class AllocationHandler {
   // the handler uses that (false: the hooks would only cost time).
   virtual bool saved_tensor_hooks_installed() noexcept { return false; }
   // A pack of the tensor whose storage is at `address`, on the calling thread (forward's, inside
-  // the saving module's ranges).
-  virtual void tensor_saved(DevPtr /*address*/) noexcept {}
+  // the saving module's ranges). True when its release point now waits for a range with no layer
+  // (a pack outside any layer): tensor_unreferenced() may then end that wait earlier.
+  virtual bool tensor_saved(DevPtr /*address*/) noexcept { return false; }
+  // No tensor but autograd's saved ones holds the storage at `address` any more: forward can read
+  // it no more (told on forward's thread, for a pack tensor_saved() answered true).
+  virtual void tensor_unreferenced(DevPtr /*address*/) noexcept {}
   // An unpack: true when the stream reading it must wait for it (then tensor_wait()).
   virtual bool tensor_unpacking(DevPtr /*address*/) noexcept { return false; }
   // Makes `stream` wait until the allocation at `address` is back.

@@ -332,13 +332,21 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
 
 void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
 
-void DeviceEngine::tensor_saved(DevPtr address) {
+bool DeviceEngine::tensor_saved(DevPtr address) {
+  bind_job_thread();
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return false;
+  std::unique_lock<std::mutex>& lock = entry.lock;
+  const bool waits_for_a_layerless_range = saved_.saved(address, lock);
+  auto_.tensor_saved(address);  // a watched pass's (auto_pages_while_watching) counts to its layer
+  return waits_for_a_layerless_range;
+}
+
+void DeviceEngine::tensor_unreferenced(DevPtr address) {
   bind_job_thread();
   JobEntry entry(*this, JobEntry::When::running);
   if (!entry) return;
-  std::unique_lock<std::mutex>& lock = entry.lock;
-  saved_.saved(address, lock);
-  auto_.tensor_saved(address);  // a watched pass's (auto_pages_while_watching) counts to its layer
+  saved_.unreferenced(address);
 }
 
 bool DeviceEngine::tensor_unpacking(DevPtr address) {

@@ -83,9 +83,12 @@ class DeviceEngine {
   void on_backward_marker(ranges::NameId module_name, std::uint64_t forward_pass = 0);
 
   // The saved-tensor hooks (SavedTensors): installed in this process; a pack of `address` on the
-  // calling thread; an unpack (true: the reading stream must wait, then tensor_wait()).
+  // calling thread (true: its release point waits for a range with no layer, which
+  // tensor_unreferenced() may end earlier); an unpack (true: the reading stream must wait, then
+  // tensor_wait()); no tensor but autograd's saved ones holds it any more (on forward's thread).
   void saved_tensor_hooks_installed();
-  void tensor_saved(DevPtr address);
+  bool tensor_saved(DevPtr address);
+  void tensor_unreferenced(DevPtr address);
   bool tensor_unpacking(DevPtr address);
   void tensor_wait(DevPtr address, StreamHandle stream);
   // Whether a saved allocation waits for a range's end (on_pop has work). Without the engine's lock.

@@ -147,7 +147,7 @@ bool Engine::saved_tensor_hooks_installed() noexcept {
   return true;
 }
 
-void Engine::tensor_saved(DevPtr address) noexcept {
+bool Engine::tensor_saved(DevPtr address) noexcept {
   DeviceEngine* engine = owner_of(address);
   if (engine == nullptr) {
     // Auto mode's first pass: what autograd saves of the job's own allocations.
@@ -157,10 +157,17 @@ void Engine::tensor_saved(DevPtr address) noexcept {
         observer->auto_tensor_saved(address);
       }
     }
-    return;
+    return false;
   }
   JobThreadTimer timer(engine, JobThreadSite::saved);
-  engine->tensor_saved(address);
+  return engine->tensor_saved(address);
+}
+
+void Engine::tensor_unreferenced(DevPtr address) noexcept {
+  DeviceEngine* engine = owner_of(address);
+  if (engine == nullptr) return;
+  JobThreadTimer timer(engine, JobThreadSite::saved);
+  engine->tensor_unreferenced(address);
 }
 
 bool Engine::tensor_unpacking(DevPtr address) noexcept {

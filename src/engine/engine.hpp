@@ -49,7 +49,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept override;
 
   bool saved_tensor_hooks_installed() noexcept override;
-  void tensor_saved(DevPtr address) noexcept override;
+  bool tensor_saved(DevPtr address) noexcept override;
+  void tensor_unreferenced(DevPtr address) noexcept override;
   bool tensor_unpacking(DevPtr address) noexcept override;
   void tensor_wait(DevPtr address, StreamHandle stream) noexcept override;
 

@@ -104,6 +104,9 @@ namespace actpage::engine {
 //     (temporaries; one a later pack names may still leave: release_points_moved)
 //   release_points_moved: packs after an allocation's release point (a module of forward still
 //     reads it) that moved the point to the end of the saver's layer
+//   released_unreferenced: of those whose point waited for a range with no layer (the inputs a
+//     job's own checkpointing saves, in the parent module), released when the Python side saw no
+//     tensor but autograd's saved ones hold them (tensor_unreferenced)
 //   saved_brought_back: packs after an allocation's pages had left (or, poison, were overwritten):
 //     brought back at once, kept resident
 //   unpacks_not_back: unpacks that found the allocation not resident and asked for it as a marker does
@@ -198,6 +201,7 @@ namespace actpage::engine {
   X(saved_tensors_reported) \
   X(unsaved_kept_resident) \
   X(release_points_moved) \
+  X(released_unreferenced) \
   X(saved_brought_back) \
   X(unpacks_not_back) \
   X(auto_layers_chosen) \

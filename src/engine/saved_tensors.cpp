@@ -38,36 +38,40 @@ bool SavedTensors::pages_left(const Allocation& allocation) const {
   }
 }
 
-void SavedTensors::saved(DevPtr address, std::unique_lock<std::mutex>& lock) {
+bool SavedTensors::saved(DevPtr address, std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
-  if (!installed()) return;  // without the notification the ranges alone decide, as they always did
+  if (!installed()) return false;  // without the notification the ranges alone decide, as they always did
   Allocation* allocation = find(address);
-  if (allocation == nullptr) return;
+  if (allocation == nullptr) return false;
   ++core.stats.saved_tensors_reported;
   allocation->saved.saved = true;
   const Group* group = allocation->group;
   // Before the seal the release point has not been given yet: it comes after this module's reads.
-  if (group == nullptr || !group->sealed) return;
+  if (group == nullptr || !group->sealed) return false;
   if (parts_.groups.in_backward() || pages_left(*allocation)) {
     // A recomputation in backward, or a module of forward reading pages that left: an op packs
     // its input before it is enqueued, so bringing it back now (the allocating stream waits for
     // the copy) is in time for it.
-    if (allocation->state == PageState::resident) return;
+    if (allocation->state == PageState::resident) return false;
     ++core.stats.saved_brought_back;
     bring_back(*allocation, lock);
-    return;
+    return false;
   }
-  const ranges::PathId until = release_range_of(ranges::current());
+  const ranges::PathId saver = ranges::current();
+  const ranges::PathId until = release_range_of(saver);
   if (until == ranges::kNoPath) {
     // No range tells where the saver's reads end: it stays where it is, for good.
     if (allocation->state != PageState::resident) parts_.reload.request(*allocation, /*urgent=*/false);
     stop_waiting(*allocation);
-    return;
+    return false;
   }
-  move_release_point(*allocation, until, std::this_thread::get_id());
+  const bool layerless = ranges::layer_of(saver) == ranges::kNoPath;
+  move_release_point(*allocation, until, std::this_thread::get_id(), layerless);
+  return layerless && allocation->saved.waiting;
 }
 
-void SavedTensors::move_release_point(Allocation& allocation, ranges::PathId until, std::thread::id thread) {
+void SavedTensors::move_release_point(Allocation& allocation, ranges::PathId until, std::thread::id thread,
+                                      bool layerless) {
   EngineCore& core = parts_.core;
   const bool candidate = allocation.state != PageState::resident || allocation.saved.kept_unsaved || allocation.saved.waiting;
   if (!candidate) return;  // resident for another reason (no pinned memory, brought back): it stays
@@ -80,10 +84,11 @@ void SavedTensors::move_release_point(Allocation& allocation, ranges::PathId unt
   // Several ranges may hold it (packs on other threads, or nested ranges without a layer): it is
   // released at the end of the last one.
   const bool known = std::any_of(waiting_.begin(), waiting_.end(), [&](const Waiting& entry) {
-    return entry.allocation == &allocation && entry.until == until && entry.thread == thread;
+    return entry.allocation == &allocation && entry.until == until && entry.thread == thread &&
+           entry.layerless == layerless;
   });
   if (known) return;
-  waiting_.push_back(Waiting{&allocation, until, thread});
+  waiting_.push_back(Waiting{&allocation, until, thread, layerless});
   waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
   ++core.stats.release_points_moved;
 }
@@ -97,23 +102,40 @@ void SavedTensors::on_pop(ranges::PathId node, std::thread::id thread) {
     return true;
   });
   waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
-  for (Allocation* allocation : ended) {
-    const bool still_held = std::any_of(waiting_.begin(), waiting_.end(),
-                                        [&](const Waiting& entry) { return entry.allocation == allocation; });
-    if (still_held || !allocation->saved.waiting) continue;
-    allocation->saved.waiting = false;
-    // A forward whose backward already began (the range closed late) sends nothing any more.
-    if (parts_.groups.in_backward() || allocation->group == nullptr ||
-        allocation->group->iteration != parts_.groups.iteration()) {
-      continue;
-    }
-    if (!record_moved_release(*allocation)) continue;  // stays resident
-    if (allocation->state == PageState::resident) {
-      release_again(*allocation);
-    } else if (allocation->state == PageState::offloading && allocation->wanted_back) {
-      allocation->saved.release_after_copy = true;  // once the dropped copy ends (copy_dropped)
-    }
+  for (Allocation* allocation : ended) wait_ended(*allocation);
+}
+
+void SavedTensors::unreferenced(DevPtr address) {
+  if (!installed()) return;
+  Allocation* allocation = find(address);
+  if (allocation == nullptr || !allocation->saved.waiting) return;
+  const std::thread::id thread = std::this_thread::get_id();
+  const std::size_t before = waiting_.size();
+  std::erase_if(waiting_, [&](const Waiting& entry) {
+    return entry.allocation == allocation && entry.layerless && entry.thread == thread;
+  });
+  if (waiting_.size() == before) return;
+  waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+  if (wait_ended(*allocation)) ++parts_.core.stats.released_unreferenced;
+}
+
+bool SavedTensors::wait_ended(Allocation& allocation) {
+  const bool still_held = std::any_of(waiting_.begin(), waiting_.end(),
+                                      [&](const Waiting& entry) { return entry.allocation == &allocation; });
+  if (still_held || !allocation.saved.waiting) return false;
+  allocation.saved.waiting = false;
+  // A forward whose backward already began (the range closed late) sends nothing any more.
+  if (parts_.groups.in_backward() || allocation.group == nullptr ||
+      allocation.group->iteration != parts_.groups.iteration()) {
+    return false;
   }
+  if (!record_moved_release(allocation)) return false;  // stays resident
+  if (allocation.state == PageState::resident) {
+    release_again(allocation);
+  } else if (allocation.state == PageState::offloading && allocation.wanted_back) {
+    allocation.saved.release_after_copy = true;  // once the dropped copy ends (copy_dropped)
+  }
+  return true;
 }
 
 bool SavedTensors::record_moved_release(Allocation& allocation) {

@@ -30,6 +30,14 @@
 //   A later pack whose range closes later moves it again; one whose range closes earlier changes
 //   nothing. Without any open range the allocation stays resident for good. Counted in
 //   EngineStats (release_points_moved, saved_brought_back).
+// - A pack outside any layer (a job's own non-reentrant checkpointing saves each layer's input in
+//   the parent module, before the layer's range opens) can only wait for a range with no layer,
+//   often the whole forward's end; saved() then answers true. unreferenced() is the earlier point:
+//   the Python side saw that no tensor but autograd's saved ones holds the allocation's storage, so
+//   no op of forward can be enqueued on it any more. The waits of the calling thread's packs
+//   outside layers end there; when no other wait holds it, a release event is recorded now on its
+//   stream (after every read enqueued so far) and it is released again, as at a range's end.
+//   Ignored in backward, for another pass's allocation, or when nothing waits (released_unreferenced).
 // - A pack in backward (a recomputation) is a read now: brought back as unpack does.
 // - unpacking(): backward is about to read it; it does what a backward marker does for it
 //   (pending/released: the offload is cancelled; offloading: its pages stay; unmapping/offloaded:
@@ -62,8 +70,12 @@ class SavedTensors {
   void install() { installed_.store(true, std::memory_order_relaxed); }
   bool installed() const { return installed_.load(std::memory_order_relaxed); }
 
-  // A pack on the calling thread named the allocation containing `address`.
-  void saved(DevPtr address, std::unique_lock<std::mutex>& lock);
+  // A pack on the calling thread named the allocation containing `address`. True when its release
+  // point now waits for a range with no layer: unreferenced() may end that wait earlier.
+  bool saved(DevPtr address, std::unique_lock<std::mutex>& lock);
+  // No tensor but autograd's saved ones holds the allocation containing `address` (the Python side
+  // saw it on the forward thread, the calling one): its waits for ranges with no layer end now.
+  void unreferenced(DevPtr address);
   // An unpack: whether the calling stream must wait for a reload copy (then wait() follows).
   bool unpacking(DevPtr address);
   // Makes `stream` wait until the allocation containing `address` is back (blocks until its reload
@@ -89,6 +101,7 @@ class SavedTensors {
     Allocation* allocation;
     ranges::PathId until;    // the range whose end is the new release point
     std::thread::id thread;  // the thread it is open on
+    bool layerless;          // the pack was outside any layer: unreferenced() may end it
   };
 
   // The served allocation containing `address`, or nullptr.
@@ -99,7 +112,10 @@ class SavedTensors {
   // Whether the allocation's pages are gone or going (or, poison, overwritten): it must come back.
   bool pages_left(const Allocation& allocation) const;
   // A pack after the seal, in forward: moves the release point to the end of `until`.
-  void move_release_point(Allocation& allocation, ranges::PathId until, std::thread::id thread);
+  void move_release_point(Allocation& allocation, ranges::PathId until, std::thread::id thread, bool layerless);
+  // One of its waits ended (its range closed, or unreferenced()): when none is left, the release
+  // point is recorded now and it is released again. False when it stays where it is.
+  bool wait_ended(Allocation& allocation);
   // As a backward marker: an urgent reload, and the allocating stream waits for it.
   void bring_back(Allocation& allocation, std::unique_lock<std::mutex>& lock);
   // Blocks until `allocation`'s reload is issued or it is back, then makes `stream` wait on the copy.

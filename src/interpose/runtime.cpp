@@ -459,8 +459,14 @@ int tensor_saved(std::uint64_t address) noexcept {
     return 0;
   }
   ReentryGuard guard;
-  handler->tensor_saved(address);
-  return 1;
+  return handler->tensor_saved(address) ? 2 : 1;
+}
+
+void tensor_unreferenced(std::uint64_t address) noexcept {
+  if (engine::AllocationHandler* handler = active_handler(); handler != nullptr && handler->owns(address)) {
+    ReentryGuard guard;
+    handler->tensor_unreferenced(address);
+  }
 }
 
 int tensor_unpacking(std::uint64_t address) noexcept {

@@ -49,7 +49,8 @@ void flush_trace() noexcept;
 // saved_tensor_hooks_installed() is 1 when the engine uses what the hooks tell or a trace is being
 // written: tensor_saved() then records each pack (a SAVED record) before handing it on.
 int saved_tensor_hooks_installed() noexcept;
-int tensor_saved(std::uint64_t address) noexcept;
+int tensor_saved(std::uint64_t address) noexcept;  // 0 not ours, 1 ours, 2 ours and held past its layer
+void tensor_unreferenced(std::uint64_t address) noexcept;
 int tensor_unpacking(std::uint64_t address) noexcept;
 void tensor_wait(std::uint64_t address, std::uint64_t stream) noexcept;
 

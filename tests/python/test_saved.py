@@ -10,13 +10,18 @@ The hook tests run once per path (HooksTest and DefaultHooksTest, then their sub
   native   the C hooks calling C function pointers, as with the library (ctypes callbacks over the
            recording sink stand in for libactpage.so's functions).
 The C paths need the built package (ACTPAGE_TEST_PYTHON_DIR = <build>/python, set by CTest) and are
-skipped where the extension is not built."""
+skipped where the extension is not built.
+
+UnreferencedWatchTest drives the watch with stand-ins for the storage use count and weak references
+(Debian's torch 1.13 has neither); RealTorchWatchTest runs it on a torch that has them (the GPU
+machine's), skipped here."""
 
 import ctypes
 import gc
 import json
 import os
 import subprocess
+import threading
 import unittest
 import weakref
 from unittest import mock
@@ -35,16 +40,18 @@ NEEDS_EXTENSION = unittest.skipIf(_saved._fastsaved is None,
 
 class RecordingSink:
     """Stands in for the library: records what it is told; `not_back` addresses need a wait,
-    `foreign` ones are not the library's."""
+    `foreign` ones are not the library's, `held` ones are answered 2 (the library's, released once
+    unreferenced)."""
 
-    def __init__(self, not_back=(), foreign=()):
+    def __init__(self, not_back=(), foreign=(), held=()):
         self.events = []
         self.not_back = set(not_back)
         self.foreign = set(foreign)
+        self.held = set(held)
 
     def saved(self, address):
         self.events.append(("saved", address))
-        return 0 if address in self.foreign else 1
+        return 0 if address in self.foreign else 2 if address in self.held else 1
 
     def unpacking(self, address):
         self.events.append(("unpacking", address))
@@ -94,13 +101,13 @@ def native_sink(sink):
     return _saved.LibrarySink(*functions, addresses=addresses)
 
 
-def make_hooks(path, sink, current_stream=lambda index: 1000 + index):
+def make_hooks(path, sink, current_stream=lambda index: 1000 + index, held=None):
     """SavedTensorHooks over `sink` on one of the paths (the module doc); current_stream stands in
-    for the current stream's raw handle."""
+    for the current stream's raw handle; held is what packs answered 2 call."""
     if path == "native":
         sink = native_sink(sink)
     hooks = _saved.SavedTensorHooks(sink, torch, fast=False if path == "python" else _saved._fastsaved,
-                                    current_stream=current_stream)
+                                    current_stream=current_stream, held=held)
     assert hooks.fast == (path != "python"), path
     return hooks
 
@@ -229,6 +236,87 @@ class HooksTest(unittest.TestCase):
                          "(checked by actpage's saved-tensor hooks, as autograd checks it without hooks)")
         self.assertEqual(sink.events, [("saved", tensor.tensor.storage().data_ptr())])  # no unpacking call
 
+    def held_hooks(self, sink, held):
+        return make_hooks(self.path, sink, held=held)
+
+    def test_an_answer_of_2_tells_held_the_tensor_its_saved_copy_and_address(self):
+        tensor = CudaLike(torch.zeros(4))
+        address = tensor.tensor.storage().data_ptr()
+        calls = []
+        hooks = self.held_hooks(RecordingSink(held={address}), lambda *arguments: calls.append(arguments))
+        packed = hooks.pack(tensor)
+        self.assertEqual(packed, (tensor, 0, True))  # ours, as for 1
+        self.assertEqual(calls, [(tensor, packed[0], address)])
+        self.assertEqual(hooks.saved_count, 1)
+
+    def test_an_answer_of_1_or_0_does_not_call_held(self):
+        mine, theirs = CudaLike(torch.zeros(4)), CudaLike(torch.zeros(4))
+        calls = []
+        hooks = self.held_hooks(RecordingSink(foreign={theirs.tensor.storage().data_ptr()}),
+                                lambda *arguments: calls.append(arguments))
+        self.assertEqual(hooks.pack(mine)[2], True)
+        self.assertEqual(hooks.pack(theirs)[2], False)
+        self.assertEqual(hooks.pack(torch.ones(2))[2], False)  # a host tensor: not even asked
+        self.assertEqual(calls, [])
+
+    def test_an_answer_of_true_is_1_not_2(self):
+        # A Python sink answering True (an int, but 1) is not answering 2.
+        class TrueSink(RecordingSink):
+            def saved(self, address):
+                super().saved(address)
+                return True
+
+        if self.path == "native":
+            self.skipTest("a C function answers an int")
+        calls = []
+        hooks = self.held_hooks(TrueSink(), lambda *arguments: calls.append(arguments))
+        self.assertEqual(hooks.pack(CudaLike(torch.zeros(4)))[2], True)
+        self.assertEqual(calls, [])
+
+    def test_a_failing_held_is_reported_and_the_pack_still_returns_its_tuple(self):
+        def broken(tensor, detached, address):
+            raise ValueError("watch broken")
+
+        tensor = CudaLike(torch.zeros(4))
+        warnings = []
+        with mock.patch.object(_saved, "_warn", lambda key, error: warnings.append((key, str(error)))):
+            hooks = self.held_hooks(RecordingSink(held={tensor.tensor.storage().data_ptr()}), broken)
+            self.assertEqual(hooks.pack(tensor), (tensor, 0, True))
+        self.assertEqual(warnings, [("saved-pack", "watch broken")])
+
+    def test_an_interrupt_in_held_is_not_swallowed(self):
+        def interrupted(tensor, detached, address):
+            raise KeyboardInterrupt
+
+        tensor = CudaLike(torch.zeros(4))
+        hooks = self.held_hooks(RecordingSink(held={tensor.tensor.storage().data_ptr()}), interrupted)
+        with self.assertRaises(KeyboardInterrupt):
+            hooks.pack(tensor)
+
+    def test_an_answer_of_2_is_asked_about_at_unpack(self):
+        tensor = CudaLike(torch.zeros(4))
+        address = tensor.tensor.storage().data_ptr()
+        sink = RecordingSink(held={address}, not_back={address})
+        hooks = self.held_hooks(sink, lambda *arguments: None)
+        self.assertIs(hooks.unpack(hooks.pack(tensor)), tensor)
+        self.assertEqual(sink.events, [("saved", address), ("unpacking", address), ("wait", address, 1000)])
+
+    def test_the_calibration_measures_one_saved_copy_per_saver_through_this_pack(self):
+        # The stand-in use count answers 2 for any storage: E = 2 - the live packed copies, which is
+        # 1 only when each saver packed its input once, through this path's pack, and the graph kept
+        # the packed copy alive while counting.
+        hooks = self.hooks(RecordingSink())
+        seen = []
+
+        def pack(tensor):
+            seen.append((tensor.requires_grad, tensor.is_leaf, tuple(tensor.shape)))
+            return hooks.pack(tensor)
+
+        weak = WeakStorages()
+        self.assertEqual(_saved.calibrate_unreferenced(torch, pack, lambda handle: 2, weak.of), (1, 1))
+        self.assertEqual(seen, [(True, False, (4,))] * 2)
+        self.assertEqual(len(weak.made), 2)
+
     def test_the_hooks_are_freed_with_a_sink_that_holds_them(self):
         sink = RecordingSink()
         hooks = self.hooks(sink)
@@ -242,6 +330,11 @@ class HooksTest(unittest.TestCase):
 @NEEDS_EXTENSION
 class FastHooksTest(HooksTest):
     path = "c"
+
+    def test_held_must_be_callable(self):
+        with self.assertRaises(TypeError):
+            _saved._fastsaved.Hooks(lambda a: 1, lambda a: 0, lambda a, s: None, current_stream=lambda i: 0,
+                                    warn=lambda k, e: None, held=3)
 
 
 @NEEDS_EXTENSION
@@ -326,6 +419,241 @@ class NativeDefaultHooksTest(DefaultHooksTest):
     path = "native"
 
 
+class WeakStorages:
+    """Stands in for StorageWeakRef: weak references whose handle (cdata) is the tensor's `handle`
+    (a FakeSaved), else its storage's address."""
+
+    class Ref:
+        def __init__(self, handle):
+            self.cdata = handle
+
+    def __init__(self):
+        self.made = []
+
+    def of(self, tensor):
+        handle = getattr(tensor, "handle", None)
+        if handle is None:
+            handle = tensor.storage().data_ptr()
+        self.made.append(handle)
+        return self.Ref(handle)
+
+
+class FakeSaved:
+    """A saved tensor as the watch sees it: of the calibrated kind unless told otherwise; `handle`
+    names its storage in the stand-in use counts."""
+
+    def __init__(self, handle, requires_grad=True, is_leaf=False, base=None):
+        self.handle = handle
+        self.requires_grad = requires_grad
+        self.is_leaf = is_leaf
+        self._base = base
+
+
+class Packed:
+    """Our packed copy (the detached tensor autograd keeps): the test deletes it to free the graph."""
+
+
+class UnreferencedWatchTest(unittest.TestCase):
+    """The watch over stand-in use counts (counts[handle], by default what a storage the job still
+    holds counts) with E = 1: an entry is told when its storage counts exactly 1 (our packed copy)
+    + 1 (E)."""
+
+    E = 1
+
+    def setUp(self):
+        self.counts = {}
+        self.told = []
+        self.weak = WeakStorages()
+        self.watch = self.make_watch()
+
+    def make_watch(self, limit=_saved.UnreferencedWatch.LIMIT):
+        watch = _saved.UnreferencedWatch.create(self.told.append, torch, pack=None,
+                                                use_count=lambda handle: self.counts.get(handle, 1 + self.E + 1),
+                                                weak_storage=self.weak.of,
+                                                calibrate=lambda pack, use_count, weak_storage: (self.E, self.E),
+                                                limit=limit)
+        self.assertIsNotNone(watch)
+        self.assertEqual(watch.extra, self.E)
+        return watch
+
+    def save(self, handle, address=None, watch=None, **kind):
+        """A pack answered 2 for a tensor whose storage is `handle` (address: 1000 + handle): the watch
+        is called; returns our packed copy (the caller keeps it alive, as the graph would)."""
+        packed = Packed()
+        watch = self.watch if watch is None else watch
+        watch(FakeSaved(handle, **kind), packed, 1000 + handle if address is None else address)
+        return packed
+
+    def test_it_tells_once_only_our_saved_copy_and_E_hold_the_storage(self):
+        self.counts[1] = 1 + self.E + 1  # the job still holds the tensor
+        first = self.save(1)
+        self.counts[2] = 3
+        second = self.save(2)  # checks entry 1: the job holds it
+        self.assertEqual(self.told, [])
+        self.counts[1] = 1 + self.E  # the job dropped it
+        third = self.save(3)
+        self.assertEqual(self.told, [1001])
+        self.save(4)  # told once: the entry is gone
+        self.assertEqual(self.told, [1001])
+        self.assertEqual(self.watch.watched, 3)
+        del first, second, third
+
+    def test_never_while_the_job_holds_one_more_nor_below_the_count(self):
+        packed = [self.save(1)]
+        for handle, count in enumerate((1 + self.E + 1, 1 + self.E + 5, self.E, 1), start=2):
+            self.counts[1] = count
+            packed.append(self.save(handle))
+            self.assertEqual(self.told, [], count)  # equality only: a lower count is not "free enough"
+        self.assertEqual(self.watch.watched, 5)
+        del packed
+
+    def test_an_entry_whose_saved_copy_died_is_dropped_untold(self):
+        packed = self.save(1)
+        del packed  # its graph freed it
+        gc.collect()
+        self.counts[1] = 1 + self.E  # whatever the count says
+        self.save(2)
+        self.assertEqual(self.told, [])
+        self.assertEqual(self.watch.watched, 1)
+
+    def test_an_entry_whose_storage_is_gone_is_dropped_untold(self):
+        packed = self.save(1)
+        self.counts[1] = 0
+        self.save(2)
+        self.assertEqual((self.told, self.watch.watched), ([], 1))
+        del packed
+
+    def test_another_threads_entries_are_left_to_that_thread(self):
+        packed, saved, go, done = [], threading.Event(), threading.Event(), threading.Event()
+
+        def other_thread():  # alive throughout: its thread id is not this one's
+            packed.append(self.save(1))
+            saved.set()
+            go.wait()
+            packed.append(self.save(3))  # its own entry is checked here, on its thread
+            done.set()
+
+        thread = threading.Thread(target=other_thread, daemon=True)
+        self.addCleanup(go.set)  # a failing assertion must not leave it waiting
+        thread.start()
+        self.assertTrue(saved.wait(10))
+        self.counts[1] = 1 + self.E
+        mine = self.save(2)
+        self.assertEqual(self.told, [])  # entry 1 is the other thread's
+        self.assertEqual(self.watch.watched, 2)
+        go.set()
+        self.assertTrue(done.wait(10))
+        thread.join()
+        self.assertEqual(self.told, [1001])
+        del mine
+
+    def test_it_keeps_at_most_its_limit_dropping_the_oldest(self):
+        watch = self.make_watch(limit=3)
+        packed = [self.save(handle, watch=watch) for handle in range(1, 6)]
+        self.assertEqual(watch.watched, 3)
+        for handle in range(1, 6):
+            self.counts[handle] = 1 + self.E
+        packed.append(self.save(9, watch=watch))
+        self.assertEqual(self.told, [1003, 1004, 1005])  # 1 and 2 were dropped: never told
+        del packed
+
+    def test_only_the_calibrated_kind_is_watched(self):
+        packed = [self.save(1, is_leaf=True), self.save(2, requires_grad=False), self.save(3, base=object())]
+        self.assertEqual(self.watch.watched, 0)
+        packed.append(self.save(4))
+        self.assertEqual(self.watch.watched, 1)
+        del packed
+
+    def test_it_is_not_created_when_the_savers_disagree_or_E_is_unexpected(self):
+        def create(measured):
+            def calibrate(pack, use_count, weak_storage):
+                if isinstance(measured, Exception):
+                    raise measured
+                return measured
+
+            return _saved.UnreferencedWatch.create(self.told.append, torch, pack=None, use_count=lambda handle: 0,
+                                                   weak_storage=self.weak.of, calibrate=calibrate)
+
+        for measured in ((1, 0), (0, 1), (1, None), (None, None), (3, 3), (-1, -1), RuntimeError("no grad")):
+            self.assertIsNone(create(measured), measured)
+        for extra in (0, 1, 2):
+            self.assertEqual(create((extra, extra)).extra, extra)
+
+    def test_it_is_not_created_on_a_torch_without_the_storage_use_count(self):
+        if hasattr(torch._C, "_storage_Use_Count"):
+            self.skipTest("this torch has it")
+        self.assertIsNone(_saved.UnreferencedWatch.create(self.told.append, torch, pack=lambda tensor: None))
+
+    def test_a_sink_with_unreferenced_gets_a_watch_only_where_torch_can_count(self):
+        sink = RecordingSink()
+        sink.unreferenced = self.told.append
+        hooks = _saved.SavedTensorHooks(sink, torch, fast=False, current_stream=lambda index: 0)
+        if hasattr(torch._C, "_storage_Use_Count"):
+            self.assertIsInstance(hooks.held, _saved.UnreferencedWatch)
+        else:
+            self.assertIsNone(hooks.held)  # torch 1.13: exactly as before
+        self.assertIsNone(_saved.SavedTensorHooks(RecordingSink(), torch, fast=False).held)
+
+
+@unittest.skipUnless(_saved._storage_watch_functions(torch) is not None,
+                     "this torch has no storage use count (torch._C._storage_Use_Count)")
+class RealTorchWatchTest(unittest.TestCase):
+    """The watch on a torch that can count a storage's users, with real autograd on CPU tensors: a
+    pack wrapper plays the library answering 2 for every saved tensor."""
+
+    def watched_pack(self, path):
+        hooks = make_hooks(path, RecordingSink())
+        told = []
+        watch = _saved.UnreferencedWatch.create(told.append, torch, hooks.pack)
+        self.assertIsNotNone(watch, "the calibration refused")
+
+        def pack(tensor):
+            packed = hooks.pack(tensor)
+            watch(tensor, packed[0], tensor.untyped_storage().data_ptr())
+            return packed
+
+        return pack, hooks.unpack, watch, told
+
+    def check_paths(self, body):
+        for path in ("python",) + (("c",) if _saved._fastsaved is not None else ()):
+            with self.subTest(path=path):
+                body(path)
+
+    def test_a_saved_input_is_told_only_once_the_job_dropped_it(self):
+        def body(path):
+            pack, unpack, watch, told = self.watched_pack(path)
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                x = torch.randn(16, requires_grad=True) * 1.0
+                address = x.untyped_storage().data_ptr()
+                y = x.sin()
+                z = (x * 2).sin()  # a pack while the job still holds x: not told
+                self.assertNotIn(address, told)
+                del x
+                w = z.cos()  # the next pack: x is held by sin's saved copy only
+                self.assertIn(address, told)
+            (y.sum() + w.sum()).backward()
+
+        self.check_paths(body)
+
+    def test_checkpointed_layer_inputs_are_told_after_the_next_layer(self):
+        import torch.utils.checkpoint as checkpoint
+
+        def body(path):
+            pack, unpack, watch, told = self.watched_pack(path)
+            weight = torch.randn(8, 8, requires_grad=True)
+            inputs = []
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                h = torch.randn(4, 8, requires_grad=True) * 1.0
+                for _ in range(4):
+                    inputs.append(h.untyped_storage().data_ptr())
+                    h = checkpoint.checkpoint(lambda t: torch.tanh(t @ weight), h, use_reentrant=False)
+            self.assertEqual([a for a in inputs[:3] if a in told], inputs[:3])
+            self.assertNotIn(inputs[3], told)  # the last layer's: no pack came after the job dropped it
+            h.sum().backward()
+
+        self.check_paths(body)
+
+
 class NotifiedSink(RecordingSink):
     """A library that is told the hooks are installed and answers whether it uses them."""
 
@@ -354,14 +682,30 @@ class InstallTest(unittest.TestCase):
         saved, unpacking, wait = native_functions(sink)
         symbols = {"actpage_saved_tensor_hooks_installed": ctypes.CFUNCTYPE(ctypes.c_int)(sink.installed),
                    "actpage_tensor_saved": saved, "actpage_tensor_unpacking": unpacking, "actpage_tensor_wait": wait}
-        with mock.patch.object(_mode, "_process_symbol", lambda name, restype, argtypes: symbols[name]):
+        with mock.patch.object(_mode, "_process_symbol", lambda name, restype, argtypes: symbols.get(name)):
             hooks = _saved.install(torch_module=torch)
         self.assertTrue(hooks.fast)
+        self.assertIsNone(hooks._sink.unreferenced)  # a library without it: no watch
+        self.assertIsNone(hooks.held)
         self.assertEqual(hooks._sink.addresses,
                          tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (saved, unpacking, wait)))
         tensor = CudaLike(torch.zeros(4))
         self.assertEqual(hooks.pack(tensor), (tensor, 0, True))
         self.assertEqual(sink.events, [("installed",), ("saved", tensor.tensor.storage().data_ptr())])
+
+    def test_the_librarys_unreferenced_is_found_where_exported(self):
+        sink = NotifiedSink(uses_them=True)
+        told = []
+        unreferenced = ctypes.CFUNCTYPE(None, ctypes.c_ulonglong)(told.append)
+        symbols = dict(zip(("actpage_tensor_saved", "actpage_tensor_unpacking", "actpage_tensor_wait"),
+                           native_functions(sink)))
+        symbols["actpage_saved_tensor_hooks_installed"] = ctypes.CFUNCTYPE(ctypes.c_int)(sink.installed)
+        symbols["actpage_tensor_unreferenced"] = unreferenced
+        with mock.patch.object(_mode, "_process_symbol", lambda name, restype, argtypes: symbols.get(name)):
+            found = _saved.LibrarySink.find()
+        self.assertIs(found.unreferenced, unreferenced)
+        found.unreferenced(77)
+        self.assertEqual(told, [77])
 
     def test_nothing_is_installed_without_the_librarys_entry_points(self):
         self.assertIsNone(_saved.LibrarySink.find())  # no libactpage.so in this process

@@ -167,7 +167,7 @@ TEST_F(PreloadTest, TheLibraryExportsOnlyTheHooksAndNeedsNoThirdPartyLibrary) {
   for (const char* name : {"InitializeInjectionNvtx2", "actpage_api_version", "actpage_is_active",
                            "actpage_python_hooks_mode", "actpage_flush_trace", "actpage_set_recording",
                            "actpage_saved_tensor_hooks_installed", "actpage_tensor_saved", "actpage_tensor_unpacking",
-                           "actpage_tensor_wait"}) {
+                           "actpage_tensor_wait", "actpage_tensor_unreferenced"}) {
     EXPECT_TRUE(exported.count(name)) << name;
   }
 }

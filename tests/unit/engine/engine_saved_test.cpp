@@ -340,6 +340,120 @@ TEST(SavedTensors, WithRangeEndAnOutputSavedOnlyAfterItsModuleLeavesAtTheEndOfTh
   rig.expect_every_read_right();
 }
 
+// --- A job's own checkpointing (torch.utils.checkpoint, non-reentrant): each layer's input is
+// saved in the parent module, outside any layer, before the layer's range opens; inside the layer
+// nothing is saved (checkpointing's own hooks keep nothing). The Python side's watch tells, at each
+// such pack, which earlier inputs nothing but autograd's saved copies hold any more.
+
+Options checkpointed_options() {
+  Options options = testing::small_offload_options();
+  options.modules = {ModuleRule{{"model.layers.*"}, true, std::nullopt}};
+  options.release_after = ReleaseAfter::range_end;  // as auto mode: a layer's group is sealed at its end
+  options.prefetch_ahead_bytes = 0;
+  return options;
+}
+
+struct CheckpointedForward {
+  std::vector<Tensor> inputs;  // inputs[i]: read by layer i (inputs[0], the embedding's, is not served)
+  std::vector<bool> held;      // what each layer's pack answered
+  EngineStats before_the_end;  // quiesced after the last layer, before the forward's range closes
+};
+
+// `unreferenced`: at layer i's pack the watch tells the input of layer i - 1 (the parent dropped it
+// when it took that layer's output). `inner_pack`: an op inside the layer saves its input too, and
+// (wrongly early) the watch tells that input unreferenced before the layer's residual add reads it.
+CheckpointedForward checkpointed_forward(Rig& rig, int layers, bool unreferenced, bool inner_pack = false) {
+  SimJob& job = *rig.job;
+  CheckpointedForward run;
+  job.push("model");
+  job.push("model.embed");
+  run.inputs.push_back(job.allocate(3 * kMiB));
+  job.write(run.inputs.back());
+  job.pop();
+  for (int layer = 0; layer < layers; ++layer) {
+    run.held.push_back(rig.engine.tensor_saved(run.inputs[layer].va));
+    if (unreferenced && layer >= 2) rig.engine.tensor_unreferenced(run.inputs[layer - 1].va);
+    job.push("model.layers." + std::to_string(layer));
+    if (inner_pack) {
+      rig.engine.tensor_saved(run.inputs[layer].va);
+      rig.engine.tensor_unreferenced(run.inputs[layer].va);
+      rig.engine.quiesce();  // whatever may leave has left before the add reads the input
+    }
+    job.check(run.inputs[layer]);  // the layer reads its input, up to its residual add
+    const Tensor output = job.allocate(3 * kMiB);
+    job.write(output);
+    job.pop();
+    run.inputs.push_back(output);
+  }
+  rig.engine.quiesce();
+  run.before_the_end = rig.engine.stats();
+  job.push("model.norm");  // the last layer's output: read by the head, saved by nothing here
+  job.check(run.inputs.back());
+  job.pop();
+  job.pop();
+  return run;
+}
+
+// Backward on autograd's thread: each layer's recomputation reads its input (the unpack brings it
+// back), then the input goes.
+void checkpointed_backward(Rig& rig, const CheckpointedForward& run) {
+  SimJob& job = *rig.job;
+  std::thread autograd([&] {
+    job.free(run.inputs.back());
+    for (std::size_t layer = run.inputs.size() - 1; layer-- > 0;) {
+      job.marker("model.layers." + std::to_string(layer) + ".backward");
+      if (rig.engine.tensor_unpacking(run.inputs[layer].va)) rig.engine.tensor_wait(run.inputs[layer].va, rig.stream);
+      job.check(run.inputs[layer]);
+      job.free(run.inputs[layer]);
+    }
+  });
+  autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+}
+
+TEST(SavedTensors, ACheckpointedLayersInputLeavesOnceNothingButTheSavedCopiesHoldIt) {
+  Rig rig(checkpointed_options());
+  const CheckpointedForward run = checkpointed_forward(rig, 4, /*unreferenced=*/true);
+  EXPECT_EQ(run.held, (std::vector<bool>{false, true, true, true}));  // the embedding's is not served
+  // Layers 1 and 2's inputs were told unreferenced (at layers 2 and 3) and left within forward;
+  // layer 3's waits for the forward's end.
+  EXPECT_EQ(run.before_the_end.released_unreferenced, 2u);
+  EXPECT_EQ(run.before_the_end.offloads_completed, 2u);
+  EXPECT_EQ(run.before_the_end.offloaded_bytes_now, 2 * 4 * kMiB);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 3 * 4 * kMiB);  // and layer 3's input after it
+  checkpointed_backward(rig, run);
+  EXPECT_EQ(rig.engine.stats().offloads_cancelled, 0u);
+  rig.expect_every_read_right();
+}
+
+TEST(SavedTensors, WithoutTheWatchACheckpointedLayersInputWaitsForTheForwardsEnd) {
+  Rig rig(checkpointed_options());
+  const CheckpointedForward run = checkpointed_forward(rig, 4, /*unreferenced=*/false);
+  EXPECT_EQ(run.before_the_end.released_unreferenced, 0u);
+  EXPECT_EQ(run.before_the_end.offloads_started, 0u);
+  EXPECT_EQ(run.before_the_end.offloaded_bytes_now, 0u);
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 3 * 4 * kMiB);
+  checkpointed_backward(rig, run);
+  rig.expect_every_read_right();
+}
+
+TEST(SavedTensors, UnreferencedEndsOnlyTheWaitsOfPacksOutsideLayers) {
+  // A pack inside the layer holds the input until the layer's end, whatever the watch says: the
+  // residual add reads it after the (too early) call, and must not fault.
+  Rig rig(checkpointed_options());
+  const CheckpointedForward run = checkpointed_forward(rig, 3, /*unreferenced=*/false, /*inner_pack=*/true);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  // Layers 1 and 2's inputs left at their layers' ends: the calls ended the waits for the forward's end.
+  EXPECT_EQ(run.before_the_end.released_unreferenced, 0u);
+  EXPECT_EQ(run.before_the_end.offloaded_bytes_now, 2 * 4 * kMiB);
+  checkpointed_backward(rig, run);
+  rig.expect_every_read_right();
+}
+
 // --- Candidates
 
 TEST(SavedTensors, MembersNeverSavedStayResident) {
