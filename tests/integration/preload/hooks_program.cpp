@@ -548,7 +548,8 @@ int main(int argc, char** argv) {
     auto unpacking = reinterpret_cast<int (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_unpacking"));
     auto wait = reinterpret_cast<void (*)(unsigned long long, unsigned long long)>(
         dlsym(RTLD_DEFAULT, "actpage_tensor_wait"));
-    if (installed == nullptr || saved == nullptr || unpacking == nullptr || wait == nullptr) {
+    auto unreferenced = reinterpret_cast<void (*)(unsigned long long)>(dlsym(RTLD_DEFAULT, "actpage_tensor_unreferenced"));
+    if (installed == nullptr || saved == nullptr || unpacking == nullptr || wait == nullptr || unreferenced == nullptr) {
       return write_text(argv[2], "missing");
     }
     std::string text = std::to_string(installed()) + " ";
@@ -556,6 +557,7 @@ int main(int argc, char** argv) {
     if (cudaMallocAsync(&p, 4u << 20, nullptr) != cudaSuccess) return 1;  // the job's memory
     for (const unsigned long long address : {reinterpret_cast<unsigned long long>(p), 0ull, 4096ull}) {
       text += std::to_string(saved(address)) + "/" + std::to_string(unpacking(address)) + " ";
+      unreferenced(address);  // none of the library's: ignored, as the job's memory stays the job's
       wait(address, 0);
     }
     text += cudaFreeAsync(p, nullptr) == cudaSuccess ? "freed" : "failed";
