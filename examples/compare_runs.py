@@ -270,7 +270,9 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged",
                    "auto_sheds",
                    "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns", "auto_budget_bytes",
-                   "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes")
+                   "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes",
+                   # what became of the saved tensors' release points (a job's own checkpointing)
+                   "offloads_cancelled", "release_points_moved", "released_unreferenced")
 
 
 def engine_account(stderr_text):

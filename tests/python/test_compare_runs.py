@@ -276,8 +276,9 @@ class CompareRunsTest(unittest.TestCase):
     def test_engine_account_reads_the_last_engine_line(self):
         self.assertIsNone(compare_runs.engine_account("no engine here\n[actpage] info: engine: {broken\n"))
         text = ('[actpage] info: engine: {"stalls": 1}\n'
-                '[actpage] info: engine: {"stalls": 4, "stall_ns": 9}\n')
-        self.assertEqual(compare_runs.engine_account(text), {"counters": {"stalls": 4, "stall_ns": 9}, "auto": None})
+                '[actpage] info: engine: {"stalls": 4, "stall_ns": 9, "released_unreferenced": 3, "not_kept": 1}\n')
+        self.assertEqual(compare_runs.engine_account(text),
+                         {"counters": {"stalls": 4, "stall_ns": 9, "released_unreferenced": 3}, "auto": None})
 
     def test_a_variant_with_an_actpage_of_its_own(self):
         # actpage=PATH: two builds side by side in one comparison (before and after a change).
