@@ -36,8 +36,9 @@
 //   the Python side saw that no tensor but autograd's saved ones holds the allocation's storage, so
 //   no op of forward can be enqueued on it any more. The waits of the calling thread's packs
 //   outside layers end there; when no other wait holds it, a release event is recorded now on its
-//   stream (after every read enqueued so far) and it is released again, as at a range's end.
-//   Ignored in backward, for another pass's allocation, or when nothing waits (released_unreferenced).
+//   stream (after every read enqueued so far) and it is released again, as at a range's end
+//   (counted in EngineStats: released_unreferenced). Ignored in backward, for another pass's
+//   allocation, or when nothing waits.
 // - A pack in backward (a recomputation) is a read now: brought back as unpack does.
 // - unpacking(): backward is about to read it; it does what a backward marker does for it
 //   (pending/released: the offload is cancelled; offloading: its pages stay; unmapping/offloaded:
