@@ -497,10 +497,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   reported_pass_ = pass_;
   // This push begins a forward pass: the observed backward is over for the groups.
   parts_.groups.paging_begins();
-  // Pinned memory for what will leave, in the background, before the first offload asks for it
-  // (a quarter more: each allocation's block is rounded, and copies overlap their reloads).
-  host_target_bytes_ = chosen_bytes_ + chosen_bytes_ / 4;
-  if (core.host_pool) core.host_pool->grow_to(host_target_bytes_);
+  grow_host_pool(chosen_bytes_);
   if (memory_goal) {
     parts_.clock.limit_bound(reload_room);
     if (!reserve_key_bytes_.empty()) {
@@ -596,6 +593,12 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool ba
   }
 }
 
+void AutoSelect::grow_host_pool(std::uint64_t paged_bytes) {
+  // A quarter more: each allocation's block is rounded, and copies overlap their reloads.
+  host_target_bytes_ = paged_bytes + paged_bytes / 4;
+  if (parts_.core.host_pool) parts_.core.host_pool->grow_to(host_target_bytes_);
+}
+
 std::uint64_t AutoSelect::room_under_target(std::uint64_t reading, std::uint64_t leaving) const {
   const std::uint64_t expected = reading > leaving ? reading - leaving : 0;
   const std::uint64_t target = options_.device_memory_target;
@@ -643,8 +646,7 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   // What backward's start should read now is the reading less what leaves besides: the reloads'
   // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
   parts_.clock.limit_bound(room_under_target(used_bytes, added));
-  host_target_bytes_ = capped_bytes_ + capped_bytes_ / 4;
-  if (parts_.core.host_pool) parts_.core.host_pool->grow_to(host_target_bytes_);
+  grow_host_pool(capped_bytes_);
   const std::string line = "auto mode (" + auto_goal_text(target) + "): device memory in use at a paged backward's start " +
                            format_bytes(used_bytes) + ", over the target by " + format_bytes(excess) + ": pages " +
                            format_bytes(capped_bytes_) + " a pass (" + format_bytes(added) + " more" +

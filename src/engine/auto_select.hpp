@@ -324,6 +324,8 @@ class AutoSelect {
   // taken; raise_for_target() takes what covers the excess.
   void keep_reserve(const std::vector<LayerSaved>& layers, const LayerChoice& movable);
   void raise_for_target(std::uint64_t used_bytes);
+  // Pinned memory for `paged_bytes` a pass, grown in the background before the offloads ask for it.
+  void grow_host_pool(std::uint64_t paged_bytes);
   // The device-memory goal: what the target leaves for reloads ahead of the GPU when backward's
   // start reads `reading` less the `leaving` bytes paged besides (0: nothing).
   std::uint64_t room_under_target(std::uint64_t reading, std::uint64_t leaving) const;
