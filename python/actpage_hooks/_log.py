@@ -44,6 +44,11 @@ def warn_once(key, message):
         _emit("warn", message)
 
 
+def debug_once(key, message):
+    if first_time(key):
+        _emit("debug", message)
+
+
 def info(message):
     _emit("info", message)
 

@@ -88,11 +88,6 @@ def _warn(key, error):
     _log.warn_once(key, "saved-tensor hook: %r" % (error,))
 
 
-def _debug_once(key, message):
-    if _log.first_time(key):
-        _log.debug(message)
-
-
 OURS_HELD = 2  # saved()'s answer: the library's, and it waits for unreferenced(address)
 
 
@@ -214,9 +209,9 @@ class UnreferencedWatch:
         if use_count is None or weak_storage is None:
             functions = _storage_watch_functions(torch_module)
             if functions is None:
-                _debug_once("saved-watch",
-                            "saved-tensor hooks: torch %s has no storage use count; saved tensors packed outside a "
-                            "layer stay until the forward's end" % (getattr(torch_module, "__version__", "?"),))
+                _log.debug_once("saved-watch",
+                                "saved-tensor hooks: torch %s has no storage use count; saved tensors packed outside a "
+                                "layer stay until the forward's end" % (getattr(torch_module, "__version__", "?"),))
                 return None
             use_count = functions[0] if use_count is None else use_count
             weak_storage = functions[1] if weak_storage is None else weak_storage
@@ -226,13 +221,13 @@ class UnreferencedWatch:
         try:
             measured = tuple(calibrate(pack, use_count, weak_storage))
         except Exception as error:
-            _debug_once("saved-watch",
-                        "saved-tensor hooks: no unreferenced watch: its calibration failed (%r)" % (error,))
+            _log.debug_once("saved-watch",
+                            "saved-tensor hooks: no unreferenced watch: its calibration failed (%r)" % (error,))
             return None
         if len(set(measured)) != 1 or measured[0] not in (0, 1, 2):
-            _debug_once("saved-watch",
-                        "saved-tensor hooks: no unreferenced watch: the calibration's savers measured %r "
-                        "(expected one value in 0..2)" % (measured,))
+            _log.debug_once("saved-watch",
+                            "saved-tensor hooks: no unreferenced watch: the calibration's savers measured %r "
+                            "(expected one value in 0..2)" % (measured,))
             return None
         return cls(unreferenced, measured[0], use_count, weak_storage, limit)
 
