@@ -76,5 +76,5 @@ if [[ $what == tsan || $what == all ]]; then
   # threads are the workers the torture, fault and threaded tests drive here (ACTPAGE_TSAN_SKIP=''
   # runs them too).
   skip=${ACTPAGE_TSAN_SKIP-'^Engine\.(PrefilledCacheServesTheWholeForwardWithoutMapsOrGrants|PrefillCreatesNoMoreThanTheJobsPoolGivesBack|RecyclingWhileCopiesRunGrantsAccessOnceForSeveralRanges|TheLayersEndWaitsUntilEverySealedActivationHasLeft|EachCopiedActivationsPagesGoBackWithAtMostOneUnmap|OffloadCopiesGoOutInChunksAndEveryByteComesBack|TheTraceShowsTheJobsWaitsAndThePoolsPinning)$'}
-  timed "tsan tests" bash -c "cd '$build' && ACTPAGE_TORTURE_SHORT_SEEDS=\${ACTPAGE_TORTURE_SHORT_SEEDS:-50} ctest --output-on-failure -j $jobs -R '^(Engine|EngineTorture|EngineFault|SavedTensors|GpuClock|AutoMode|TraceWriter)[./]' -E '${skip:-^\$}'"
+  timed "tsan tests" bash -c "cd '$build' && ACTPAGE_TORTURE_SHORT_SEEDS=\${ACTPAGE_TORTURE_SHORT_SEEDS:-50} ctest --output-on-failure -j $jobs -R '^(Engine|EngineLockGaps|EngineTorture|EngineFault|SavedTensors|GpuClock|AutoMode|TraceWriter)[./]' -E '${skip:-^\$}'"
 fi

@@ -293,27 +293,33 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   const bool backward_begins = !groups_.in_backward();
   if (backward_begins) groups_.backward_begins();
   // The groups the marker names: their backward begins here, and here in the GPU's queue too.
-  std::uint64_t first_position = 0;
-  std::vector<Group*> asked = groups_.asked_for(module_name, forward_pass, first_position);
-  const std::uint64_t marker = clock_.mark(stream_of(asked), backward_begins, /*point=*/false, module_name, forward_pass);
+  Groups::Asked asked = groups_.asked_for(module_name, forward_pass);
+  const std::uint64_t marker =
+      clock_.mark(stream_of(asked.groups), backward_begins, /*point=*/false, module_name, forward_pass);
   if (backward_begins) auto_.backward_begins(marker);
-  if (asked.empty()) return;
+  // A marker that names no group (none of its module was selected) has nothing before it either.
+  if (!asked.first_position) return;
   // The reload gate: in a GPU-bound job this marker comes while the GPU is far behind it (still in
   // forward, at first). Its reloads wait until the GPU is near enough that they fit ahead of it.
-  if (clock_.wait_for_room(marker, clock_.uncounted_bytes(asked), lock)) {
-    asked = groups_.asked_for(module_name, forward_pass, first_position);  // the lock was released
+  if (clock_.wait_for_room(marker, clock_.uncounted_bytes(asked.groups), lock)) {
+    asked = groups_.asked_for(module_name, forward_pass);  // the lock was released
   }
   // And until the job's pool has made room for their pages (or the GPU is one marker before).
   const std::uint64_t gate_start = monotonic_ns();
-  const bool waited = job_pool_.make_room(marker, clock_.uncounted_bytes(asked), /*may_wait=*/true, lock).waited;
+  const bool unlocked =
+      job_pool_.make_room(marker, clock_.uncounted_bytes(asked.groups), /*may_wait=*/true, lock).unlocked;
   core_.stats.room_gate_ns += monotonic_ns() - gate_start;
-  if (waited) asked = groups_.asked_for(module_name, forward_pass, first_position);
-  request_groups(asked, marker, first_position, forward_pass, lock);
+  // The lock was released around the trim: a group asked for may have been freed meanwhile.
+  if (unlocked) asked = groups_.asked_for(module_name, forward_pass);
+  if (!asked.first_position) return;  // a new forward began meanwhile: this backward's order is gone
+  request_groups(asked.groups, marker, *asked.first_position, forward_pass, lock);
 }
 
 void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_t marker, std::uint64_t first_position,
                                   std::uint64_t forward_pass, std::unique_lock<std::mutex>& lock) {
-  // Their allocations are remembered by address and pointer (ReloadPipeline::bring_back).
+  // Their allocations are remembered by address and pointer (ReloadPipeline::bring_back). None when
+  // the marker's groups are gone (a checkpointed layer's: the next layer's input, freed by that
+  // layer's backward); what comes before them is prefetched all the same.
   std::vector<std::pair<DevPtr, const Allocation*>> needed;
   for (Group* group : asked) {
     clock_.count_for_marker(*group, marker);
@@ -322,7 +328,10 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
       needed.emplace_back(allocation->va, allocation);
     }
   }
-  if (needed.empty()) return;
+  if (needed.empty()) {
+    reload_.prefetch_before(marker, first_position, forward_pass, lock);
+    return;
+  }
   // For the STALL record: the module waited for (`actpage dump` charges the stall to it).
   const ranges::PathId waited_for = needed.front().second->group->selected;
   const std::uint32_t waited_group = needed.front().second->group->id;

@@ -79,7 +79,7 @@ Group* Groups::open_group_for(const NodeVerdict& verdict, std::thread::id thread
       }
     }
   }
-  forward_order_.push_back(raw->id);
+  forward_order_.push_back(OrderEntry{raw->id, raw->forward_pass, raw->names});
   open_.push_back(raw);
   groups_.emplace(raw->id, std::move(group));
   ++parts_.core.stats.groups_created;
@@ -186,22 +186,19 @@ void Groups::backward_begins() {
   if (parts_.pages.unmaps_queued()) core.work_cv.notify_all();
 }
 
-std::vector<Group*> Groups::asked_for(ranges::NameId module_name, std::uint64_t forward_pass,
-                                      std::uint64_t& first_position) const {
+Groups::Asked Groups::asked_for(ranges::NameId module_name, std::uint64_t forward_pass) const {
   // The groups whose selected range is this module or lies inside it: their backward begins now.
   // With a forward pass id, only that forward call's: in a pipeline stage the same module has
   // several micro-batches' groups offloaded, and backward reads only one of them (a group of
   // unknown pass is always included).
-  std::vector<Group*> asked;
-  first_position = forward_order_.size();
+  Asked asked;
   for (std::uint64_t position = forward_order_.size(); position-- > 0;) {
-    auto found = groups_.find(forward_order_[position]);
-    if (found == groups_.end()) continue;
-    Group& group = *found->second;
-    if (std::find(group.names.begin(), group.names.end(), module_name) == group.names.end()) continue;
-    if (forward_pass != 0 && group.forward_pass != 0 && group.forward_pass != forward_pass) continue;
-    first_position = std::min(first_position, position);
-    asked.push_back(&group);
+    const OrderEntry& entry = forward_order_[position];
+    if (std::find(entry.names.begin(), entry.names.end(), module_name) == entry.names.end()) continue;
+    if (forward_pass != 0 && entry.forward_pass != 0 && entry.forward_pass != forward_pass) continue;
+    asked.first_position = position;  // positions fall: the last match is the oldest
+    auto found = groups_.find(entry.id);
+    if (found != groups_.end()) asked.groups.push_back(found->second.get());
   }
   return asked;
 }
@@ -209,7 +206,7 @@ std::vector<Group*> Groups::asked_for(ranges::NameId module_name, std::uint64_t 
 std::vector<Group*> Groups::before(std::uint64_t position, std::uint64_t forward_pass) const {
   std::vector<Group*> earlier;
   for (std::uint64_t at = position; at-- > 0;) {
-    auto found = groups_.find(forward_order_[at]);
+    auto found = groups_.find(forward_order_[at].id);
     if (found == groups_.end()) continue;
     const std::uint64_t pass = found->second->forward_pass;
     if (forward_pass != 0 && pass != 0 && pass != forward_pass) continue;
@@ -286,7 +283,7 @@ void Groups::forward_begins() {
   // schedule (1F1B) runs the next forward before the last one's backward, and another job thread
   // may be between its forward and backward. Dropping them would leave their pages offloaded when
   // backward reads them.
-  std::erase_if(forward_order_, [&](std::uint32_t id) { return groups_.find(id) == groups_.end(); });
+  std::erase_if(forward_order_, [&](const OrderEntry& entry) { return groups_.find(entry.id) == groups_.end(); });
   core.events.iteration_began(iteration_);
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -78,10 +79,16 @@ class Groups {
     if (in_backward_ && iteration_ != 0) forward_begins();
     in_backward_ = false;
   }
-  // The groups a backward marker for `module_name` asks for, newest first, and the place in forward
-  // order of the oldest (for the prefetch before it); with a forward pass id, only that pass's.
-  std::vector<Group*> asked_for(ranges::NameId module_name, std::uint64_t forward_pass,
-                                std::uint64_t& first_position) const;
+  // What a backward marker for `module_name` asks for: the live groups it names, newest first, and
+  // the place in forward order of the oldest group it names, live or gone (the prefetch goes on
+  // from there); with a forward pass id, only that pass's. The place is known after the groups
+  // went: under the job's checkpointing a layer's group holds the next layer's input, which that
+  // layer's backward has freed when this marker comes, and the inputs before it are still to come.
+  struct Asked {
+    std::vector<Group*> groups;
+    std::optional<std::uint64_t> first_position;  // none: the marker names no group of this iteration
+  };
+  Asked asked_for(ranges::NameId module_name, std::uint64_t forward_pass) const;
   // The groups before `position` in forward order, newest first (prefetch); with a forward pass
   // id, only that pass's and those of unknown pass.
   std::vector<Group*> before(std::uint64_t position, std::uint64_t forward_pass) const;
@@ -119,7 +126,14 @@ class Groups {
   std::uint32_t next_id_ = 1;
   std::vector<Group*> open_;                     // not yet sealed, any thread
   std::deque<std::vector<Group*>> held_back_;    // released layers held back by keep_last
-  std::vector<std::uint32_t> forward_order_;     // live groups, in forward order (older passes first)
+  // This iteration's groups, live or gone, and the live ones of earlier forwards still to come, in
+  // forward order (older passes first); what a marker needs of a group that went.
+  struct OrderEntry {
+    std::uint32_t id = 0;
+    std::uint64_t forward_pass = 0;
+    std::vector<ranges::NameId> names;
+  };
+  std::vector<OrderEntry> forward_order_;
   ranges::PathId last_layer_node_ = ranges::kNoPath;  // layer of the newest group
   // The selected range of each module call (Group::position) of this and the last forward pass.
   std::vector<ranges::PathId> plan_this_iteration_;

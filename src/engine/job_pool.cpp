@@ -98,6 +98,7 @@ JobPool::Room JobPool::make_room(std::uint64_t marker, std::uint64_t bytes, bool
   GpuClock& clock = parts_.clock;
   Room room;
   if (bytes == 0) return room;
+  room.unlocked = true;
   ++busy_;
   lock.unlock();
   const bool gated = gates_reloads();

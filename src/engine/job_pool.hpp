@@ -75,11 +75,14 @@ class JobPool {
   // this one and `may_wait` (a marker's own reloads; a prefetch does not wait), waits for the GPU to
   // pass the next marker and trims again. `made`: the reloads may go (room made, the GPU one marker
   // before, or no gate: trims off or failed, serialized, a pool with no reserve); false only for a
-  // prefetch short of room. `waited`: the lock was released for a while (look the groups up again).
+  // prefetch short of room. `waited`: the GPU was waited for (counted as a pool wait). `unlocked`:
+  // the lock was released, around a driver call or a wait: what the caller looked up before (a
+  // group, an allocation) may be gone, and must be looked up again.
   // Lock held; unlocks around the driver calls and while waiting.
   struct Room {
     bool made = true;
     bool waited = false;
+    bool unlocked = false;
   };
   Room make_room(std::uint64_t marker, std::uint64_t bytes, bool may_wait, std::unique_lock<std::mutex>& lock);
   // Whether prefetches that need new pages wait now: the pool owes earlier reloads' pages. Lock held.

@@ -454,6 +454,42 @@ TEST(SavedTensors, UnreferencedEndsOnlyTheWaitsOfPacksOutsideLayers) {
   rig.expect_every_read_right();
 }
 
+TEST(SavedTensors, ACheckpointedLayersMarkerPrefetchesTheInputsBeforeIt) {
+  // Layer L's group holds layer L + 1's input, which that layer's backward read and freed: when L's
+  // marker comes its own group is gone. The inputs of the layers before it (the groups before it in
+  // forward order) still come back ahead of their unpacks, as prefetch.ahead_bytes allows. Before,
+  // a marker prefetched only from a group of its own: layer 3's unpack waited for its reload (the
+  // reload schedule brought the others back in time here, with a simulated GPU that keeps up).
+  Options options = checkpointed_options();
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  Rig rig(options);
+  const CheckpointedForward run = checkpointed_forward(rig, 4, /*unreferenced=*/true);
+  rig.engine.quiesce();
+  ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 3 * 4 * kMiB);
+  std::vector<bool> back_at_unpack;
+  SimJob& job = *rig.job;
+  std::thread autograd([&] {
+    job.free(run.inputs.back());
+    for (std::size_t layer = run.inputs.size() - 1; layer-- > 0;) {
+      job.marker("model.layers." + std::to_string(layer) + ".backward");
+      rig.engine.quiesce();  // what the marker asked for is back: the unpack finds it or not
+      const bool unpack_waits = rig.engine.tensor_unpacking(run.inputs[layer].va);
+      back_at_unpack.push_back(!unpack_waits);
+      if (unpack_waits) rig.engine.tensor_wait(run.inputs[layer].va, rig.stream);
+      job.check(run.inputs[layer]);
+      job.free(run.inputs[layer]);
+    }
+  });
+  autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(back_at_unpack, (std::vector<bool>{true, true, true, true}));  // layers 3, 2, 1, 0
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.unpacks_not_back, 0u);
+  EXPECT_EQ(stats.reloads_completed, 3u);
+  rig.expect_every_read_right();
+}
+
 // --- Candidates
 
 TEST(SavedTensors, MembersNeverSavedStayResident) {

@@ -1429,6 +1429,52 @@ TEST(Engine, AReloadTakesFreedPagesOnceTheDeviceHasRunTheirFree) {
   EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
 }
 
+// EngineLockGaps: the engine releases its lock around driver calls; what it looked up before one
+// must be looked up again after. Its own suite: CI's ThreadSanitizer step runs it (not Engine.*),
+// and TSan sees a read of freed memory that the plain build may survive.
+TEST(EngineLockGaps, AGroupFreedWhileItsMarkerTrimsThePoolIsNotReadAfterwards) {
+  // The room gate trims the job's pool without the engine's lock, before the marker's reloads are
+  // requested. The job frees the marker's group meanwhile (here from another thread, as a second
+  // job thread or a stream callback could): the marker must ask for it again and find it gone, not
+  // read the group it looked up before the trim (CI's TSan run caught that in the torture test).
+  Options options = testing::small_offload_options();
+  options.prefetch_ahead_bytes = 0;  // each layer's reload is asked for by its own marker
+  options.vmm_trim_job_pool = true;
+  Rig rig(options);
+  Forward forward = run_mlp_forward(*rig.job, 2, 2, 4 * kMiB);
+  rig.engine.quiesce();
+  rig.device.set_job_pool(kGiB, 0);  // all unused: every trim gives at once, no wait
+  ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 4 * 4 * kMiB);
+  std::vector<Tensor>& layer1 = forward.saved["model.layers.1.mlp"];
+  const std::vector<Tensor>& layer0 = forward.saved["model.layers.0.mlp"];
+  std::atomic<int> freed_in_trim{0};
+  rig.device.on_trim_job_pool([&] {
+    if (freed_in_trim.exchange(1) != 0) return;
+    std::thread freer([&] {
+      for (const Tensor& tensor : layer1) rig.job->free(tensor);
+    });
+    freer.join();
+  });
+  std::thread autograd([&] {
+    rig.job->marker("model.layers.1.mlp.backward");  // its trim frees layer 1: nothing to reload
+    rig.device.on_trim_job_pool({});
+    rig.job->marker("model.layers.0.mlp.backward");
+    for (const Tensor& tensor : layer0) rig.job->check(tensor);
+    for (const Tensor& tensor : layer0) rig.job->free(tensor);
+  });
+  autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  ASSERT_EQ(freed_in_trim.load(), 1) << "the marker did not trim the pool";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, 2u);  // layer 0's two; layer 1 was freed before its reloads
+  EXPECT_EQ(stats.offloaded_bytes_now, 0u);
+  EXPECT_EQ(stats.failures, 0u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+}
+
 TEST(Engine, BackwardsFirstReloadTakesThePagesOfTheKeptLayerFreedBeforeIt) {
   // On the H100 Llama job the first reload of backward created fresh pages on top of the job's pool
   // (one MLP's 352 MiB above the pool's reserve: the step's device-memory peak, ~25 ms into
