@@ -139,12 +139,6 @@ Status SimDevice::bind_thread() {
 }
 
 Result<std::size_t> SimDevice::trim_job_pool(std::size_t bytes) {
-  std::function<void()> hook;
-  {
-    std::lock_guard<std::mutex> lock(trim_hook_mutex_);
-    hook = trim_hook_;
-  }
-  if (hook) hook();
   if (auto error = enter(SimOp::trim_pool, [&] { return "trimming the memory pool by " + format_bytes(bytes); })) {
     return *error;
   }
@@ -162,9 +156,9 @@ void SimDevice::set_job_pool(std::uint64_t reserved, std::uint64_t used) {
   job_pool_high_ = std::max(job_pool_high_, job_pool_used_);
 }
 
-void SimDevice::on_trim_job_pool(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(trim_hook_mutex_);
-  trim_hook_ = std::move(hook);
+void SimDevice::on_call(SimOp op, std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(plan_mutex_);
+  call_hooks_[static_cast<std::size_t>(op)] = std::move(hook);
 }
 
 void SimDevice::job_pool_frees(std::uint64_t bytes) {

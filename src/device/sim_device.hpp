@@ -186,10 +186,6 @@ class SimDevice final : public Device {
   void set_job_pool(std::uint64_t reserved, std::uint64_t used);
   // The job frees `bytes` of the pool's allocations (its reserve stays; trims see them unused).
   void job_pool_frees(std::uint64_t bytes);
-  // Runs `hook` at the start of every trim_job_pool() call, on the caller's thread, before the trim
-  // (empty: none). The engine trims without its lock; a test frees memory there to find what the
-  // engine still reads of it afterwards.
-  void on_trim_job_pool(std::function<void()> hook);
   std::uint64_t job_pool_reserved() const;
   Result<PoolUsage> job_pool_usage() override;
   Result<std::uint64_t> take_job_pool_high() override;
@@ -204,6 +200,10 @@ class SimDevice final : public Device {
   void hold_copies_to_device();
   void release_copies_to_device();
   std::uint64_t copies_to_device_held() const;
+  // Runs `hook` at the start of every call of `op`, on the caller's thread, before the call does
+  // anything (and before an injected failure; empty: none). The engine makes its driver calls
+  // without its lock: a test frees memory there to find what the engine still reads of it after.
+  void on_call(SimOp op, std::function<void()> hook);
   // Replaces the fault plan; call counts keep running (reset_call_counts() restarts them).
   void set_fault_plan(SimFaultPlan plan);
   void reset_call_counts();
@@ -272,8 +272,6 @@ class SimDevice final : public Device {
   std::uint64_t job_pool_reserved_ = 0;             // the job's pool (set_job_pool), under memory_mutex_
   std::uint64_t job_pool_used_ = 0;
   std::uint64_t job_pool_high_ = 0;  // the most in use since take_job_pool_high()
-  std::function<void()> trim_hook_;  // on_trim_job_pool(), under trim_hook_mutex_
-  std::mutex trim_hook_mutex_;
   std::unordered_map<void*, std::size_t> pinned_;
   std::uint64_t pinned_bytes_ = 0;
 
@@ -321,6 +319,7 @@ class SimDevice final : public Device {
   SimFaultPlan plan_;
   std::array<std::atomic<std::uint64_t>, kSimOpCount> calls_{};
   std::set<std::thread::id> bound_threads_;  // guarded by plan_mutex_
+  std::array<std::function<void()>, kSimOpCount> call_hooks_;  // on_call(), guarded by plan_mutex_
 };
 
 }  // namespace actpage::device

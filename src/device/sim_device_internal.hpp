@@ -77,11 +77,14 @@ std::optional<Status> SimDevice::enter(SimOp op, What&& what) {
   const std::uint64_t call = calls_[static_cast<std::size_t>(op)].fetch_add(1) + 1;
   std::optional<ErrorCode> code;
   bool unbound = false;
+  std::function<void()> hook;
   {
     std::lock_guard<std::mutex> lock(plan_mutex_);
     if (config_.require_bind_thread && bound_threads_.count(std::this_thread::get_id()) == 0) unbound = true;
     code = plan_.failure_for(op, call);
+    hook = call_hooks_[static_cast<std::size_t>(op)];
   }
+  if (hook) hook();
   if (unbound) {
     return fail(op, ErrorCode::device_error, "CUDA_ERROR_INVALID_CONTEXT (the calling thread never called bind_thread)",
                 what());

@@ -71,7 +71,7 @@ bool SafetyModes::issue_offload(Allocation& allocation, std::unique_lock<std::mu
 }
 
 Status SafetyModes::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
-                                    std::unique_lock<std::mutex>& lock) {
+                                    PhysicalHandle previous, std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
   lock.unlock();
   // cuMemUnmap is not ordered with kernels: hold the job's stream so that none of its kernels runs
@@ -79,7 +79,16 @@ Status SafetyModes::swap_under_gate(StreamHandle stream, DevPtr va, std::size_t 
   auto gate = core.device.hold_stream(stream);
   Status status = gate.ok() ? core.device.wait_stream_held(*gate) : gate.status();
   if (status.ok()) status = core.device.unmap(va, bytes);
-  if (status.ok()) status = core.device.map(va, bytes, physical);
+  if (status.ok()) {
+    status = core.device.map(va, bytes, physical);
+    if (!status.ok()) {
+      // Nothing at the address now: what was there goes back before the job's stream moves on.
+      if (Status restored = core.device.map(va, bytes, previous); !restored.ok()) {
+        status = Status{status.code(), status.message() + "; mapping the previous pages back failed too (" +
+                                           restored.message() + "): nothing is mapped at the address"};
+      }
+    }
+  }
   if (gate.ok()) {
     Status released = core.device.release_stream(*gate);
     if (status.ok()) status = released;
@@ -127,7 +136,9 @@ void SafetyModes::reload(Allocation& allocation, std::unique_lock<std::mutex>& l
     for (const FreePoint& point : recycled->free_points) core.recycle_event(point.event);
     parts_.space.arena().release(recycled->va, recycled->mapped_bytes);
   }
-  if (status.ok()) status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, lock);
+  if (status.ok()) {
+    status = swap_under_gate(allocation.stream, allocation.va, bytes, *physical, allocation.host_physical, lock);
+  }
   lock.unlock();
   (void)core.device.unmap(*staging, bytes);
   if (status.ok()) {
@@ -140,10 +151,15 @@ void SafetyModes::reload(Allocation& allocation, std::unique_lock<std::mutex>& l
   --busy_;
   core.stats.worker_vmm_calls += 6;
   if (!status.ok()) {
-    // The host copy is still mapped at the address: the data stays readable. Try again later.
+    // The host copy is still mapped at the address: the data stays readable. Try again later,
+    // unless the job freed it meanwhile (a free during the reload only marked it).
     core.note_failure("reloading a host-mapped allocation", status);
     allocation.state = PageState::offloaded;
     allocation.reload_queued = false;
+    if (allocation.freed) {
+      ++core.stats.dropped_offloaded;
+      parts_.allocations.dispose(allocation);
+    }
     core.issued_cv.notify_all();
     return;
   }
@@ -189,11 +205,14 @@ void SafetyModes::finish_offload(Allocation& allocation, std::unique_lock<std::m
   ++busy_;
   const DevPtr va = allocation.va;
   const std::size_t bytes = window.bytes;
-  Status status = swap_under_gate(allocation.stream, va, bytes, allocation.host_physical, lock);
+  Status status = swap_under_gate(allocation.stream, va, bytes, allocation.host_physical, window.physical, lock);
   const DevPtr staging = allocation.staging;
+  // Swapped: the device pages go. Not: the host copy goes, the device pages stay mapped at the
+  // address. Both while the window is still marked (a free meanwhile only marks the allocation).
+  const PhysicalHandle unneeded = status.ok() ? window.physical : allocation.host_physical;
   lock.unlock();
   (void)core.device.unmap(staging, bytes);
-  if (status.ok()) (void)core.device.release_physical(window.physical);
+  (void)core.device.release_physical(unneeded);
   lock.lock();
   parts_.space.arena().release(staging, bytes);
   allocation.staging = 0;
@@ -202,11 +221,6 @@ void SafetyModes::finish_offload(Allocation& allocation, std::unique_lock<std::m
   core.stats.worker_vmm_calls += 4;
   if (!status.ok()) {
     core.note_failure("mapping an offloaded allocation's host copy", status);
-    ++busy_;  // quiesce() waits for this too
-    lock.unlock();
-    (void)core.device.release_physical(allocation.host_physical);
-    lock.lock();
-    --busy_;
     allocation.has_host_physical = false;
     keep_resident(allocation);
     if (allocation.freed) parts_.allocations.dispose(allocation);

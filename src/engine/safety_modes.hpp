@@ -52,10 +52,12 @@ class SafetyModes {
   bool idle() const { return busy_ == 0; }
 
  private:
-  // With the job's stream held at a gate, puts `physical` at `va` instead of what is mapped there
-  // now. Unlocks meanwhile.
+  // With the job's stream held at a gate, puts `physical` at `va` instead of `previous`, what is
+  // mapped there now. When the new mapping fails, `previous` is mapped back: on an error the
+  // address shows what it showed before, unless that map fails too (then said in the error).
+  // Unlocks meanwhile.
   Status swap_under_gate(StreamHandle stream, DevPtr va, std::size_t bytes, PhysicalHandle physical,
-                         std::unique_lock<std::mutex>& lock);
+                         PhysicalHandle previous, std::unique_lock<std::mutex>& lock);
 
   EngineParts& parts_;
   const StrayAccess mode_;

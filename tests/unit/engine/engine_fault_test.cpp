@@ -463,6 +463,45 @@ TEST(EngineFault, UnmappingFailsTheDataStaysRightAndThePagesStayMapped) {
   EXPECT_GE(rig.engine.stats().failures, 1u);
 }
 
+TEST(EngineFault, HostMappedSwapsWhoseNewMappingFailsPutTheOldPagesBack) {
+  // stray_access host_mapped swaps the pages at an allocation's address under a gate: the device
+  // pages for the host copy once it is copied, and back at a reload. When the new mapping fails
+  // after the unmap, what was there is mapped back, so the address still shows the data (before,
+  // nothing was mapped there and the job's next read faulted). Step 1 fails each offload's swap,
+  // step 2 each reload's; every read stays right.
+  Options options = fault_options();
+  options.stray_access = StrayAccess::host_mapped;
+  FaultRig rig(options);
+  std::atomic<bool> failing{false};
+  std::atomic<int> swaps_failed{0};
+  // A swap begins with the gate's hold: its unmap comes next, then the map made to fail (or, as
+  // the job's thread maps too, one of the job's: its allocation then passes through).
+  rig.device.on_call(SimOp::hold_stream, [&] {
+    if (!failing.load()) return;
+    ++swaps_failed;
+    rig.device.set_fault_plan(SimFaultPlan().fail_nth(SimOp::map, rig.device.call_count(SimOp::map) + 1));
+  });
+  failing = true;  // step 1: the offloads' swaps, all done by the quiesce before backward
+  auto saved = rig.forward(4, 2, 3 * kMiB);
+  rig.engine.quiesce();
+  const int offload_swaps_failed = swaps_failed.load();
+  failing = false;
+  rig.backward(saved);
+  rig.engine.quiesce();
+  EXPECT_GE(offload_swaps_failed, 1);
+  saved = rig.forward(4, 2, 3 * kMiB);  // step 2: its offloads swap, its reloads' swaps fail
+  rig.engine.quiesce();
+  rig.device.set_fault_plan({});
+  failing = true;
+  rig.backward(saved);
+  rig.engine.quiesce();
+  failing = false;
+  rig.device.on_call(SimOp::hold_stream, {});
+  EXPECT_GT(swaps_failed.load(), offload_swaps_failed);
+  EXPECT_GE(rig.engine.stats().failures, 2u);
+  rig.expect_intact_and_clean();
+}
+
 // --- The job's stream and the engine's life
 
 TEST(EngineFault, TheJobsStreamIsDestroyedWithOffloadsPendingNothingHangsOrLeaks) {

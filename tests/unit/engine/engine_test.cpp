@@ -1448,7 +1448,7 @@ TEST(EngineLockGaps, AGroupFreedWhileItsMarkerTrimsThePoolIsNotReadAfterwards) {
   std::vector<Tensor>& layer1 = forward.saved["model.layers.1.mlp"];
   const std::vector<Tensor>& layer0 = forward.saved["model.layers.0.mlp"];
   std::atomic<int> freed_in_trim{0};
-  rig.device.on_trim_job_pool([&] {
+  rig.device.on_call(device::SimOp::trim_pool, [&] {
     if (freed_in_trim.exchange(1) != 0) return;
     std::thread freer([&] {
       for (const Tensor& tensor : layer1) rig.job->free(tensor);
@@ -1457,7 +1457,7 @@ TEST(EngineLockGaps, AGroupFreedWhileItsMarkerTrimsThePoolIsNotReadAfterwards) {
   });
   std::thread autograd([&] {
     rig.job->marker("model.layers.1.mlp.backward");  // its trim frees layer 1: nothing to reload
-    rig.device.on_trim_job_pool({});
+    rig.device.on_call(device::SimOp::trim_pool, {});
     rig.job->marker("model.layers.0.mlp.backward");
     for (const Tensor& tensor : layer0) rig.job->check(tensor);
     for (const Tensor& tensor : layer0) rig.job->free(tensor);
@@ -1472,6 +1472,48 @@ TEST(EngineLockGaps, AGroupFreedWhileItsMarkerTrimsThePoolIsNotReadAfterwards) {
   EXPECT_EQ(stats.failures, 0u);
   EXPECT_EQ(rig.job->mismatches(), 0u);
   EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+}
+
+TEST(EngineLockGaps, AHostMappedAllocationFreedWhileAFailedSwapCleansUpGoesOnce) {
+  // stray_access host_mapped: once copied, an offload's device pages are swapped for its host copy
+  // at the same address, with the job's stream held. Here the hold fails, so the host copy goes and
+  // the device pages stay; the job frees the allocation while that release runs without the
+  // engine's lock. It must go once, after the cleanup: before, the cleanup released the lock a
+  // second time with the allocation unmarked, the free disposed of it there (a second release of
+  // the host copy, its window's pages forgotten, the offloaded bytes below zero) and the cleanup
+  // then wrote to it.
+  Options options = testing::small_offload_options();
+  options.stray_access = StrayAccess::host_mapped;
+  options.release_after = ReleaseAfter::range_end;
+  Rig rig(options);
+  rig.device.set_fault_plan(device::SimFaultPlan().fail_nth(device::SimOp::hold_stream, 1));
+  std::atomic<bool> swap_failed{false};
+  std::atomic<int> freed_in_gap{0};
+  Tensor output;
+  rig.device.on_call(device::SimOp::hold_stream, [&] { swap_failed = true; });
+  rig.device.on_call(device::SimOp::release_physical, [&] {
+    if (!swap_failed.load() || freed_in_gap.exchange(1) != 0) return;
+    std::thread freer([&] { rig.job->free(output); });
+    freer.join();
+  });
+  rig.job->push("model.layers.0");
+  rig.job->push("model.layers.0.mlp");
+  output = rig.job->allocate(4 * kMiB);
+  rig.job->write(output);
+  rig.job->pop();  // the release point: the copy, then the swap that fails
+  rig.job->pop();
+  rig.engine.quiesce();
+  rig.device.on_call(device::SimOp::hold_stream, {});
+  rig.device.on_call(device::SimOp::release_physical, {});
+  rig.device.synchronize();
+  ASSERT_EQ(freed_in_gap.load(), 1) << "the failed swap's cleanup released no pages";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GE(stats.failures, 1u);
+  EXPECT_EQ(stats.offloaded_bytes_now, 0u);
+  EXPECT_EQ(stats.live_owned_bytes, 0u);
+  EXPECT_EQ(rig.device.stats().host_handles, 0u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
   EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
 }
 
