@@ -301,6 +301,7 @@ void AutoSelect::cap_switched() {
   // the switch's, the job's pool grown or trimmed to the cap during it).
   reported_pass_ = pass_ + 2;
   peak_paged_ = 0;
+  peak_paged_place_ = PeakPlace{};
   used_paged_ = 0;
   last_paged_pass_ = 0;
 }
@@ -662,12 +663,34 @@ std::vector<std::string> AutoSelect::selected() const {
   return names;
 }
 
-void AutoSelect::memory_sampled(std::uint64_t used_bytes) {
-  if (!on_) return;
-  if (!decided_) {
-    peak_watched_ = std::max(peak_watched_, used_bytes);
-  } else if (phase_ == Phase::paging && pass_ > reported_pass_) {
-    peak_paged_ = std::max(peak_paged_, used_bytes);
+bool AutoSelect::memory_sampled(std::uint64_t used_bytes) {
+  if (!on_) return false;
+  if (!decided_ && used_bytes > peak_watched_) {
+    peak_watched_ = used_bytes;
+    peak_watched_place_ = place_now(used_bytes);
+    return true;
+  }
+  if (decided_ && phase_ == Phase::paging && pass_ > reported_pass_ && used_bytes > peak_paged_) {
+    peak_paged_ = used_bytes;
+    peak_paged_place_ = place_now(used_bytes);
+    return true;
+  }
+  return false;
+}
+
+PeakPlace AutoSelect::place_now(std::uint64_t used_bytes) const {
+  PeakPlace place;
+  place.used_bytes = used_bytes;
+  place.gpu = parts_.clock.place();
+  place.backward_markers = parts_.clock.schedule().last_markers();
+  place.host_in_backward = parts_.groups.in_backward();
+  return place;
+}
+
+void AutoSelect::peak_pool_read(std::uint64_t used_bytes, const PoolUsage& pool) {
+  // Only for the peak it was read for: a higher one may have come meanwhile (the lock was released).
+  for (PeakPlace* place : {&peak_watched_place_, &peak_paged_place_}) {
+    if (place->used_bytes == used_bytes && !place->pool) place->pool = pool;
   }
 }
 

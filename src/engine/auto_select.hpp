@@ -78,6 +78,7 @@
 #include "engine/near_free.hpp"
 #include "engine/near_free_governor.hpp"
 #include "engine/node_verdict.hpp"
+#include "engine/peak_place.hpp"
 #include "policy/module_matcher.hpp"
 #include "ranges/registry.hpp"
 
@@ -159,8 +160,11 @@ class AutoSelect {
   // The sampler (DeviceEngine::sample_memory, every trace.sample_ms): device memory in use now.
   // Until the decision it counts to the watched passes' peak; from the first paged pass's backward
   // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one,
-  // begun again after each change of the governor's cap (from the pass after its switch's).
-  void memory_sampled(std::uint64_t used_bytes);
+  // begun again after each change of the governor's cap (from the pass after its switch's). A new
+  // peak notes where the GPU and the host were (PeakPlace); true then, and the sampler reads the
+  // job's pool for it (peak_pool_read()).
+  bool memory_sampled(std::uint64_t used_bytes);
+  void peak_pool_read(std::uint64_t used_bytes, const PoolUsage& pool);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   // `backward_marker`: one of a backward's markers, not a point of auto mode's own.
   void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool backward_marker, std::unique_lock<std::mutex>& lock);
@@ -282,6 +286,9 @@ class AutoSelect {
   // passes from reported_pass_'s backward on.
   std::uint64_t peak_watched_ = 0;
   std::uint64_t peak_paged_ = 0;
+  PeakPlace peak_watched_place_;  // where each of the two peaks came
+  PeakPlace peak_paged_place_;
+  PeakPlace place_now(std::uint64_t used_bytes) const;
   std::uint64_t first_paged_pass_ = 0;
   // The paged figures (device memory in use) count from this pass's backward on: the first paged
   // pass's, then the second after each change of the governor's cap (its switch's pass carries it).

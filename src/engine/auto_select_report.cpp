@@ -138,6 +138,12 @@ std::optional<std::string> AutoSelect::summary() const {
         }
       }
     }
+    if (sampled) {
+      // Where each peak came: what of the step paging could lower there.
+      line += "; the peak of passes 1-" + std::to_string(kObservedPasses) + " came with " +
+              peak_place_text(peak_watched_place_);
+      if (after != 0) line += "; the paged passes' with " + peak_place_text(peak_paged_place_);
+    }
   }
   if (const std::uint64_t paged = paged_forward_median_ns(); paged != 0 && forward_gpu_ns_ != 0) {
     // What paging costs the forward, on the GPU: the copies share the device's memory with it.

@@ -494,13 +494,22 @@ void DeviceEngine::sample_memory() {
     const bool for_trace = EngineEvents::tracing() && EngineEvents::sampling();
     if (for_auto || for_trace) {
       Result<MemInfo> info = core_.device.mem_info();
+      std::optional<PoolUsage> job_pool;
       if (info.ok() && for_auto) {
-        std::lock_guard<std::mutex> peaks(core_.mutex);
-        auto_.memory_sampled(info->total_bytes - std::min(info->total_bytes, info->free_bytes));
+        const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
+        std::unique_lock<std::mutex> peaks(core_.mutex);
+        if (auto_.memory_sampled(used)) {
+          // A new peak: the job's pool with it (what of the peak is the pool's reserve, and its use).
+          peaks.unlock();
+          if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
+          peaks.lock();
+          if (job_pool) auto_.peak_pool_read(used, *job_pool);
+        }
       }
       if (info.ok() && for_trace) {
-        std::optional<PoolUsage> job_pool;
-        if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
+        if (!job_pool) {
+          if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
+        }
         std::uint64_t resident = 0;
         std::uint64_t cached = 0;
         {

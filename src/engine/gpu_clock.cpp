@@ -28,6 +28,7 @@ void GpuClock::run() {
     if (!status.ok()) core.note_failure("waiting for the GPU to reach a backward marker", status);
     const Marker reached = markers_.front();
     reached_oldest(now);
+    place_ = reached.point ? GpuPlace{false, 0, 0, true} : GpuPlace{true, reached.module, reached.ordinal, true};
     // May unlock: the front is looked up again.
     parts_.auto_select.gpu_reached(reached.id, now, /*backward_marker=*/!reached.point, lock);
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate

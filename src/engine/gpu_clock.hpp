@@ -43,6 +43,7 @@
 #include "actpage/device.hpp"
 #include "engine/allocation.hpp"
 #include "engine/engine_parts.hpp"
+#include "engine/peak_place.hpp"
 #include "engine/reload_schedule.hpp"
 #include "ranges/registry.hpp"
 
@@ -113,6 +114,8 @@ class GpuClock {
   std::uint64_t reached_count() const { return reached_count_; }
   // When each reload must be asked for, from the last backward's times (the worker keeps it).
   const ReloadSchedule& schedule() const { return schedule_; }
+  // The last marker the GPU was seen to pass (the worker notes it): none in a replay.
+  const GpuPlace& place() const { return place_; }
 
  private:
   struct Marker {
@@ -155,6 +158,7 @@ class GpuClock {
   std::uint32_t next_ordinal_ = 0;        // of the next backward marker made
   std::uint64_t backward_reached_ns_ = 0;  // when the GPU reached this backward's first marker
   ReloadSchedule schedule_;
+  GpuPlace place_;
   // Recorded and not yet reached, oldest first (ids increasing): the worker watches the front and
   // pops it when the GPU has reached it.
   std::deque<Marker> markers_;

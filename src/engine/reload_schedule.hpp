@@ -49,6 +49,8 @@ class ReloadSchedule {
   std::vector<std::uint32_t> due(std::vector<PendingReload> pending, std::uint32_t reached, double bytes_per_s) const;
   // Whether a whole backward has been recorded.
   bool known() const { return !last_.empty(); }
+  // The markers of the last whole backward (0: none yet).
+  std::uint32_t last_markers() const { return static_cast<std::uint32_t>(last_.size()); }
   // The GPU's time from its backward's first marker to the first one named `name`, in the backward
   // the GPU reached last (the one under way, else the last whole one); 0 when none is named so.
   std::uint64_t recent_ns_of(ranges::NameId name) const;

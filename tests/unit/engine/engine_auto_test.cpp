@@ -706,6 +706,17 @@ TEST(AutoMode, ADeviceMemoryTargetMetWhereBackwardBeginsSaysThePeakIsElsewhere) 
             std::string::npos)
       << summary[0];
   EXPECT_EQ(stats.auto_bytes_paged, stats.auto_bytes_chosen) << "a peak elsewhere takes nothing more";
+  // And where it came: after the paged pass's backward, before the next forward, the pool's use.
+  // (Which of backward's markers the GPU had passed then depends on the clock worker's speed.)
+  const std::string paged_place = "; the paged passes' with the GPU ";
+  const std::size_t at = summary[0].find(paged_place);
+  ASSERT_NE(at, std::string::npos) << summary[0];
+  EXPECT_NE(summary[0].find(", the host in backward; the job's pool " + format_bytes(kOptimizerPool) + ", " +
+                                format_bytes(kOptimizerPool) + " in use",
+                            at),
+            std::string::npos)
+      << summary[0];
+  EXPECT_NE(summary[0].find("; the peak of passes 1-2 came with the GPU "), std::string::npos) << summary[0];
   expect_every_read_right(rig);
 }
 
