@@ -78,6 +78,10 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
                             "saved tensors are offloaded (default %(default)s)")
     group.add_argument("--offload-min-bytes", type=parse_size, default=MIB,
                        help="stream_offload: smallest tensor offloaded (default 1MiB)")
+    group.add_argument("--offload-max-bytes", type=parse_size, default=None,
+                       help="stream_offload: the most bytes offloaded a forward pass, the first saved "
+                            "first (default: no limit); e.g. auto mode's bytes a pass, to compare the two "
+                            "at the same bytes")
     group.add_argument("--graph-warmup", type=int, default=3,
                        help="cuda_graph: eager steps before the capture (default 3)")
     group.add_argument("--sample-ms", type=float, default=2.0,
@@ -396,10 +400,14 @@ class StreamOffload:
     stream, after the D2H event. A tensor saved twice in one forward is copied once. On the CPU (tests)
     the same logic runs with plain synchronous copies.
 
+    With `max_bytes`, a forward offloads its saved tensors in the order they come until the next
+    would take it past `max_bytes`; the rest stay (the earliest have the most forward left to hide
+    their copies behind, as auto mode's choice).
+
     Use: `with offload: loss = model(batch)`, then `loss.backward()` outside.
     """
 
-    def __init__(self, model, module_classes, min_bytes=MIB, device=None):
+    def __init__(self, model, module_classes, min_bytes=MIB, device=None, max_bytes=None):
         import torch
 
         self._torch = torch
@@ -407,6 +415,8 @@ class StreamOffload:
         self.patterns = [p.strip() for p in (module_classes.split(",") if isinstance(module_classes, str)
                                              else module_classes) if p.strip()]
         self.min_bytes = int(min_bytes)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self._bytes_this_forward = 0
         if device is None:
             first = next(model.parameters(), None)
             device = first.device if first is not None else torch.device("cpu")
@@ -460,6 +470,7 @@ class StreamOffload:
             self._torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
         self._pending = []
         self._packed_this_forward = {}
+        self._bytes_this_forward = 0
 
     def _reap(self):
         if self._pending:
@@ -488,6 +499,10 @@ class StreamOffload:
                 return seen[2]
         torch = self._torch
         nbytes = tensor.numel() * tensor.element_size()
+        if self.max_bytes is not None and self._bytes_this_forward + nbytes > self.max_bytes:
+            self.kept_tensors += 1
+            return tensor
+        self._bytes_this_forward += nbytes
         stride = _dense_strides(tensor)
         buffer = self.pool.get(nbytes)
         host = buffer.view(tensor.dtype).as_strided(tensor.size(), stride)
@@ -761,7 +776,7 @@ def train(job, args, out=None):
         def forward_context():
             return torch.autograd.graph.save_on_cpu(pin_memory=cuda)
     elif method == "stream_offload":
-        offload = StreamOffload(model, args.offload_modules, args.offload_min_bytes, device)
+        offload = StreamOffload(model, args.offload_modules, args.offload_min_bytes, device, args.offload_max_bytes)
 
         def forward_context():
             return offload

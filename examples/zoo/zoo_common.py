@@ -160,7 +160,8 @@ def method_forward_context(method, model, args, device):
     if method == "save_on_cpu":
         return (lambda: torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")), None
     if method == "stream_offload":
-        offload = common.StreamOffload(model, args.offload_modules, args.offload_min_bytes, device)
+        offload = common.StreamOffload(model, args.offload_modules, args.offload_min_bytes, device,
+                                       args.offload_max_bytes)
         return (lambda: offload), offload
     return contextlib.nullcontext, None
 

@@ -296,6 +296,20 @@ class StreamOffloadTest(unittest.TestCase):
             offload._depth = 1
             self.assertIsNot(offload.pack(view_a), first)
 
+    def test_a_budget_offloads_the_first_saved_until_the_next_would_pass_it(self):
+        offload = common.StreamOffload(self.model, "TinyMLP", min_bytes=1024, device="cpu", max_bytes=3 * 8192)
+        tensors = [torch.randn(32, 64) for _ in range(4)]  # 8 KiB each
+        for forward in range(2):  # the budget is a forward's: the second offloads as the first did
+            with offload:
+                offload._depth = 1
+                packed = [offload.pack(t) for t in tensors]
+            self.assertEqual([isinstance(p, common._Offloaded) for p in packed], [True, True, True, False],
+                             "forward %d" % forward)
+            self.assertIs(packed[3], tensors[3])
+            for p, t in zip(packed, tensors):
+                self.assertTrue(torch.equal(offload.unpack(p), t))
+        self.assertEqual((offload.offloaded_tensors, offload.kept_tensors), (6, 2))
+
     def test_host_buffers_are_pooled(self):
         offload = self.offload
         offload._depth = 1
