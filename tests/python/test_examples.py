@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 import common
+import stream_offload
 
 
 class TinyMLP(nn.Module):
@@ -265,8 +266,8 @@ class StreamOffloadTest(unittest.TestCase):
             packed = [offload.pack(t) for t in (big, transposed, small, weight_view)]
             offload._depth = 0
             outside = offload.pack(big)
-        self.assertIsInstance(packed[0], common._Offloaded)
-        self.assertIsInstance(packed[1], common._Offloaded)
+        self.assertIsInstance(packed[0], stream_offload._Offloaded)
+        self.assertIsInstance(packed[1], stream_offload._Offloaded)
         self.assertIs(packed[2], small)        # below min_bytes
         self.assertIs(packed[3], weight_view)  # a view of a parameter
         self.assertIs(outside, big)            # not inside a selected module
@@ -303,7 +304,7 @@ class StreamOffloadTest(unittest.TestCase):
             with offload:
                 offload._depth = 1
                 packed = [offload.pack(t) for t in tensors]
-            self.assertEqual([isinstance(p, common._Offloaded) for p in packed], [True, True, True, False],
+            self.assertEqual([isinstance(p, stream_offload._Offloaded) for p in packed], [True, True, True, False],
                              "forward %d" % forward)
             self.assertIs(packed[3], tensors[3])
             for p, t in zip(packed, tensors):
@@ -336,9 +337,9 @@ class StreamOffloadTest(unittest.TestCase):
             self.assertTrue(torch.equal(a.grad, b.grad))
 
     def test_dense_strides(self):
-        self.assertEqual(common._dense_strides(torch.zeros(3, 4)), (4, 1))
-        self.assertEqual(common._dense_strides(torch.zeros(4, 3).t()), (1, 3))
-        self.assertEqual(common._dense_strides(torch.zeros(4, 6)[:, ::2]), (3, 1))
+        self.assertEqual(stream_offload._dense_strides(torch.zeros(3, 4)), (4, 1))
+        self.assertEqual(stream_offload._dense_strides(torch.zeros(4, 3).t()), (1, 3))
+        self.assertEqual(stream_offload._dense_strides(torch.zeros(4, 6)[:, ::2]), (3, 1))
 
 
 if __name__ == "__main__":
