@@ -66,7 +66,7 @@ fi
 
 if [[ $what == tsan || $what == all ]]; then
   build=${ACTPAGE_TSAN_BUILD_DIR:-$root/build-tsan}
-  targets=(engine_test engine_torture_test engine_fault_test engine_saved_test engine_gpu_clock_test engine_auto_test trace_writer_test)
+  targets=(engine_test engine_range_cache_test engine_job_pool_test engine_torture_test engine_fault_test engine_saved_test engine_gpu_clock_test engine_auto_test engine_auto_goal_test trace_writer_test)
   # -g1: line tables and inlined frames only, all that TSan's reports print (function, file:line,
   # inlined callers, the global's name). The 7 binaries from scratch on 2 cores took 163 s of CPU
   # and 106 s instead of 216 s and 144 s with the full -g (2026-11-28).

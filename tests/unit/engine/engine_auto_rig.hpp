@@ -1,0 +1,195 @@
+// Auto mode's test rig: the simulated device and engine with set measurements, and LayerJob's passes.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/sim_device.hpp"
+#include "engine/engine.hpp"
+#include "engine/forward_pass.hpp"
+#include "sim_job.hpp"
+
+namespace actpage::engine::testing {
+
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kBytes = 2 * kMiB;  // each tensor; a layer saves two (4 MiB)
+inline constexpr int kLayers = 6;
+
+inline device::SimDeviceConfig sim_config() {
+  device::SimDeviceConfig config;
+  config.seed = 37;
+  config.max_delay_us = 20;
+  config.fresh_memory_pattern = std::uint8_t{0xa5};
+  return config;
+}
+
+// No policy: the defaults the engine tests use, without their "*.mlp" rule, watching unpaged.
+inline Options auto_options() {
+  Options options = testing::small_offload_options();
+  options.modules.clear();
+  options.prefetch_ahead_bytes = 0;
+  options.auto_pages_while_watching = false;  // passes 1-2 unpaged; watching_options() pages them
+  return options;
+}
+
+// A budget of `budget` bytes: rate x 1 s x kNearFreeMargin; backward as long as a GPU's would be
+// for the reloads to come back in time (the simulated one's takes the host's microseconds).
+inline AutoMeasurements budget_of(std::uint64_t budget) {
+  AutoMeasurements measurements;
+  measurements.forward_gpu_ns = 1'000'000'000;
+  measurements.d2h_bytes_per_s = static_cast<double>(budget) / 0.8 + 1;
+  measurements.reload_window_ns = 1'000'000'000'000;
+  return measurements;
+}
+
+struct Rig : testing::EngineRig {
+  Rig(const Options& options, const AutoMeasurements& measurements, bool hooks = true)
+      : EngineRig(options, sim_config()) {
+    engine.set_auto_measurements(measurements);
+    if (hooks) {
+      EXPECT_TRUE(engine.saved_tensor_hooks_installed());
+    }
+  }
+};
+
+// A model of kLayers layers ("model.layers.<i>"): each layer's mlp saves its activation and makes
+// a temporary it frees; the layer's output is saved by the next layer's mlp (and by the head for
+// the last), whose residual add reads it once more at the layer's end.
+class LayerJob {
+ public:
+  explicit LayerJob(Rig& rig) : rig_(rig), job_(*rig.job) {}
+
+  // `no_grad`: an evaluation's forward, which autograd saves nothing of.
+  void forward(bool no_grad = false) {
+    acts_.clear();
+    outputs_.clear();
+    forward_pass::begin();  // the Python hooks announce each outermost forward call
+    job_.push("model");
+    Tensor previous = job_.allocate(kBytes);  // the embedding's output, under no layer
+    job_.write(previous);
+    embedding_ = previous;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const std::string name = "model.layers." + std::to_string(layer);
+      job_.push(name);
+      job_.push(name + ".mlp");
+      if (!no_grad) rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
+      job_.check(previous);
+      if (extra_allocation) {
+        // One more temporary than in the watched passes: every later ordinal of this module shifts.
+        const Tensor extra = job_.allocate(kBytes);
+        job_.write(extra);
+        job_.free(extra);
+      }
+      const Tensor act = job_.allocate(kBytes);
+      job_.write(act);
+      if (layer == 0 && during_forward) during_forward();
+      if (!no_grad) rig_.engine.tensor_saved(act.va);
+      const Tensor temporary = job_.allocate(kBytes);
+      job_.write(temporary);
+      job_.free(temporary);
+      job_.pop();
+      const Tensor output = job_.allocate(kBytes);
+      job_.check(previous);  // the residual add reads the input last, saving nothing
+      job_.write(output);
+      job_.pop();
+      acts_.push_back(act);
+      outputs_.push_back(output);
+      owned_.push_back(act.owned || output.owned);
+      act_owned_.push_back(act.owned);
+      output_owned_.push_back(output.owned);
+      previous = output;
+    }
+    job_.push("model.head");
+    if (!no_grad) rig_.engine.tensor_saved(previous.va);
+    job_.check(previous);
+    job_.pop();
+    job_.pop();
+  }
+
+  // Backward on autograd's thread: the model's marker, each layer's marker, then the unpacks of
+  // what it saved. `after_model_marker` runs right after the model's marker, before any layer's.
+  void backward(const std::function<void()>& after_model_marker = {}) {
+    std::thread autograd([&] {
+      job_.marker("model.backward");
+      if (after_model_marker) after_model_marker();
+      read(outputs_.back());
+      for (int layer = kLayers; layer-- > 0;) {
+        job_.marker("model.layers." + std::to_string(layer) + ".backward");
+        read(acts_[layer]);
+        read(layer > 0 ? outputs_[layer - 1] : embedding_);
+        job_.free(acts_[layer]);
+        job_.free(outputs_[layer]);
+      }
+    });
+    autograd.join();
+    job_.free(embedding_);
+  }
+
+  void pass(bool settle_before_backward = true, const std::function<void()>& after_model_marker = {}) {
+    owned_.clear();
+    act_owned_.clear();
+    output_owned_.clear();
+    forward();
+    if (settle_before_backward) rig_.engine.quiesce();  // every copy out before backward asks
+    backward(after_model_marker);
+    rig_.engine.quiesce();
+  }
+
+  // An evaluation: a forward under no_grad (no pack), its tensors freed with no backward.
+  void evaluate() {
+    forward(/*no_grad=*/true);
+    for (const Tensor& tensor : acts_) job_.free(tensor);
+    for (const Tensor& tensor : outputs_) job_.free(tensor);
+    job_.free(embedding_);
+    rig_.engine.quiesce();
+  }
+
+  // Whether layer i's tensors were served by actpage in the last pass.
+  const std::vector<bool>& owned() const { return owned_; }
+  // Layer i's activation, and its output, apart (the last pass).
+  const std::vector<bool>& act_owned() const { return act_owned_; }
+  const std::vector<bool>& output_owned() const { return output_owned_; }
+  bool extra_allocation = false;  // each mlp makes one more temporary before its activation
+  // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
+  std::function<void()> during_forward;
+
+ private:
+  void read(const Tensor& tensor) {
+    if (rig_.engine.tensor_unpacking(tensor.va)) rig_.engine.tensor_wait(tensor.va, rig_.stream);
+    job_.check(tensor);
+  }
+
+  Rig& rig_;
+  testing::SimJob& job_;
+  Tensor embedding_;
+  std::vector<Tensor> acts_;
+  std::vector<Tensor> outputs_;
+  std::vector<bool> owned_;
+  std::vector<bool> act_owned_;
+  std::vector<bool> output_owned_;
+};
+
+inline void expect_every_read_right(Rig& rig) {
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  EXPECT_GT(rig.job->checks(), 0u);
+}
+
+// auto_pages_while_watching: passes 1-2 page the earliest layers, at most host_pool.prealloc_bytes
+// a pass, so that the run's first passes do not set its peak.
+inline Options watching_options(std::uint64_t cap) {
+  Options options = auto_options();
+  options.auto_pages_while_watching = true;
+  options.host_pool_prealloc_bytes = cap;
+  return options;
+}
+
+}  // namespace actpage::engine::testing
