@@ -191,15 +191,24 @@ Groups::Asked Groups::asked_for(ranges::NameId module_name, std::uint64_t forwar
   // With a forward pass id, only that forward call's: in a pipeline stage the same module has
   // several micro-batches' groups offloaded, and backward reads only one of them (a group of
   // unknown pass is always included).
+  // The place prefetching goes on from: the oldest live group's; a gone one's only when none lives
+  // (a module called twice, its first call's group freed in forward, must not hide the groups
+  // between its two calls from the prefetch).
   Asked asked;
+  std::optional<std::uint64_t> oldest_gone;
   for (std::uint64_t position = forward_order_.size(); position-- > 0;) {
     const OrderEntry& entry = forward_order_[position];
     if (std::find(entry.names.begin(), entry.names.end(), module_name) == entry.names.end()) continue;
     if (forward_pass != 0 && entry.forward_pass != 0 && entry.forward_pass != forward_pass) continue;
-    asked.first_position = position;  // positions fall: the last match is the oldest
     auto found = groups_.find(entry.id);
-    if (found != groups_.end()) asked.groups.push_back(found->second.get());
+    if (found == groups_.end()) {
+      oldest_gone = position;  // positions fall: the last match is the oldest
+      continue;
+    }
+    asked.first_position = position;
+    asked.groups.push_back(found->second.get());
   }
+  if (!asked.first_position) asked.first_position = oldest_gone;
   return asked;
 }
 

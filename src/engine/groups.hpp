@@ -80,8 +80,8 @@ class Groups {
     in_backward_ = false;
   }
   // What a backward marker for `module_name` asks for: the live groups it names, newest first, and
-  // the place in forward order of the oldest group it names, live or gone (the prefetch goes on
-  // from there); with a forward pass id, only that pass's. The place is known after the groups
+  // the place in forward order of the oldest live one, else of the oldest gone one it names (the
+  // prefetch goes on from there); with a forward pass id, only that pass's. The place is known after the groups
   // went: under the job's checkpointing a layer's group holds the next layer's input, which that
   // layer's backward has freed when this marker comes, and the inputs before it are still to come.
   struct Asked {

@@ -464,6 +464,54 @@ TEST(Engine, NothingComesBackUntilABackwardMarkerAsksForIt) {
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+TEST(Engine, AModuleCalledTwicePrefetchesFromItsLiveCallNotItsGoneOne) {
+  // model.layers.0 runs twice in the forward, layer 1 between. Its first call's activation is freed
+  // within the forward (its group goes); the second's is kept. Backward's marker for it asks for the
+  // second call's group and prefetches from there: layer 1's group, between the two calls, comes
+  // back with it. From the first call's place nothing would lie before it.
+  Options options = testing::small_offload_options();
+  options.prefetch_ahead_bytes = 64 * kMiB;
+  Rig rig(options);
+  SimJob& job = *rig.job;
+  auto module_call = [&](const std::string& layer, int tensors) {
+    std::vector<Tensor> saved;
+    job.push(layer);
+    job.push(layer + ".mlp");
+    for (int i = 0; i < tensors; ++i) {
+      saved.push_back(job.allocate(4 * kMiB));
+      job.write(saved.back());
+    }
+    job.pop();
+    job.pop();
+    return saved;
+  };
+  job.push("model");
+  const std::vector<Tensor> first_call = module_call("model.layers.0", 1);
+  rig.engine.quiesce();
+  job.free(first_call[0]);  // its group goes within the forward
+  const std::vector<Tensor> layer1 = module_call("model.layers.1", 2);
+  const std::vector<Tensor> second_call = module_call("model.layers.0", 1);
+  job.pop();
+  rig.engine.quiesce();
+  ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 3 * 4 * kMiB);
+  std::thread([&] { job.marker("model.layers.0.mlp.backward"); }).join();
+  rig.engine.quiesce();
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 3u) << "layer 1's group was not prefetched with the second call's";
+  std::thread autograd([&] {
+    for (const Tensor& tensor : second_call) job.check(tensor);
+    for (const Tensor& tensor : second_call) job.free(tensor);
+    job.marker("model.layers.1.mlp.backward");
+    for (const Tensor& tensor : layer1) job.check(tensor);
+    for (const Tensor& tensor : layer1) job.free(tensor);
+  });
+  autograd.join();
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 3u);
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+}
+
 TEST(Engine, HostPoolExhaustionKeepsActivationsResident) {
   Options options = testing::small_offload_options();
   options.host_pool_bytes = 4 * kMiB;
