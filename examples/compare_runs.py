@@ -269,7 +269,7 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
                    "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged",
                    "auto_sheds",
-                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_probe_ns", "auto_budget_bytes",
+                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_whole_ns", "auto_budget_bytes",
                    "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes",
                    # what became of the saved tensors' release points (a job's own checkpointing)
                    "offloads_cancelled", "release_points_moved", "released_unreferenced")
@@ -563,7 +563,7 @@ def format_engine_table(rows):
     if not rows:
         return None
     header = ["variant", "paged a pass GiB (chosen -> after the governor)", "forward GPU ms unpaged -> paged",
-              "pass GPU ms unpaged -> paged (judged)", "stalls (ms)",
+              "pass cycle GPU ms unpaged -> paged (judged)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
               "job thread in actpage, ms a pass (allocating; of that, paged passes' starts [their job pool marks])",
               "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
@@ -591,8 +591,8 @@ def format_engine_table(rows):
         cycle = "-"
         if c.get("auto_cycle_judged_ns"):
             cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns")), ms(c.get("auto_cycle_judged_ns")))
-            if c.get("auto_cycle_probe_ns"):
-                cycle += " (probe %s)" % ms(c.get("auto_cycle_probe_ns"))
+            if c.get("auto_cycle_whole_ns") and c.get("auto_cycle_whole_ns") != c.get("auto_cycle_judged_ns"):
+                cycle += " (whole %s)" % ms(c.get("auto_cycle_whole_ns"))
         cells = [
             row["variant"],
             gib,
@@ -732,8 +732,8 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
             handle.write("\n## actpage's own account\n\nMedians over each variant's runs of the counters the engine "
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass as chosen and "
                          "as its governor left them, the forward's GPU time unpaged (pass 2) and paged (median of "
-                         "the paged passes), a pass's GPU time (its start to backward's last marker) unpaged (fitted) and as the governor last "
-                         "judged it paged (and with its probe's half paged); stalls "
+                         "the paged passes), a pass's cycle on the GPU (its start to the next's) unpaged (measured) and as the governor "
+                         "last judged it paged (and with the whole choice paged, where it cut); stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
                          "still copying at the marker that asked for them; reloads the schedule asked for; the "
                          "job's threads' time inside actpage a pass (where the host runs far ahead, waits there "

@@ -254,44 +254,41 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
   if (phase_ != Phase::paging) return;
   paged_start_ns_ = 0;  // a forward whose backward marker was never reached measures nothing
   paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
-  // The governor's cycles run from a paged pass's start (pass_start_reached): near-free only (the
-  // device-memory goal pages what its target needs, whatever it costs), and on the GPU's times or a
-  // test's injected cycles, never on a simulated device's host-timed ones.
+}
+
+void AutoSelect::forward_began(std::thread::id thread) {
+  if (phase_ != Phase::paging || thread != forward_thread_ || !stream_) return;
+  ++forwards_begun_;
+  // The governor's cycles run from one forward's start to the next's (pass_start_reached):
+  // near-free only (the device-memory goal pages what its target needs, whatever it costs), and on
+  // the GPU's times or a test's injected cycles, never on a simulated device's host-timed ones.
   const bool governed = options_.device_memory_target == 0 &&
                         (static_cast<bool>(injected_.paged_cycle_ns) || injected_.d2h_bytes_per_s == 0);
-  if (governed && paged_start_marker_ != 0) pass_starts_.push_back(PassStart{paged_start_marker_, pass_, generation_});
+  if (!governed) return;
+  const std::uint64_t marker = parts_.clock.mark(*stream_, /*backward_begins=*/false, /*point=*/true);
+  if (marker != 0) pass_starts_.push_back(PassStart{marker, forwards_begun_, generation_});
 }
 
 void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns) {
-  // A pass's GPU time, the governor's cycle, runs from its start to the last backward marker the GPU
-  // reached before the next pass's start: not to that start, for the GPU may idle between passes
-  // for reasons of the host's (the decision's wait at pass 3; a data loader), and the optimizer's
-  // step and the first layer's backward are paging's neither.
+  // The governor's cycle runs from one pass's start to the next's on the GPU: all the step's time,
+  // for actpage's costs are not all in the pass's own kernels (the worker's driver calls hold a
+  // launch-bound host's launches; the optimizer's step runs beside the last reloads and the trims).
+  // A switch's cycle, which carries the decision's wait or a cap's change, is not judged.
   if (!last_start_) {
-    // The first paged pass's start ends the watched pass (pass 2, from its first allocation): its
-    // cycle bounds the unpaged one from above (it paged some while watching, and was no faster).
-    std::uint64_t reference = 0;
-    if (injected_.paged_cycle_ns) {
-      reference = injected_.reference_cycle_ns;
-    } else if (start.pass == first_paged_pass_ && forward_start_ns_ != 0 && last_backward_ns_ > forward_start_ns_) {
-      reference = last_backward_ns_ - forward_start_ns_;
-    }
-    governor_.emplace(reference, chosen_bytes_, options_.min_bytes);
-  } else if (governor_ && start.pass == last_start_->pass + 1 && start.generation == last_start_->generation &&
+    governor_.emplace(chosen_bytes_, options_.min_bytes);
+  } else if (governor_ && start.forward == last_start_->forward + 1 && start.generation == last_start_->generation &&
              start.generation == generation_) {
-    // A whole pass under the cap in force (a pass the host began before a change is the old cap's).
+    // A whole cycle under the cap in force (a forward the host began before a change is the old cap's).
     std::uint64_t cycle = 0;
     if (injected_.paged_cycle_ns) {
       cycle = injected_.paged_cycle_ns(governor_->cap_bytes());
-    } else if (last_backward_ns_ > last_start_ns_) {
-      cycle = last_backward_ns_ - last_start_ns_;
+    } else if (now_ns > last_start_ns_) {
+      cycle = now_ns - last_start_ns_;
     }
     if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_changed(*cap);
   }
-  if (!last_start_ || start.pass != last_start_->pass) {
-    last_start_ = start;
-    last_start_ns_ = now_ns;
-  }
+  last_start_ = start;
+  last_start_ns_ = now_ns;
 }
 
 void AutoSelect::cap_switched() {
@@ -319,8 +316,9 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   capped_bytes_ = kept;
   governor_->cap_kept(kept);
   if (kept == 0) {
-    // Paging ended: the range cache's pages would otherwise stay mapped for a demand that never
-    // comes back (resnet held 392 MiB so, above the job's own peak).
+    // Paging ended (or paused for the governor's unpaged passes): the range cache's pages would
+    // otherwise stay mapped for a demand that may never come back (resnet held 392 MiB so, above the
+    // job's own peak).
     parts_.space.forget_demand();
     parts_.core.work_cv.notify_all();
   }
@@ -331,15 +329,14 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
     return std::string(text);
   };
   switch (governor_->stage()) {
-    case NearFreeGovernor::Stage::probe:
-      line += "paged passes' GPU time " + ms(governor_->judged_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
-              " paged; measuring what it costs: pages " + format_bytes(kept) + " a pass for the next " +
+    case NearFreeGovernor::Stage::unpaged:
+      line += "paged passes' cycle " + ms(governor_->whole_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
+              " paged; measuring the job's own: pages nothing for the next " +
               std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes";
       break;
     case NearFreeGovernor::Stage::whole:
     case NearFreeGovernor::Stage::fitted:
-      line += governor_->judgement_text() + " (" + ms(governor_->probe_cycle_ns()) + " with " +
-              format_bytes(governor_->probe_bytes()) + " paged): pages " +
+      line += governor_->judgement_text() + ": pages " +
               (kept == chosen_bytes_ ? "all " + format_bytes(kept) + " chosen"
                : kept != 0           ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
                                      : "nothing more");
@@ -525,11 +522,9 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool backward_marker,
-                             std::unique_lock<std::mutex>& lock) {
+void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock) {
   if (!on_ || marker == 0) return;
   EngineCore& core = parts_.core;
-  if (backward_marker) last_backward_ns_ = now_ns;
   if (marker == pass_start_marker_) forward_start_ns_ = now_ns;
   if (marker == paged_start_marker_) {
     paged_start_marker_ = 0;

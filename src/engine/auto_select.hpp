@@ -41,12 +41,11 @@
 //   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
 // - The governor (near-free only; NearFreeGovernor): each paged pass's start is marked on the job's
 //   stream (at its first served allocation) with the cap in force; the GPU's time from one start
-//   to the last backward marker before the next, under one cap, is a cycle. The governor judges the
-//   chosen bytes' cycles, then probes with half of them paged, fits the unpaged cycle through both
-//   (at most the watched pass 2's), and when paging costs more than kNearFreeAllowance the cap
-//   falls: from then on only the chosen keys whose bytes, earliest first, fit in it are served
-//   (pages_key()); the rest go to the job's allocator. Within it, the cap returns to the chosen
-//   bytes after the probe. Each change is logged (info), and the last judgement said at the end.
+//   to the next, under one cap, is a cycle. The governor judges the chosen bytes' cycles, then
+//   measures the job's own with nothing paged, and when paging costs more than kNearFreeAllowance
+//   the cap falls: from then on only the chosen keys whose bytes, earliest first, fit in it are
+//   served (pages_key()); the rest go to the job's allocator. Within it, the cap returns to the
+//   chosen bytes. Each change is logged (info), and the last judgement said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
 //   paged one (summary(), and the stats); after a change of the governor's cap, only the new cap's.
@@ -92,9 +91,8 @@ struct AutoMeasurements {
   // Every layer's reload window (the GPU's time from backward's start to its marker) instead of the
   // observed backward's: a test's backward takes the host's time, not a GPU's.
   std::uint64_t reload_window_ns = 0;
-  // The governor's cycles (NearFreeGovernor) instead of the GPU's: the watched pass's (0: none), and
-  // a paged pass's as a function of the cap in force (a test's GPU whose cost grows with what it pages).
-  std::uint64_t reference_cycle_ns = 0;
+  // The governor's cycles (NearFreeGovernor) instead of the GPU's: a pass's as a function of the cap
+  // in force (a test's GPU whose cost grows with what it pages; 0 bytes is the job's own cycle).
   std::function<std::uint64_t(std::uint64_t cap_bytes)> paged_cycle_ns;
 };
 
@@ -157,6 +155,11 @@ class AutoSelect {
   // time is measured from (to backward's first marker), as pass 2's is from its first allocation.
   // The first served one is in the first chosen layer, so the embedding before it is left out.
   void paged_forward_began(StreamHandle stream);
+  // After the decision, the first layer's range was pushed on `thread`: a forward begins (the
+  // governor's cycles run from one to the next, whatever the cap lets the engine serve).
+  void forward_began(std::thread::id thread);
+  // The layer whose push begins a forward (kNoPath before the first pass).
+  ranges::PathId first_layer() const { return first_layer_; }
   // The sampler (DeviceEngine::sample_memory, every trace.sample_ms): device memory in use now.
   // Until the decision it counts to the watched passes' peak; from the first paged pass's backward
   // on (its forward carries the switch: the pool's trim, the host pool's growth), to the paged one,
@@ -166,8 +169,7 @@ class AutoSelect {
   bool memory_sampled(std::uint64_t used_bytes);
   void peak_pool_read(std::uint64_t used_bytes, const PoolUsage& pool);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
-  // `backward_marker`: one of a backward's markers, not a point of auto mode's own.
-  void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, bool backward_marker, std::unique_lock<std::mutex>& lock);
+  void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
 
   // The chosen layers' names, in forward order (empty until the decision, or when none): the whole
   // ones, then the one of which only the first saved tensors are (their keys are chosen_keys()).
@@ -305,7 +307,7 @@ class AutoSelect {
   // device-memory goal caps from its decision when it keeps a reserve).
   struct PassStart {
     std::uint64_t marker = 0;
-    std::uint64_t pass = 0;
+    std::uint64_t forward = 0;  // forwards_begun_ at it
     std::uint32_t generation = 0;
   };
   void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
@@ -316,9 +318,9 @@ class AutoSelect {
   std::optional<NearFreeGovernor> governor_;
   std::vector<SavedKey> chosen_key_bytes_;  // chosen_keys_ with their bytes, in the same order
   std::deque<PassStart> pass_starts_;
+  std::uint64_t forwards_begun_ = 0;  // forward_began()'s on the forward thread since the decision
   std::optional<PassStart> last_start_;
   std::uint64_t last_start_ns_ = 0;
-  std::uint64_t last_backward_ns_ = 0;  // when the GPU reached the newest backward marker
   std::uint32_t generation_ = 0;  // the cap's: one more at each change
   bool capped() const { return generation_ != 0; }
   std::uint64_t cap_pass_ = 0;  // the host's pass when the cap last changed

@@ -87,7 +87,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
     stats.auto_sheds = governor_->sheds();
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
-    stats.auto_cycle_probe_ns = governor_->probe_cycle_ns();
+    stats.auto_cycle_whole_ns = governor_->whole_cycle_ns();
   }
 }
 

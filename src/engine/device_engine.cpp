@@ -380,6 +380,17 @@ AutoSelect::Push DeviceEngine::auto_layer_pushed(ranges::PathId node) {
   return auto_.layer_pushed(node, std::this_thread::get_id(), lock);
 }
 
+void DeviceEngine::auto_forward_began() {
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return;
+  auto_.forward_began(std::this_thread::get_id());
+}
+
+ranges::PathId DeviceEngine::auto_first_layer() const {
+  std::lock_guard<std::mutex> lock(core_.mutex);
+  return auto_.first_layer();
+}
+
 void DeviceEngine::auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr,
                                           std::uint64_t key) {
   JobEntry entry(*this, JobEntry::When::running);

@@ -97,6 +97,9 @@ class DeviceEngine {
   // Auto mode (AutoSelect): a layer range pushed; an allocation the job's allocator served at `ptr`
   // while observing; a pack of an address none of ours; the chosen layers once decided.
   AutoSelect::Push auto_layer_pushed(ranges::PathId node);
+  // After the decision: the first layer's range was pushed (AutoSelect::forward_began).
+  void auto_forward_began();
+  ranges::PathId auto_first_layer() const;
   void auto_allocation_passed(ranges::PathId path, std::size_t bytes, StreamHandle stream, DevPtr ptr, std::uint64_t key);
   void auto_tensor_saved(DevPtr address);
   // Auto mode paging while it watches: serves the job's allocation under `path` when AutoSelect's

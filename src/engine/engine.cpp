@@ -230,6 +230,7 @@ void Engine::auto_layer_pushed(ranges::PathId node) {
     }
     case AutoSelect::Push::decided:
       select_layers(observer->auto_selected(), observer->auto_chosen_keys());
+      auto_first_layer_.store(observer->auto_first_layer(), std::memory_order_relaxed);
       auto_phase_.store(kAutoDecided, std::memory_order_relaxed);
       break;
     case AutoSelect::Push::ignored:
@@ -290,8 +291,15 @@ void Engine::on_push(ranges::PathId node) {
   const NodeClassifier& now = classifier();
   const NodeVerdict verdict = now.classify(node);
   if (!verdict.backward_marker) {
-    if (verdict.layer && auto_mode_ && auto_phase_.load(std::memory_order_relaxed) != kAutoDecided) {
-      auto_layer_pushed(node);
+    if (verdict.layer && auto_mode_) {
+      if (auto_phase_.load(std::memory_order_relaxed) != kAutoDecided) {
+        auto_layer_pushed(node);
+      } else if (node == auto_first_layer_.load(std::memory_order_relaxed)) {
+        // A forward begins: the governor's cycles need it also when the cap serves nothing.
+        DeviceEngine* observer = auto_engine_.load(std::memory_order_acquire);
+        JobThreadTimer timer(observer, JobThreadSite::range);
+        observer->auto_forward_began();
+      }
     }
     return;
   }

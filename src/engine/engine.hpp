@@ -121,6 +121,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   const bool auto_watch_paging_;  // auto_pages_while_watching, near-free goal
   std::atomic<int> auto_phase_{kAutoWaiting};
   std::atomic<DeviceEngine*> auto_engine_{nullptr};  // the device engine that observes and decides
+  // Its first layer, once decided (kNoPath before): that layer's push begins a forward.
+  std::atomic<ranges::PathId> auto_first_layer_{ranges::kNoPath};
   AutoMeasurements auto_measurements_;
   std::mutex create_mutex_;
   std::array<std::atomic<DeviceEngine*>, kMaxDevices> devices_{};

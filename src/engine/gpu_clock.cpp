@@ -30,7 +30,7 @@ void GpuClock::run() {
     reached_oldest(now);
     place_ = reached.point ? GpuPlace{false, 0, 0, true} : GpuPlace{true, reached.module, reached.ordinal, true};
     // May unlock: the front is looked up again.
-    parts_.auto_select.gpu_reached(reached.id, now, /*backward_marker=*/!reached.point, lock);
+    parts_.auto_select.gpu_reached(reached.id, now, lock);
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate
     if (!reached.point && !core.stopping) {
       if (reached.backward_begins) backward_reached_ns_ = now;
