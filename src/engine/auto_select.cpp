@@ -285,10 +285,28 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
     } else if (now_ns > last_start_ns_) {
       cycle = now_ns - last_start_ns_;
     }
-    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) cap_changed(*cap);
+    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) {
+      if (governor_->stage() == NearFreeGovernor::Stage::unpaged && !room_for_unpaged()) {
+        // A job made larger than fits unpaged: its unpaged passes would fail its allocations.
+        governor_->unpaged_refused();
+        const std::string line = "auto mode (near-free): " + governor_->judgement_text() + " (" +
+                                 format_bytes(peak_watched_ + watched_peak_bytes_) + " of " +
+                                 format_bytes(device_total_) + "): pages all " + format_bytes(chosen_bytes_) +
+                                 " chosen";
+        ACTPAGE_LOG_INFO("{}", line);
+        parts_.core.events.message(line);
+      } else {
+        cap_changed(*cap);
+      }
+    }
   }
   last_start_ = start;
   last_start_ns_ = now_ns;
+}
+
+bool AutoSelect::room_for_unpaged() const {
+  if (device_total_ == 0 || peak_watched_ == 0) return true;
+  return peak_watched_ + watched_peak_bytes_ <= device_total_ - device_total_ / 32;
 }
 
 void AutoSelect::cap_switched() {
@@ -658,8 +676,9 @@ std::vector<std::string> AutoSelect::selected() const {
   return names;
 }
 
-bool AutoSelect::memory_sampled(std::uint64_t used_bytes) {
+bool AutoSelect::memory_sampled(std::uint64_t used_bytes, std::uint64_t total_bytes) {
   if (!on_) return false;
+  device_total_ = total_bytes;
   if (!decided_ && used_bytes > peak_watched_) {
     peak_watched_ = used_bytes;
     peak_watched_place_ = place_now(used_bytes);

@@ -166,7 +166,7 @@ class AutoSelect {
   // begun again after each change of the governor's cap (from the pass after its switch's). A new
   // peak notes where the GPU and the host were (PeakPlace); true then, and the sampler reads the
   // job's pool for it (peak_pool_read()).
-  bool memory_sampled(std::uint64_t used_bytes);
+  bool memory_sampled(std::uint64_t used_bytes, std::uint64_t total_bytes);
   void peak_pool_read(std::uint64_t used_bytes, const PoolUsage& pool);
   // The GPU clock's worker: the GPU reached `marker`. Unlocks around its device calls.
   void gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::unique_lock<std::mutex>& lock);
@@ -315,6 +315,10 @@ class AutoSelect {
   // generation, the pass it came at, and the paged figures begun again from the pass after it.
   void cap_switched();
   void cap_changed(std::uint64_t cap_bytes);
+  // Whether the job's unpaged passes fit on the device: the watched passes' sampled peak plus what a
+  // watched pass paged, within all but 1/32 of the device (true when nothing was sampled).
+  bool room_for_unpaged() const;
+  std::uint64_t device_total_ = 0;  // cudaMemGetInfo's total, at the newest sample
   std::optional<NearFreeGovernor> governor_;
   std::vector<SavedKey> chosen_key_bytes_;  // chosen_keys_ with their bytes, in the same order
   std::deque<PassStart> pass_starts_;

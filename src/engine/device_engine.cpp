@@ -509,7 +509,7 @@ void DeviceEngine::sample_memory() {
       if (info.ok() && for_auto) {
         const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
         std::unique_lock<std::mutex> peaks(core_.mutex);
-        if (auto_.memory_sampled(used)) {
+        if (auto_.memory_sampled(used, info->total_bytes)) {
           // A new peak: the job's pool with it (what of the peak is the pool's reserve, and its use).
           peaks.unlock();
           if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;

@@ -71,14 +71,28 @@ void NearFreeGovernor::shed(std::uint64_t judged_bytes, std::uint64_t most) {
   if (cap_bytes_ == 0) settled_ = true;
 }
 
+void NearFreeGovernor::unpaged_refused() {
+  if (stage_ != Stage::unpaged || settled_) return;
+  cap_bytes_ = chosen_bytes_;
+  switching_ = false;
+  refused_ = true;
+  settled_ = true;
+}
+
 void NearFreeGovernor::cap_kept(std::uint64_t kept_bytes) {
   cap_bytes_ = std::min(cap_bytes_, kept_bytes);
   if (cap_bytes_ == 0 && stage_ != Stage::unpaged) settled_ = true;
 }
 
 std::string NearFreeGovernor::judgement_text() const {
+  char text[200];
+  if (refused_) {
+    std::snprintf(text, sizeof text,
+                  "paged passes' cycle %.1f ms, not judged: the device has no room for the job's unpaged passes",
+                  static_cast<double>(whole_ns_) / 1e6);
+    return text;
+  }
   if (judged_ns_ == 0 || base_ns_ == 0) return "";
-  char text[160];
   std::snprintf(text, sizeof text, "paged passes' cycle %.1f ms against %.1f ms unpaged (%+.1f%%, allowed %+.1f%%)",
                 static_cast<double>(judged_ns_) / 1e6, static_cast<double>(base_ns_) / 1e6,
                 (static_cast<double>(judged_ns_) / static_cast<double>(base_ns_) - 1.0) * 100.0, allowance_ * 100.0);

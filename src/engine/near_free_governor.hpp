@@ -30,6 +30,8 @@
 //   to half; within: settled (a run's later cycles are not re-judged: noise would only ever shed).
 //   At 0: paging ends, settled. A cost that does not fall with the bytes so ends paging within a
 //   few judgements: each one prices every byte at the whole cost.
+// - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
+//   the chosen bytes stay paged, unjudged (unpaged_refused()).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,11 @@ class NearFreeGovernor {
   // What the caller could page within the new cap (whole tensors, earliest first): the cap from now
   // on (at most the cap; 0 ends paging, but for the unpaged stage's).
   void cap_kept(std::uint64_t kept_bytes);
+  // Instead of the unpaged stage's cap just returned: the device has no room for the job's unpaged
+  // passes (a job made larger than fits without paging). The chosen bytes stay paged, unjudged,
+  // settled.
+  void unpaged_refused();
+  bool refused() const { return refused_; }
 
   Stage stage() const { return stage_; }
   std::uint64_t cap_bytes() const { return cap_bytes_; }
@@ -87,6 +94,7 @@ class NearFreeGovernor {
   std::uint64_t base_ns_ = 0;
   std::uint64_t whole_ns_ = 0;
   bool settled_ = false;
+  bool refused_ = false;
   bool switching_ = true;  // the next cycle is the switch's
   std::vector<std::uint64_t> cycles_;
   std::uint64_t judged_ns_ = 0;

@@ -299,6 +299,33 @@ TEST(AutoMode, TheGovernorCutsTheSameWhenTheWatchedPassPagedSome) {
   expect_every_read_right(rig);
 }
 
+TEST(AutoMode, WhereTheDeviceHasNoRoomForTheUnpagedPassesTheChoiceStaysPagedUnjudged) {
+  // A job made larger than fits unpaged: passes 1-2 paged layer 0 while watching and their peak
+  // plus those 4 MiB leave less than 1/32 of the device free, so the governor's unpaged passes
+  // would fail the job's allocations. It keeps paging the whole choice, not judged, and says so.
+  device::SimDeviceConfig config = testing::sim_config();
+  config.capacity_bytes = 28 * kMiB;
+  Rig rig(watching_options(4 * kMiB), governed(0.06), /*hooks=*/true, config);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_whole_ns != 0; });
+  for (int pass = 0; pass < 6; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}))
+      << "no unpaged pass: all of the choice, every pass";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_sheds, 0u);
+  EXPECT_EQ(stats.auto_cycle_base_ns, 0u);
+  EXPECT_EQ(stats.auto_cycle_whole_ns, 1'060'000'000u);
+  EXPECT_EQ(stats.auto_bytes_paged, 12 * kMiB);
+  EXPECT_EQ(stats.auto_key_capped, 0u) << "nothing left to the job's allocator";
+  expect_every_read_right(rig);
+  const std::vector<std::string> summary = rig.engine.summary();
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_NE(summary[0].find("paged passes' cycle 1060.0 ms, not judged: the device has no room for the job's "
+                            "unpaged passes"),
+            std::string::npos)
+      << summary[0];
+}
+
 TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
   // 20% whatever is paged, against the unpaged passes' 1 s: the shed keeps 1.2 MiB, less than any
   // chosen tensor: nothing.

@@ -49,8 +49,9 @@ inline AutoMeasurements budget_of(std::uint64_t budget) {
 }
 
 struct Rig : testing::EngineRig {
-  Rig(const Options& options, const AutoMeasurements& measurements, bool hooks = true)
-      : EngineRig(options, sim_config()) {
+  Rig(const Options& options, const AutoMeasurements& measurements, bool hooks = true,
+      const device::SimDeviceConfig& config = sim_config())
+      : EngineRig(options, config) {
     engine.set_auto_measurements(measurements);
     if (hooks) {
       EXPECT_TRUE(engine.saved_tensor_hooks_installed());

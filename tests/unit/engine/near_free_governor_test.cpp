@@ -166,6 +166,27 @@ TEST(NearFreeGovernor, TheLowerMedianJudgesSoOneSlowCycleDoesNotShed) {
   EXPECT_EQ(governor.sheds(), 0u);
 }
 
+TEST(NearFreeGovernor, RefusedUnpagedPassesLeaveTheChoicePagedUnjudged) {
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  for (std::uint64_t ms : {140, 110, 110}) EXPECT_FALSE(governor.cycle_measured(ms * kMs));
+  EXPECT_EQ(governor.cycle_measured(110 * kMs), 0u);
+  ASSERT_EQ(governor.stage(), NearFreeGovernor::Stage::unpaged);
+  governor.unpaged_refused();  // the caller's device has no room for them
+  EXPECT_TRUE(governor.settled());
+  EXPECT_TRUE(governor.refused());
+  EXPECT_EQ(governor.cap_bytes(), 2 * kGiB);
+  EXPECT_EQ(governor.base_cycle_ns(), 0u);
+  EXPECT_EQ(governor.judgement_text(),
+            "paged passes' cycle 110.0 ms, not judged: the device has no room for the job's unpaged passes");
+  for (int cycle = 0; cycle < 8; ++cycle) EXPECT_FALSE(governor.cycle_measured(300 * kMs));
+  EXPECT_EQ(governor.cap_bytes(), 2 * kGiB);
+  // Refused outside the unpaged stage: nothing changes.
+  NearFreeGovernor whole(2 * kGiB, kMiB);
+  whole.unpaged_refused();
+  EXPECT_FALSE(whole.refused());
+  EXPECT_FALSE(whole.settled());
+}
+
 TEST(NearFreeGovernor, NothingChosenGovernsNothing) {
   NearFreeGovernor nothing(0, kMiB);
   EXPECT_TRUE(nothing.settled());
