@@ -590,7 +590,8 @@ def format_engine_table(rows):
                             _cell(None if paged is None else paged / float(1 << 30), "%.2f"))
         cycle = "-"
         if c.get("auto_cycle_judged_ns"):
-            cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns")), ms(c.get("auto_cycle_judged_ns")))
+            # No base where the governor had no room for unpaged passes: "-".
+            cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns") or None), ms(c.get("auto_cycle_judged_ns")))
             if c.get("auto_cycle_whole_ns") and c.get("auto_cycle_whole_ns") != c.get("auto_cycle_judged_ns"):
                 cycle += " (whole %s)" % ms(c.get("auto_cycle_whole_ns"))
         cells = [
