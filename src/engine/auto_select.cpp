@@ -353,7 +353,7 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
               std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes";
       break;
     case NearFreeGovernor::Stage::whole:
-    case NearFreeGovernor::Stage::fitted:
+    case NearFreeGovernor::Stage::cut:
       line += governor_->judgement_text() + ": pages " +
               (kept == chosen_bytes_ ? "all " + format_bytes(kept) + " chosen"
                : kept != 0           ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
@@ -509,7 +509,6 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
   phase_ = Phase::paging;
   ++pass_;
-  first_paged_pass_ = pass_;
   reported_pass_ = pass_;
   // This push begins a forward pass: the observed backward is over for the groups.
   parts_.groups.paging_begins();

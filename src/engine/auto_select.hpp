@@ -39,8 +39,8 @@
 //   Engine then selects the chosen layers (a classifier of its own), and in them only the
 //   allocations whose key (allocation_key.hpp) was saved in pass 1 (chosen_keys()); of the layer
 //   the decision takes in part (the budget's rest), the keys of its first saved tensors only.
-// - The governor (near-free only; NearFreeGovernor): each paged pass's start is marked on the job's
-//   stream (at its first served allocation) with the cap in force; the GPU's time from one start
+// - The governor (near-free only; NearFreeGovernor): each forward's start is marked on the job's
+//   stream (at its first layer's push, forward_began()) with the cap in force; the GPU's time from one start
 //   to the next, under one cap, is a cycle. The governor judges the chosen bytes' cycles, then
 //   measures the job's own with nothing paged, and when paging costs more than kNearFreeAllowance
 //   the cap falls: from then on only the chosen keys whose bytes, earliest first, fit in it are
@@ -291,7 +291,6 @@ class AutoSelect {
   PeakPlace peak_watched_place_;  // where each of the two peaks came
   PeakPlace peak_paged_place_;
   PeakPlace place_now(std::uint64_t used_bytes) const;
-  std::uint64_t first_paged_pass_ = 0;
   // The paged figures (device memory in use) count from this pass's backward on: the first paged
   // pass's, then the second after each change of the governor's cap (its switch's pass carries it).
   std::uint64_t reported_pass_ = 0;
@@ -302,7 +301,7 @@ class AutoSelect {
   std::vector<std::uint64_t> paged_forward_ns_;
   std::uint64_t paged_forward_median_ns() const;
 
-  // The governor: the paged passes' starts as the host marked them (with the cap's generation then),
+  // The governor: the forwards' starts as the host marked them (with the cap's generation then),
   // the last one the GPU reached, and the keys the cap leaves (once it changed: capped(); the
   // device-memory goal caps from its decision when it keeps a reserve).
   struct PassStart {

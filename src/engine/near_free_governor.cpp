@@ -41,7 +41,7 @@ void NearFreeGovernor::judge() {
       return;
     case Stage::unpaged:
       base_ns_ = std::max<std::uint64_t>(1, median);
-      stage_ = Stage::fitted;
+      stage_ = Stage::cut;
       if (within(whole_ns_)) {
         cap_bytes_ = chosen_bytes_;
         settled_ = true;
@@ -49,7 +49,7 @@ void NearFreeGovernor::judge() {
       }
       shed(chosen_bytes_, chosen_bytes_);
       return;
-    case Stage::fitted:
+    case Stage::cut:
       judged_ns_ = median;
       if (within(median)) {
         settled_ = true;

@@ -25,8 +25,8 @@
 //   - Within the allowance (the whole cycle at most base x (1 + allowance)): the cap returns to the
 //     chosen bytes, settled.
 //   - Over it: the cap becomes the bytes whose cost, (whole - base) / chosen a byte, stays within
-//     kAimShare of the allowance (at most the chosen bytes, 0 below min_bytes), and stage `fitted`.
-// - Stage `fitted`: each judgement against the same base; over: the cap falls the same way, at most
+//     kAimShare of the allowance (at most the chosen bytes, 0 below min_bytes), and stage `cut`.
+// - Stage `cut`: each judgement against the same base; over: the cap falls the same way, at most
 //   to half; within: settled (a run's later cycles are not re-judged: noise would only ever shed).
 //   At 0: paging ends, settled. A cost that does not fall with the bytes so ends paging within a
 //   few judgements: each one prices every byte at the whole cost.
@@ -50,7 +50,7 @@ class NearFreeGovernor {
   // A shed aims at this share of the allowance: the cost is a line through noisy medians.
   static constexpr double kAimShare = 0.67;
 
-  enum class Stage { whole, unpaged, fitted };
+  enum class Stage { whole, unpaged, cut };
 
   NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double allowance = kNearFreeAllowance);
 
@@ -73,7 +73,7 @@ class NearFreeGovernor {
   std::uint64_t base_cycle_ns() const { return base_ns_; }
   // The chosen bytes' cycle (0 before).
   std::uint64_t whole_cycle_ns() const { return whole_ns_; }
-  // The lower median of the paged cycles judged last (the whole's until a fitted cap's; 0 before).
+  // The lower median of the paged cycles judged last (the whole's until a cut cap's; 0 before).
   std::uint64_t judged_cycle_ns() const { return judged_ns_; }
   std::uint32_t sheds() const { return sheds_; }
   // The last judgement, for people: "paged passes' cycle 512.0 ms against 456.0 ms unpaged

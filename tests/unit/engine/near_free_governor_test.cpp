@@ -55,7 +55,7 @@ TEST(NearFreeGovernor, WithinTheAllowanceTheUnpagedPassesEndWithTheWholeChoicePa
   EXPECT_FALSE(governor.cycle_measured(101 * kMs));
   EXPECT_EQ(governor.cycle_measured(99 * kMs), 2 * kGiB);
   EXPECT_TRUE(governor.settled());
-  EXPECT_EQ(governor.stage(), NearFreeGovernor::Stage::fitted);
+  EXPECT_EQ(governor.stage(), NearFreeGovernor::Stage::cut);
   EXPECT_EQ(governor.base_cycle_ns(), 100 * kMs);
   EXPECT_EQ(governor.whole_cycle_ns(), 102 * kMs);
   EXPECT_EQ(governor.judged_cycle_ns(), 102 * kMs);
@@ -118,22 +118,22 @@ TEST(NearFreeGovernor, AfterTheFirstCutAShedNeverKeepsMoreThanHalf) {
   // The first cut goes to 0.402 GiB (10% at 2 GiB); there the cycle is 103.5 ms (a cost that is no
   // line): 2.01/3.5 of 0.402 GiB would keep 0.231 GiB; held to half, 0.201 GiB.
   NearFreeGovernor governor(2 * kGiB, kMiB);
-  std::uint64_t fitted_cap = 0;
+  std::uint64_t cut_cap = 0;
   const auto cycle_of = [&](std::uint64_t cap) {
     if (cap == 2 * kGiB) return 110 * kMs;
     if (cap == 0) return 100 * kMs;
-    if (cap == fitted_cap) return 103 * kMs + kMs / 2;
+    if (cap == cut_cap) return 103 * kMs + kMs / 2;
     return 101 * kMs;
   };
   for (int cycle = 0; cycle < 8; ++cycle) {
     if (const auto cap = governor.cycle_measured(cycle_of(governor.cap_bytes()))) governor.cap_kept(*cap);
   }
-  ASSERT_EQ(governor.stage(), NearFreeGovernor::Stage::fitted);
-  fitted_cap = governor.cap_bytes();
-  EXPECT_NEAR(static_cast<double>(fitted_cap), 0.402 * kGiB, 0.01 * kGiB);
+  ASSERT_EQ(governor.stage(), NearFreeGovernor::Stage::cut);
+  cut_cap = governor.cap_bytes();
+  EXPECT_NEAR(static_cast<double>(cut_cap), 0.402 * kGiB, 0.01 * kGiB);
   run_until_settled(governor, cycle_of);
   EXPECT_EQ(governor.sheds(), 2u);
-  EXPECT_EQ(governor.cap_bytes(), fitted_cap / 2);
+  EXPECT_EQ(governor.cap_bytes(), cut_cap / 2);
 }
 
 TEST(NearFreeGovernor, ACutToLessThanTheSmallestTensorEndsPaging) {
