@@ -49,6 +49,13 @@ int actpage_set_recording(int on);
    0 when they would only cost time (no trace and no module selected, inert): then the caller
    leaves them out. */
 int actpage_saved_tensor_hooks_installed(void);
+/* A forward begins on the calling thread (the Python side asks at each outermost module call, on
+   the thread that installed the hooks): 1 when its packs are wanted, 0 when nothing in it can be
+   served and no trace records them (auto mode's cap serves nothing: its governor's unpaged passes,
+   or paging ended). On 0 the Python side takes the hooks off until a forward answers 1, where
+   torch lets it tell that no hooks of the job's are pushed above them; each saved tensor's pack
+   and unpack would only cost time. */
+int actpage_saved_tensor_hooks_wanted(void);
 /* Pack: autograd saves the tensor at `address`; called on the thread running forward, inside the
    ranges of the module saving it. A module that saves it after its release point keeps it on the
    device until that module's layer ends. While a trace is written it is recorded. Returns 1 when the library serves that address (then the

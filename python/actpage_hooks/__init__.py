@@ -158,7 +158,10 @@ def install_saved_tensor_hooks(torch_module=None, sink=None):
         return None
     from . import _saved
 
-    return _saved.install(sink, torch_module)
+    hooks = _saved.install(sink, torch_module)
+    if hooks is not None and hooks.scoped:
+        _installed.on_forward_begin = hooks.forward_begins  # off in forwards the library cannot serve in
+    return hooks
 
 
 def install_import_hook():

@@ -172,6 +172,9 @@ class ModuleHooks:
         # Forward-call ids for micro-batches (see the module docstring): the library's functions,
         # or a pair of stand-ins (tests).
         self._begin_pass, self._set_backward_pass = pass_functions or _library_pass_functions()
+        # Called at each outermost call, after _begin_pass (the saved-tensor hooks' forward_begins:
+        # they come off for forwards the library cannot serve in); None: nothing.
+        self.on_forward_begin = None
         # blocks: only the model, modules with children, the direct children of each repeated layer
         # and modules a policy rule names get hooks; the other leaves keep torch's fast call path
         # (global hooks would push every module call through the slow one). all: every module.
@@ -512,6 +515,8 @@ class ModuleHooks:
                     stack = hooks._stack()
                 if not stack and hooks._begin_pass is not None:
                     local.forward_pass = hooks._begin_pass()  # an outermost call: a new micro-batch
+                    if hooks.on_forward_begin is not None:
+                        hooks.on_forward_begin()
             except Exception as error:  # nothing here may break the job: run it without a range
                 _log.warn_once("pre-hook", "forward pre-hook failed (ignored): %r" % (error,))
                 return original(module, *args, **kwargs)
@@ -667,6 +672,8 @@ class ModuleHooks:
             stack = self._stack()
             if not stack and self._begin_pass is not None:
                 self._local.forward_pass = self._begin_pass()  # an outermost call: a new micro-batch
+                if self.on_forward_begin is not None:
+                    self.on_forward_begin()
             try:
                 self._push(name)
             except Exception as error:

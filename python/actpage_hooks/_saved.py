@@ -273,12 +273,15 @@ class LibrarySink:
     A sink may leave out `installed` (tests): it is then taken to want the hooks. `addresses`, when
     not None, are those of C functions doing what saved, unpacking and wait do (the library's, as
     ctypes found them): the C hooks call them directly; without, they call the three methods.
-    `unreferenced` is None where the library lacks it (older ones): no UnreferencedWatch then."""
+    `unreferenced` is None where the library lacks it (older ones): no UnreferencedWatch then.
+    `wanted` (a forward begins: are its packs wanted?) is None where the library lacks it: the
+    hooks then stay pushed for good."""
 
     addresses = None
     unreferenced = None
+    wanted = None
 
-    def __init__(self, saved, unpacking, wait, installed=None, addresses=None, unreferenced=None):
+    def __init__(self, saved, unpacking, wait, installed=None, addresses=None, unreferenced=None, wanted=None):
         self.saved = saved
         self.unpacking = unpacking
         self.wait = wait
@@ -288,6 +291,8 @@ class LibrarySink:
             self.addresses = tuple(addresses)
         if unreferenced is not None:
             self.unreferenced = unreferenced
+        if wanted is not None:
+            self.wanted = wanted
 
     @classmethod
     def find(cls):
@@ -302,8 +307,9 @@ class LibrarySink:
         if installed is None or saved is None or unpacking is None or wait is None:
             return None
         unreferenced = _mode._process_symbol("actpage_tensor_unreferenced", None, [ctypes.c_ulonglong])
+        wanted = _mode._process_symbol("actpage_saved_tensor_hooks_wanted", ctypes.c_int, [])
         addresses = [ctypes.cast(function, ctypes.c_void_p).value for function in (saved, unpacking, wait)]
-        return cls(saved, unpacking, wait, installed, addresses, unreferenced)
+        return cls(saved, unpacking, wait, installed, addresses, unreferenced, wanted)
 
 
 class SavedTensorHooks:
@@ -324,6 +330,11 @@ class SavedTensorHooks:
         self._address = _storage_address_function(torch_module)
         self._stream = current_stream if current_stream is not None else _current_stream_function(torch_module)
         self._pushed = False
+        self._pushed_pack = None
+        self._below = None  # the top of the stack when forward_begins() took them off
+        self._thread = None
+        # torch 2.x: the hooks on top of this thread's stack (None: none), or None without it.
+        self._top = getattr(getattr(torch_module._C, "_autograd", None), "_top_saved_tensors_default_hooks", None)
         self._saved_count = 0
         self._waits = 0
         self._held = None
@@ -419,12 +430,67 @@ class SavedTensorHooks:
         return tensor
 
     def install(self):
-        self._torch._C._autograd._push_saved_tensors_default_hooks(self.pack, self.unpack)
-        self._pushed = True
+        self._push()
+        self._thread = threading.get_ident()
         return self
 
+    @property
+    def pushed(self):
+        """Whether torch has them now (forward_begins() takes them off where they are not wanted)."""
+        return self._pushed
+
+    @property
+    def scoped(self):
+        """Whether forward_begins() may take them off and put them back: the sink says which forwards
+        want them and torch tells whose hooks are on top (_top_saved_tensors_default_hooks)."""
+        return self._top is not None and getattr(self._sink, "wanted", None) is not None
+
+    def forward_begins(self):
+        """An outermost module call begins on the calling thread (ModuleHooks.on_forward_begin).
+        Where the library says nothing of this forward can be served (auto mode's cap is 0), the
+        hooks come off, and they go back on when a forward wants them: every saved tensor's pack and
+        unpack costs the job's threads time (gpt_accum, H200: +11% a step with nothing paged; its
+        backward's host thread is as busy as the GPU). Only on the thread that installed them, and
+        only where no hooks are above ours (a job's own, save_on_cpu or checkpointing, keep
+        precedence: ours are not pushed over them, nor theirs popped). Never raises."""
+        if not self.scoped or threading.get_ident() != self._thread:
+            return
+        try:
+            wanted = bool(self._sink.wanted())
+            if wanted == self._pushed:
+                return
+            top = self._top_hooks()
+            if wanted:
+                # Back on only over what was under them when they came off (a job's hooks pushed
+                # since would lose their precedence).
+                below = self._below
+                if (top is None) if below is None else (top is not None and top[0] is below[0]):
+                    self._push()
+            elif top is not None and top[0] is self._pushed_pack:
+                self._torch._C._autograd._pop_saved_tensors_default_hooks()
+                self._pushed = False
+                self._below = self._top_hooks()
+        except Exception as error:
+            self._top = None  # no more toggling: the hooks stay as they are now
+            _warn("saved-scope", error)
+
+    def _push(self):
+        # The very object pushed: a method's bound object is a new one at each attribute access, and
+        # forward_begins() knows ours on top of the stack by identity.
+        self._pushed_pack = self.pack
+        self._torch._C._autograd._push_saved_tensors_default_hooks(self._pushed_pack, self.unpack)
+        self._pushed = True
+
+    def _top_hooks(self):
+        try:
+            return self._top(True)  # ignore_is_tracing: the eager stack, as the job's code sees it
+        except TypeError:
+            return self._top()
+
     def remove(self):
-        """Pops them again: call on the thread that installed them, with nothing pushed since."""
+        """Pops them again: call on the thread that installed them, with nothing pushed since. No
+        forward puts them back on after."""
+        self._top = None
         if self._pushed:
             self._torch._C._autograd._pop_saved_tensors_default_hooks()
             self._pushed = False

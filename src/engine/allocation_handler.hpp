@@ -44,6 +44,11 @@ class AllocationHandler {
   // saves, and when it reads them, will be told (engine/saved_tensors.hpp has the rules). Whether
   // the handler uses that (false: the hooks would only cost time).
   virtual bool saved_tensor_hooks_installed() noexcept { return false; }
+  // A forward begins on the calling thread (the Python side asks at its outermost module call):
+  // whether the hooks are wanted in it. false where nothing of it can be served (auto mode's cap is
+  // 0: its governor's unpaged passes, or paging ended): each saved tensor's pack and unpack would
+  // only cost the job's threads time (gpt_accum, H200: +11% a step with nothing paged).
+  virtual bool saved_tensor_hooks_wanted() noexcept { return true; }
   // A pack of the tensor whose storage is at `address`, on the calling thread (forward's, inside
   // the saving module's ranges). True when its release point now waits for a range with no layer
   // (a pack outside any layer): tensor_unreferenced() may then end that wait earlier.

@@ -186,6 +186,16 @@ class AutoSelect {
   void add_stats(EngineStats& stats) const;
   // The end-of-run line; nullopt when auto mode never decided.
   std::optional<std::string> summary() const;
+  // Whether a forward beginning now needs the saved-tensor hooks: not once auto mode ended with
+  // nothing chosen, nor while the governor's cap serves nothing (its unpaged passes, or paging
+  // ended). Always outside auto mode (a policy's rules select modules anywhere). A cap raised during
+  // a forward begun without them serves allocations that no pack names: they stay resident
+  // (saved_tensors.hpp, kept unsaved), and that forward is the switch's, which is not judged.
+  bool wants_saved_hooks() const {
+    if (!on_) return true;
+    if (phase_ == Phase::done) return false;
+    return !(capped() && capped_bytes_ == 0);
+  }
   // Whether the observed passes page (auto_pages_while_watching) and the decision is still to come.
   bool watching_paged() const { return on_ && options_.watch_bytes != 0 && !decided_ && phase_ != Phase::done; }
 

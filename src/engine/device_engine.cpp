@@ -341,6 +341,12 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
 
 void DeviceEngine::saved_tensor_hooks_installed() { saved_.install(); }
 
+bool DeviceEngine::saved_tensor_hooks_wanted() {
+  JobEntry entry(*this, JobEntry::When::running);
+  if (!entry) return true;  // stopping or failed: the hooks stay as they are
+  return auto_.wants_saved_hooks();
+}
+
 bool DeviceEngine::tensor_saved(DevPtr address) {
   bind_job_thread();
   JobEntry entry(*this, JobEntry::When::running);

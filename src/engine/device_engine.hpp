@@ -87,6 +87,7 @@ class DeviceEngine {
   // tensor_unreferenced() may end earlier); an unpack (true: the reading stream must wait, then
   // tensor_wait()); no tensor but autograd's saved ones holds it any more (on forward's thread).
   void saved_tensor_hooks_installed();
+  bool saved_tensor_hooks_wanted();
   bool tensor_saved(DevPtr address);
   void tensor_unreferenced(DevPtr address);
   bool tensor_unpacking(DevPtr address);

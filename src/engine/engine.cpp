@@ -147,6 +147,17 @@ bool Engine::saved_tensor_hooks_installed() noexcept {
   return true;
 }
 
+bool Engine::saved_tensor_hooks_wanted() noexcept {
+  // One set of hooks serves every device: wanted while any device's engine may serve.
+  bool wanted = false;
+  bool any = false;
+  for_each_device([&](DeviceEngine& engine) {
+    any = true;
+    wanted = wanted || engine.saved_tensor_hooks_wanted();
+  });
+  return wanted || !any;  // before the first device's engine exists: its first pass is watched
+}
+
 bool Engine::tensor_saved(DevPtr address) noexcept {
   DeviceEngine* engine = owner_of(address);
   if (engine == nullptr) {

@@ -49,6 +49,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   void free(DevPtr ptr, StreamHandle stream, bool synchronous) noexcept override;
 
   bool saved_tensor_hooks_installed() noexcept override;
+  bool saved_tensor_hooks_wanted() noexcept override;
   bool tensor_saved(DevPtr address) noexcept override;
   void tensor_unreferenced(DevPtr address) noexcept override;
   bool tensor_unpacking(DevPtr address) noexcept override;

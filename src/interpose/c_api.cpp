@@ -19,6 +19,7 @@ ACTPAGE_EXPORT unsigned long long actpage_begin_forward_pass(void) { return actp
 ACTPAGE_EXPORT void actpage_set_backward_pass(unsigned long long id) { actpage::engine::forward_pass::set_backward(id); }
 ACTPAGE_EXPORT int actpage_set_recording(int on) { return actpage::trace::set_recording(on != 0) ? 1 : 0; }
 ACTPAGE_EXPORT int actpage_saved_tensor_hooks_installed(void) { return actpage::interpose::saved_tensor_hooks_installed(); }
+ACTPAGE_EXPORT int actpage_saved_tensor_hooks_wanted(void) { return actpage::interpose::saved_tensor_hooks_wanted(); }
 ACTPAGE_EXPORT int actpage_tensor_saved(unsigned long long address) { return actpage::interpose::tensor_saved(address); }
 ACTPAGE_EXPORT void actpage_tensor_unreferenced(unsigned long long address) { actpage::interpose::tensor_unreferenced(address); }
 ACTPAGE_EXPORT int actpage_tensor_unpacking(unsigned long long address) { return actpage::interpose::tensor_unpacking(address); }

@@ -443,6 +443,15 @@ int saved_tensor_hooks_installed() noexcept {
   return engine_uses_them || trace::active() != nullptr ? 1 : 0;
 }
 
+int saved_tensor_hooks_wanted() noexcept {
+  if (!ensure_active()) return 0;
+  if (trace::active() != nullptr) return 1;  // every pass's packs are SAVED records
+  engine::AllocationHandler* handler = interposer_instance().handler();
+  if (handler == nullptr) return 0;
+  ReentryGuard guard;
+  return handler->saved_tensor_hooks_wanted() ? 1 : 0;
+}
+
 int tensor_saved(std::uint64_t address) noexcept {
   if (!ensure_active()) return 0;
   if (trace::Writer* writer = trace::active(); writer != nullptr && trace::recording()) {

@@ -49,6 +49,9 @@ void flush_trace() noexcept;
 // saved_tensor_hooks_installed() is 1 when the engine uses what the hooks tell or a trace is being
 // written: tensor_saved() then records each pack (a SAVED record) before handing it on.
 int saved_tensor_hooks_installed() noexcept;
+// A forward begins on the calling thread: 1 when its packs are wanted (the engine may serve in it,
+// or a trace records them), 0 when the Python side may take the hooks off for it.
+int saved_tensor_hooks_wanted() noexcept;
 int tensor_saved(std::uint64_t address) noexcept;  // 0 not ours, 1 ours, 2 ours and held past its layer
 void tensor_unreferenced(std::uint64_t address) noexcept;
 int tensor_unpacking(std::uint64_t address) noexcept;

@@ -21,7 +21,7 @@ set(actpage_python_test_env
   "ACTPAGE_TEST_CLI=$<TARGET_FILE:actpage>"
   "ACTPAGE_TEST_FAKE_CUDA_PATH=${ACTPAGE_TEST_FAKE_CUDA_PATH}")
 
-foreach(test_name hooks saved saved_watch sitecustomize fingerprint examples compare_runs thread_stats bench plan_compare micro_batches distributed fastrange
+foreach(test_name hooks saved saved_scope saved_watch sitecustomize fingerprint examples compare_runs thread_stats bench plan_compare micro_batches distributed fastrange
     copy_timeline peak_holders check_skips zoo zoo_models zoo_loops)
   add_test(NAME python.${test_name}
     COMMAND "${ACTPAGE_TEST_PYTHON}" -m unittest -v test_${test_name}

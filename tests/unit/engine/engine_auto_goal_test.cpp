@@ -284,6 +284,40 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAft
   EXPECT_GT(std::stoi(paged_passes[1].str()), 10) << summary[0];
 }
 
+TEST(AutoMode, TheSavedTensorHooksAreWantedInEveryForwardThatCanServeAndInNoOther) {
+  // Watched passes: wanted (they learn what autograd saves). The governor's unpaged passes (cap 0):
+  // not. The whole choice again after them: wanted. Every read right, with packs and unpacks only
+  // where the hooks were on (an unhooked forward's served allocations, if any, stay resident).
+  Rig rig(auto_options(), governed(0.02));
+  LayerJob job(rig);
+  EXPECT_TRUE(rig.engine.saved_tensor_hooks_wanted());
+  for (int pass = 0; pass < 3; ++pass) job.pass();
+  EXPECT_EQ(job.forwards_unhooked, 0) << "watched and first paged passes have the hooks";
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_key_capped != 0; });
+  job.pass();
+  EXPECT_FALSE(rig.engine.saved_tensor_hooks_wanted()) << "the governor's unpaged passes serve nothing";
+  EXPECT_GT(job.forwards_unhooked, 0);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_base_ns != 0; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  EXPECT_TRUE(rig.engine.saved_tensor_hooks_wanted());
+  const int hooked = job.forwards_hooked;
+  job.pass();
+  EXPECT_EQ(job.forwards_hooked, hooked + 1);
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "the choice pages again";
+  expect_every_read_right(rig);
+}
+
+TEST(AutoMode, APolicysRulesWantTheSavedTensorHooksInEveryForward) {
+  // Rules select modules anywhere, in every pass: the hooks never come off.
+  Options options = testing::small_offload_options();
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 0; pass < 4; ++pass) job.pass();
+  EXPECT_TRUE(rig.engine.saved_tensor_hooks_wanted());
+  EXPECT_EQ(job.forwards_unhooked, 0);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, TheGovernorCutsTheSameWhenTheWatchedPassPagedSome) {
   // Pass 2 pages layer 0 while watching (actpage's own start-up in it): the governor's reference is
   // the unpaged passes after the whole choice's, not it: the same cut.
@@ -343,6 +377,11 @@ TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
   const std::vector<std::string> summary = rig.engine.summary();
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_NE(summary[0].find("(+20.0%, allowed +3.0%): paging ended at the job's pass "), std::string::npos) << summary[0];
+  // Nothing can be served any more: the saved-tensor hooks would only cost the job time.
+  EXPECT_FALSE(rig.engine.saved_tensor_hooks_wanted());
+  const int unhooked = job.forwards_unhooked;
+  job.pass();
+  EXPECT_EQ(job.forwards_unhooked, unhooked + 1);
   // The passes after it still count (nothing served tells a forward's start): their peak is said.
   EXPECT_TRUE(std::regex_search(summary[0], std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes [0-9]+-[0-9]+)")))
       << summary[0];

@@ -71,6 +71,9 @@ class LayerJob {
     acts_.clear();
     outputs_.clear();
     forward_pass::begin();  // the Python hooks announce each outermost forward call
+    // ... and ask whether this forward wants the saved-tensor hooks: without, nothing packs.
+    hooks_on_ = rig_.engine.saved_tensor_hooks_wanted();
+    ++(hooks_on_ ? forwards_hooked : forwards_unhooked);
     job_.push("model");
     Tensor previous = job_.allocate(kBytes);  // the embedding's output, under no layer
     job_.write(previous);
@@ -79,7 +82,7 @@ class LayerJob {
       const std::string name = "model.layers." + std::to_string(layer);
       job_.push(name);
       job_.push(name + ".mlp");
-      if (!no_grad) rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
+      if (!no_grad && hooks_on_) rig_.engine.tensor_saved(previous.va);  // the mlp saves its input: the last layer's output
       job_.check(previous);
       if (extra_allocation) {
         // One more temporary than in the watched passes: every later ordinal of this module shifts.
@@ -90,7 +93,7 @@ class LayerJob {
       const Tensor act = job_.allocate(kBytes);
       job_.write(act);
       if (layer == 0 && during_forward) during_forward();
-      if (!no_grad) rig_.engine.tensor_saved(act.va);
+      if (!no_grad && hooks_on_) rig_.engine.tensor_saved(act.va);
       const Tensor temporary = job_.allocate(kBytes);
       job_.write(temporary);
       job_.free(temporary);
@@ -107,7 +110,7 @@ class LayerJob {
       previous = output;
     }
     job_.push("model.head");
-    if (!no_grad) rig_.engine.tensor_saved(previous.va);
+    if (!no_grad && hooks_on_) rig_.engine.tensor_saved(previous.va);
     job_.check(previous);
     job_.pop();
     job_.pop();
@@ -156,18 +159,23 @@ class LayerJob {
   // Layer i's activation, and its output, apart (the last pass).
   const std::vector<bool>& act_owned() const { return act_owned_; }
   const std::vector<bool>& output_owned() const { return output_owned_; }
+  // The forwards the saved-tensor hooks were on and off in (saved_tensor_hooks_wanted()).
+  int forwards_hooked = 0;
+  int forwards_unhooked = 0;
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
 
  private:
   void read(const Tensor& tensor) {
-    if (rig_.engine.tensor_unpacking(tensor.va)) rig_.engine.tensor_wait(tensor.va, rig_.stream);
+    // Backward unpacks only what its forward packed: nothing when the hooks were off in it.
+    if (hooks_on_ && rig_.engine.tensor_unpacking(tensor.va)) rig_.engine.tensor_wait(tensor.va, rig_.stream);
     job_.check(tensor);
   }
 
   Rig& rig_;
   testing::SimJob& job_;
+  bool hooks_on_ = true;  // this pass's forward asked for the saved-tensor hooks and got them
   Tensor embedding_;
   std::vector<Tensor> acts_;
   std::vector<Tensor> outputs_;
