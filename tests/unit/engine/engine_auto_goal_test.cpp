@@ -57,13 +57,10 @@ TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
     EXPECT_EQ(job.output_owned()[layer], layer < 2) << "layer " << layer;
   }
   EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 5 * kBytes);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("auto (device memory <= 91 MiB): paged model.layers.0-1 and the first 1 of 2 saved "
-                            "tensors of model.layers.2"),
-            std::string::npos)
-      << summary[0];
-  EXPECT_EQ(summary[0].find("misses"), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "auto (device memory <= 91 MiB): paged model.layers.0-1 and the first 1 of 2 saved "
+                       "tensors of model.layers.2");
+  EXPECT_EQ(summary.find("misses"), std::string::npos) << summary;
   expect_every_read_right(rig);
 }
 
@@ -135,12 +132,9 @@ TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
   EXPECT_EQ(stats.auto_bytes_paged, 5 * kBytes) << "raised again while within the target";
   EXPECT_LE(stats.auto_used_paged_bytes, options.auto_device_memory);
   EXPECT_GT(stats.auto_used_paged_bytes, 0u);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("; raised to " + format_bytes(stats.auto_bytes_paged) + " a pass from the job's pass"),
-            std::string::npos)
-      << summary[0];
-  EXPECT_NE(summary[0].find(", within the target"), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "; raised to " + format_bytes(stats.auto_bytes_paged) + " a pass from the job's pass");
+  EXPECT_SAYS(summary, ", within the target");
   expect_every_read_right(rig);
 }
 
@@ -163,25 +157,22 @@ TEST(AutoMode, ADeviceMemoryTargetMetWhereBackwardBeginsSaysThePeakIsElsewhere) 
   const EngineStats stats = rig.engine.stats();
   ASSERT_GT(stats.auto_used_paged_bytes, 0u);
   ASSERT_LE(stats.auto_used_paged_bytes, options.auto_device_memory) << "the simulated job is too large for this test";
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find(", over the target by " + format_bytes(stats.auto_peak_paged_bytes - 91 * kMiB) +
-                            ", but within it where backward begins (" + format_bytes(stats.auto_used_paged_bytes) +
-                            "): the step's peak is elsewhere"),
-            std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, ", over the target by " + format_bytes(stats.auto_peak_paged_bytes - 91 * kMiB) +
+                       ", but within it where backward begins (" + format_bytes(stats.auto_used_paged_bytes) +
+                       "): the step's peak is elsewhere");
   EXPECT_EQ(stats.auto_bytes_paged, stats.auto_bytes_chosen) << "a peak elsewhere takes nothing more";
   // And where it came: after the paged pass's backward, before the next forward, the pool's use.
   // (Which of backward's markers the GPU had passed then depends on the clock worker's speed.)
   const std::string paged_place = "; the paged passes' with the GPU ";
-  const std::size_t at = summary[0].find(paged_place);
-  ASSERT_NE(at, std::string::npos) << summary[0];
-  EXPECT_NE(summary[0].find(", the host in backward; the job's pool " + format_bytes(kOptimizerPool) + ", " +
-                                format_bytes(kOptimizerPool) + " in use",
-                            at),
+  const std::size_t at = summary.find(paged_place);
+  ASSERT_NE(at, std::string::npos) << summary;
+  EXPECT_NE(summary.find(", the host in backward; the job's pool " + format_bytes(kOptimizerPool) + ", " +
+                             format_bytes(kOptimizerPool) + " in use",
+                         at),
             std::string::npos)
-      << summary[0];
-  EXPECT_NE(summary[0].find("; the peak of passes 1-2 came with the GPU "), std::string::npos) << summary[0];
+      << summary;  // after the paged peak's place, not the watched one's
+  EXPECT_SAYS(summary, "; the peak of passes 1-2 came with the GPU ");
   expect_every_read_right(rig);
 }
 
@@ -197,11 +188,8 @@ TEST(AutoMode, ADeviceMemoryTargetOutOfReachPagesAllButTheLastAndSaysByHowMuch) 
   const std::uint64_t movable = (kLayers - 1) * 2 * kBytes;
   ASSERT_GT(needed, movable) << "the simulated job is too small for this test";
   EXPECT_EQ(rig.engine.auto_chosen().size(), static_cast<std::size_t>(kLayers - 1));
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("offloading cannot reach the target: it misses it by " + format_bytes(needed - movable)),
-            std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "offloading cannot reach the target: it misses it by " + format_bytes(needed - movable));
   expect_every_read_right(rig);
 }
 
@@ -245,12 +233,9 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleMoreThanTheAllowanceItPagesLess) {
   EXPECT_EQ(stats.auto_cycle_whole_ns, 1'060'000'000u);
   EXPECT_GT(stats.auto_key_capped, 0u);
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("paged passes' cycle 1060.0 ms against 1000.0 ms unpaged (+6.0%, allowed +3.0%): "
-                            "cut to 4 MiB a pass from the job's pass "),
-            std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "paged passes' cycle 1060.0 ms against 1000.0 ms unpaged (+6.0%, allowed +3.0%): "
+                       "cut to 4 MiB a pass from the job's pass ");
 }
 
 TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAfterTheUnpagedPasses) {
@@ -269,19 +254,16 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAft
   EXPECT_EQ(stats.auto_cycle_base_ns, 1'000'000'000u);
   EXPECT_EQ(stats.auto_cycle_whole_ns, 1'020'000'000u);
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("; paged passes' cycle 1020.0 ms against 1000.0 ms unpaged (+2.0%, allowed +3.0%)"),
-            std::string::npos)
-      << summary[0];
-  EXPECT_EQ(summary[0].find("cut to"), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "; paged passes' cycle 1020.0 ms against 1000.0 ms unpaged (+2.0%, allowed +3.0%)");
+  EXPECT_EQ(summary.find("cut to"), std::string::npos) << summary;
   // The paged peak is the whole choice's again, not the unpaged passes': counted from after their
   // end (the first paged pass is 3, the unpaged ones begin after pass 6 at the earliest and end
   // after pass 10).
   std::smatch paged_passes;
-  ASSERT_TRUE(std::regex_search(summary[0], paged_passes, std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes ([0-9]+)-)")))
-      << summary[0];
-  EXPECT_GT(std::stoi(paged_passes[1].str()), 10) << summary[0];
+  ASSERT_TRUE(std::regex_search(summary, paged_passes, std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes ([0-9]+)-)")))
+      << summary;
+  EXPECT_GT(std::stoi(paged_passes[1].str()), 10) << summary;
 }
 
 TEST(AutoMode, TheSavedTensorHooksAreWantedInEveryForwardThatCanServeAndInNoOther) {
@@ -352,12 +334,9 @@ TEST(AutoMode, WhereTheDeviceHasNoRoomForTheUnpagedPassesTheChoiceStaysPagedUnju
   EXPECT_EQ(stats.auto_bytes_paged, 12 * kMiB);
   EXPECT_EQ(stats.auto_key_capped, 0u) << "nothing left to the job's allocator";
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("paged passes' cycle 1060.0 ms, not judged: the device has no room for the job's "
-                            "unpaged passes"),
-            std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "paged passes' cycle 1060.0 ms, not judged: the device has no room for the job's "
+                       "unpaged passes");
 }
 
 TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
@@ -374,17 +353,16 @@ TEST(AutoMode, APagingCostThatDoesNotFallWithTheBytesEndsPaging) {
   EXPECT_EQ(stats.auto_sheds, 1u);
   EXPECT_EQ(stats.auto_bytes_paged, 0u);
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("(+20.0%, allowed +3.0%): paging ended at the job's pass "), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "(+20.0%, allowed +3.0%): paging ended at the job's pass ");
   // Nothing can be served any more: the saved-tensor hooks would only cost the job time.
   EXPECT_FALSE(rig.engine.saved_tensor_hooks_wanted());
   const int unhooked = job.forwards_unhooked;
   job.pass();
   EXPECT_EQ(job.forwards_unhooked, unhooked + 1);
   // The passes after it still count (nothing served tells a forward's start): their peak is said.
-  EXPECT_TRUE(std::regex_search(summary[0], std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes [0-9]+-[0-9]+)")))
-      << summary[0];
+  EXPECT_TRUE(std::regex_search(summary, std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes [0-9]+-[0-9]+)")))
+      << summary;
   // The range cache gives its pages back: nothing will ask for them again.
   rig.engine.quiesce();
   rig.device.synchronize();

@@ -59,6 +59,17 @@ struct Rig : testing::EngineRig {
   }
 };
 
+// Auto mode's end-of-run summary, which must be one line: that line ("" after a failure).
+inline std::string summary_line(Rig& rig) {
+  const std::vector<std::string> summary = rig.engine.summary();
+  EXPECT_EQ(summary.size(), 1u);
+  return summary.size() == 1 ? summary.front() : std::string();
+}
+
+// That `line` (a summary) says `text`; the line and the text are shown when it does not.
+#define EXPECT_SAYS(line, text) \
+  EXPECT_NE((line).find(text), std::string::npos) << (line) << "\nexpected: " << (text)
+
 // A model of kLayers layers ("model.layers.<i>"): each layer's mlp saves its activation and makes
 // a temporary it frees; the layer's output is saved by the next layer's mlp (and by the head for
 // the last), whose residual add reads it once more at the layer's end.

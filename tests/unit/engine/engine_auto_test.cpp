@@ -70,10 +70,8 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
   EXPECT_GT(stats.auto_used_unpaged_bytes, 0u);
   EXPECT_GT(stats.auto_used_paged_bytes, 0u);
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("auto (near-free): paged model.layers.0-2 (12 MiB a pass"), std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "auto (near-free): paged model.layers.0-2 (12 MiB a pass");
 }
 
 TEST(AutoMode, AJobWhoseLayersNeverShowIsToldAutoModePagedNothingAndWhy) {
@@ -93,10 +91,9 @@ TEST(AutoMode, AJobWhoseLayersNeverShowIsToldAutoModePagedNothingAndWhy) {
   }
   rig.engine.quiesce();
   rig.device.synchronize();
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_EQ(summary[0].rfind("auto (near-free): paged nothing: no layer ran under actpage's module hooks", 0), 0u)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_EQ(summary.rfind("auto (near-free): paged nothing: no layer ran under actpage's module hooks", 0), 0u)
+      << summary;
   EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
   EXPECT_EQ(rig.job->mismatches(), 0u);
 }
@@ -180,9 +177,8 @@ TEST(AutoMode, PagingWhileWatchingPagesTheEarliestLayersFromPassOneWithinThePrea
   EXPECT_EQ(stats.iterations, 4u) << "each pass an iteration of the groups";
   EXPECT_EQ(stats.host_pool_misses, 0u);
   expect_every_read_right(rig);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("watched, 8 MiB paged (passes 1-2)"), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "watched, 8 MiB paged (passes 1-2)");
 }
 
 TEST(AutoMode, PagingWhileWatchingLeavesWhatRulesProtectAndPassTwoTheLastLayer) {
@@ -224,9 +220,8 @@ TEST(AutoMode, AWatchedPassesPagedLayersDoNotSetTheForwardTime) {
   job.pass();
   job.pass();
   const EngineStats stats = rig.engine.stats();
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  const std::string& line = summary[0];
+  const std::string summary = summary_line(rig);
+  const std::string& line = summary;
   const std::size_t at = line.find(" ms measured, its paged layers at the others' median");
   ASSERT_NE(at, std::string::npos) << line;
   const std::size_t begin = line.rfind(' ', at - 1) + 1;
@@ -259,11 +254,10 @@ TEST(AutoMode, TheEndOfRunLineSaysThePeaksTheSamplesSaw) {
   const EngineStats stats = rig.engine.stats();
   EXPECT_LT(stats.auto_peak_paged_bytes, kWatchedPool) << "the paged passes' samples count apart";
   EXPECT_GE(stats.auto_peak_paged_bytes, kPagedPool);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
+  const std::string summary = summary_line(rig);
   const std::string expected = "; peak device memory in use " + format_bytes(stats.auto_peak_watched_bytes) +
                                " unpaged (passes 1-2) -> " + format_bytes(stats.auto_peak_paged_bytes) + " (passes 3-";
-  EXPECT_NE(summary[0].find(expected), std::string::npos) << summary[0] << "\nexpected: " << expected;
+  EXPECT_SAYS(summary, expected);
 }
 
 // An evaluation's forward (no pack, no backward) between the watched passes: what it showed is
@@ -336,11 +330,8 @@ TEST(AutoMode, TheBudgetsRestPagesTheFirstSavedTensorsOfTheNextLayer) {
     EXPECT_EQ(job.act_owned()[layer], layer <= 1) << "layer " << layer;
     EXPECT_EQ(job.output_owned()[layer], layer == 0) << "layer " << layer;
   }
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("paged model.layers.0 and the first 1 of 2 saved tensors of model.layers.1 (6 MiB a pass"),
-            std::string::npos)
-      << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "paged model.layers.0 and the first 1 of 2 saved tensors of model.layers.1 (6 MiB a pass");
   expect_every_read_right(rig);
 }
 
@@ -444,9 +435,8 @@ TEST(AutoMode, NothingFitsPagesNothing) {
   EXPECT_TRUE(rig.engine.auto_chosen().empty());
   EXPECT_FALSE(rig.engine.wants_pass_through_addresses()) << "decided: observation ended";
   EXPECT_EQ(rig.engine.stats().allocations_served, 0u);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("paged nothing"), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "paged nothing");
   expect_every_read_right(rig);
 }
 
@@ -488,10 +478,9 @@ TEST(AutoMode, ThePagedForwardsGpuTimeIsMeasuredAndSaidBesideTheUnpagedOne) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_GT(rig.engine.stats().auto_forward_gpu_paged_ns, 0u);
-  const std::vector<std::string> summary = rig.engine.summary();
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_NE(summary[0].find("; forward's GPU time 1000.0 ms (pass 2, unpaged) -> "), std::string::npos) << summary[0];
-  EXPECT_NE(summary[0].find(" paged passes, "), std::string::npos) << summary[0];
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "; forward's GPU time 1000.0 ms (pass 2, unpaged) -> ");
+  EXPECT_SAYS(summary, " paged passes, ");
   expect_every_read_right(rig);
 }
 
