@@ -148,6 +148,8 @@ bool Engine::saved_tensor_hooks_installed() noexcept {
 }
 
 bool Engine::saved_tensor_hooks_wanted() noexcept {
+  // A policy's rules select modules in every pass: no device's lock to take at each forward.
+  if (!auto_mode_) return true;
   // One set of hooks serves every device: wanted while any device's engine may serve.
   bool wanted = false;
   bool any = false;
