@@ -271,6 +271,7 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "auto_sheds",
                    "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_whole_ns", "auto_budget_bytes",
                    "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes",
+                   "auto_peak_unpaged_bytes",
                    # what became of the saved tensors' release points (a job's own checkpointing)
                    "offloads_cancelled", "release_points_moved", "released_unreferenced")
 
@@ -566,7 +567,7 @@ def format_engine_table(rows):
               "pass cycle GPU ms unpaged -> paged (judged)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
               "job thread in actpage, ms a pass (allocating; of that, paged passes' starts [their job pool marks])",
-              "its peaks MiB, passes 1-2 -> paged (measured: whole run, after warm-up)"]
+              "its peaks MiB, unpaged (the governor's passes, else 1-2) -> paged (measured: whole run, after warm-up)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
 
     def ms(value):
@@ -607,7 +608,8 @@ def format_engine_table(rows):
             _cell(c.get("job_thread_vmm_calls"), "%d"),
             "%s (%s; %s [%s])" % (ms(per_pass(c, "job_thread_ns")), ms(per_pass(c, "job_thread_allocate_ns")),
                                   ms(per_pass(c, "job_thread_pass_start_ns")), ms(per_pass(c, "job_thread_pool_mark_ns"))),
-            "%s -> %s (%s, %s)" % (mib(c.get("auto_peak_watched_bytes")), mib(c.get("auto_peak_paged_bytes")),
+            "%s -> %s (%s, %s)" % (mib(c.get("auto_peak_unpaged_bytes") or c.get("auto_peak_watched_bytes")),
+                                   mib(c.get("auto_peak_paged_bytes")),
                                    _cell(row.get("device_used_peak_mib"), "%.0f"),
                                    _cell(row.get("device_used_steady_peak_mib"), "%.0f")),
         ]

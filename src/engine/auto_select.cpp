@@ -310,6 +310,14 @@ bool AutoSelect::room_for_unpaged() const {
 }
 
 void AutoSelect::cap_switched() {
+  if (capped() && capped_bytes_ == 0 && peak_paged_ != 0) {
+    // The passes that ran with nothing paged were the job's own: their peak is what paging is
+    // measured against in the end-of-run line.
+    peak_unpaged_ = peak_paged_;
+    peak_unpaged_place_ = peak_paged_place_;
+    unpaged_first_pass_ = reported_pass_;
+    unpaged_last_pass_ = std::max(last_paged_pass_, reported_pass_);
+  }
   ++generation_;
   cap_pass_ = pass_;
   // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
@@ -702,7 +710,7 @@ PeakPlace AutoSelect::place_now(std::uint64_t used_bytes) const {
 
 void AutoSelect::peak_pool_read(std::uint64_t used_bytes, const PoolUsage& pool) {
   // Only for the peak it was read for: a higher one may have come meanwhile (the lock was released).
-  for (PeakPlace* place : {&peak_watched_place_, &peak_paged_place_}) {
+  for (PeakPlace* place : {&peak_watched_place_, &peak_paged_place_, &peak_unpaged_place_}) {
     if (place->used_bytes == used_bytes && !place->pool) place->pool = pool;
   }
 }

@@ -298,8 +298,14 @@ class AutoSelect {
   // passes from reported_pass_'s backward on.
   std::uint64_t peak_watched_ = 0;
   std::uint64_t peak_paged_ = 0;
-  PeakPlace peak_watched_place_;  // where each of the two peaks came
+  PeakPlace peak_watched_place_;  // where each of the peaks came
   PeakPlace peak_paged_place_;
+  // The governor's unpaged passes' peak (the job's own, in this process, in its steady state), kept
+  // when the cap rises from nothing again (cap_switched), and those passes.
+  std::uint64_t peak_unpaged_ = 0;
+  PeakPlace peak_unpaged_place_;
+  std::uint64_t unpaged_first_pass_ = 0;
+  std::uint64_t unpaged_last_pass_ = 0;
   PeakPlace place_now(std::uint64_t used_bytes) const;
   // The paged figures (device memory in use) count from this pass's backward on: the first paged
   // pass's, then the second after each change of the governor's cap (its switch's pass carries it).

@@ -82,6 +82,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_used_paged_bytes = used_paged_;
   stats.auto_peak_watched_bytes = peak_watched_;
   stats.auto_peak_paged_bytes = peak_paged_;
+  stats.auto_peak_unpaged_bytes = peak_unpaged_;
   stats.auto_bytes_paged = capped() ? capped_bytes_ : chosen_bytes_;
   if (governor_) {
     stats.auto_sheds = governor_->sheds();
@@ -117,13 +118,20 @@ std::optional<std::string> AutoSelect::summary() const {
   // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else
   // the readings at backward's start.
   const bool sampled = peak_watched_ != 0 && peak_paged_ != 0;
-  const std::uint64_t before = sampled ? peak_watched_ : used_unpaged_;
+  // Against the governor's unpaged passes where it ran some (the job's own, in its steady state:
+  // passes 1-2 may page while watching, and the job's pool may not have grown to its size yet).
+  const bool against_unpaged = sampled && peak_unpaged_ != 0;
+  const std::uint64_t before = against_unpaged ? peak_unpaged_ : sampled ? peak_watched_ : used_unpaged_;
   const std::uint64_t after = sampled ? peak_paged_ : used_paged_;
   // The passes whose backward the GPU began (pass_ runs one ahead in backward: not the label).
   const std::uint64_t last_pass = std::max(last_paged_pass_, reported_pass_);
+  const std::string before_passes =
+      against_unpaged ? std::to_string(unpaged_first_pass_) + "-" + std::to_string(unpaged_last_pass_)
+                      : "1-" + std::to_string(kObservedPasses);
   if (before != 0) {
     line += std::string(sampled ? "; peak device memory in use " : "; device memory in use at backward's start: ") +
-            format_bytes(before) + " " + watched_text() + " (passes 1-" + std::to_string(kObservedPasses) + ")";
+            format_bytes(before) + " " + (against_unpaged ? std::string("unpaged") : watched_text()) + " (passes " +
+            before_passes + ")";
     if (after != 0) {
       line += " -> " + format_bytes(after) + " (passes " + std::to_string(reported_pass_) + "-" +
               std::to_string(last_pass) + ", " + (after <= before ? "-" : "+") +
@@ -140,8 +148,8 @@ std::optional<std::string> AutoSelect::summary() const {
     }
     if (sampled) {
       // Where each peak came: what of the step paging could lower there.
-      line += "; the peak of passes 1-" + std::to_string(kObservedPasses) + " came with " +
-              peak_place_text(peak_watched_place_);
+      line += "; the peak of passes " + before_passes + " came with " +
+              peak_place_text(against_unpaged ? peak_unpaged_place_ : peak_watched_place_);
       if (after != 0) line += "; the paged passes' with " + peak_place_text(peak_paged_place_);
     }
   }

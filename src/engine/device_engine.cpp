@@ -502,44 +502,47 @@ void DeviceEngine::sample_memory() {
   // for auto mode's peaks.
   if (Status status = core_.device.bind_thread(); !status.ok()) return;
   const auto interval = std::chrono::milliseconds(options_.front.trace_sample_ms);
-  const bool for_auto = auto_.on();
   std::unique_lock<std::mutex> lock(core_.mutex);
   while (!core_.stopping) {
     lock.unlock();
-    // Paused with the hooks' records (trace::set_recording): a driver call every few ms on a
-    // thread of its own is part of what an in-process comparison must see come and go.
-    const bool for_trace = EngineEvents::tracing() && EngineEvents::sampling();
-    if (for_auto || for_trace) {
-      Result<MemInfo> info = core_.device.mem_info();
-      std::optional<PoolUsage> job_pool;
-      if (info.ok() && for_auto) {
-        const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
-        std::unique_lock<std::mutex> peaks(core_.mutex);
-        if (auto_.memory_sampled(used, info->total_bytes)) {
-          // A new peak: the job's pool with it (what of the peak is the pool's reserve, and its use).
-          peaks.unlock();
-          if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
-          peaks.lock();
-          if (job_pool) auto_.peak_pool_read(used, *job_pool);
-        }
-      }
-      if (info.ok() && for_trace) {
-        if (!job_pool) {
-          if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
-        }
-        std::uint64_t resident = 0;
-        std::uint64_t cached = 0;
-        {
-          std::lock_guard<std::mutex> counts(core_.mutex);
-          resident =
-              core_.stats.live_owned_bytes - std::min(core_.stats.live_owned_bytes, core_.stats.offloaded_bytes_now);
-          cached = space_.cached_bytes();
-        }
-        core_.events.memory_sampled(*info, job_pool, resident, cached);
-      }
-    }
+    sample_memory_now();
     lock.lock();
     core_.sampler_cv.wait_for(lock, interval, [&] { return core_.stopping; });
+  }
+}
+
+void DeviceEngine::sample_memory_now() {
+  // Paused with the hooks' records (trace::set_recording): a driver call every few ms on a thread of
+  // its own is part of what an in-process comparison must see come and go.
+  const bool for_auto = auto_.on();
+  const bool for_trace = EngineEvents::tracing() && EngineEvents::sampling();
+  if (!for_auto && !for_trace) return;
+  Result<MemInfo> info = core_.device.mem_info();
+  if (!info.ok()) return;
+  std::optional<PoolUsage> job_pool;
+  if (for_auto) {
+    const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
+    std::unique_lock<std::mutex> peaks(core_.mutex);
+    if (auto_.memory_sampled(used, info->total_bytes)) {
+      // A new peak: the job's pool with it (what of the peak is the pool's reserve, and its use).
+      peaks.unlock();
+      if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
+      peaks.lock();
+      if (job_pool) auto_.peak_pool_read(used, *job_pool);
+    }
+  }
+  if (for_trace) {
+    if (!job_pool) {
+      if (auto pool = core_.device.job_pool_usage(); pool.ok()) job_pool = *pool;
+    }
+    std::uint64_t resident = 0;
+    std::uint64_t cached = 0;
+    {
+      std::lock_guard<std::mutex> counts(core_.mutex);
+      resident = core_.stats.live_owned_bytes - std::min(core_.stats.live_owned_bytes, core_.stats.offloaded_bytes_now);
+      cached = space_.cached_bytes();
+    }
+    core_.events.memory_sampled(*info, job_pool, resident, cached);
   }
 }
 

@@ -116,6 +116,9 @@ class DeviceEngine {
 
   // Blocks until no copy is queued or in flight (tests, replay).
   void quiesce();
+  // One sample of device memory in use, as the sampler thread takes every trace.sample_ms (auto
+  // mode's peaks, the trace); tests take one where they need it. Without the engine's lock.
+  void sample_memory_now();
   // Replay: wait for pinned memory being prepared instead of leaving the activation resident.
   void set_wait_for_host_memory(bool wait) { core_.wait_for_host_memory = wait; }
   // Replay, before start(): run the workers and the job's calls one at a time, in an order fixed

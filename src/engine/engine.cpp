@@ -338,6 +338,10 @@ void Engine::quiesce() {
   for_each_device([](DeviceEngine& engine) { engine.quiesce(); });
 }
 
+void Engine::sample_memory_now() {
+  for_each_device([](DeviceEngine& engine) { engine.sample_memory_now(); });
+}
+
 void Engine::shutdown() {
   for_each_device([](DeviceEngine& engine) { engine.shutdown(); });
 }

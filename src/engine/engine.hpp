@@ -66,6 +66,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
 
   // Waits until every queued or in-flight copy on every device is done (tests, replay).
   void quiesce();
+  // Tests: one sample of device memory in use on every device, as the sampler takes them.
+  void sample_memory_now();
   // Stops the workers and gives every resource back (tests, replay). Not run at process exit.
   void shutdown();
   EngineStats stats() const;  // summed over devices

@@ -116,7 +116,9 @@ namespace actpage::engine {
 //     device memory in use (cudaMemGetInfo) where the GPU began backward: the observed passes'
 //     (unpaged, or watched) and the most of the paged passes'; auto_peak_watched_bytes /
 //     auto_peak_paged_bytes: the most device memory in use the sampler saw before the decision / in
-//     the paged passes after the first's forward; auto_key_candidates / auto_key_passed: allocations
+//     the paged passes after the first's forward (after the governor's last change);
+//     auto_peak_unpaged_bytes: the same in the governor's unpaged passes (the job's own), once the
+//     cap rose from nothing after them; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp); auto_bytes_paged: what is paged a pass after the
 //     governor's sheds (auto_sheds; NearFreeGovernor) or the device-memory goal's raises (it
@@ -214,6 +216,7 @@ namespace actpage::engine {
   X(auto_used_paged_bytes) \
   X(auto_peak_watched_bytes) \
   X(auto_peak_paged_bytes) \
+  X(auto_peak_unpaged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \
   X(auto_bytes_paged) \

@@ -266,6 +266,51 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAft
   EXPECT_GT(std::stoi(paged_passes[1].str()), 10) << summary;
 }
 
+// The end-of-run line measures paging against the governor's unpaged passes where it ran some: the
+// job's own passes in this process, in their steady state (passes 1-2 may page while watching, and
+// the job's pool has not always grown to its size by then; gpu_bound_llama's line said +820 MiB
+// against them where the unpaged passes' peak was 0.9 GiB above the paged ones'). The job's pool
+// (set) holds 400 MiB in the unpaged passes and 40 MiB in the others; a sample after each pass.
+TEST(AutoMode, TheEndOfRunLineMeasuresPagingAgainstTheGovernorsUnpagedPasses) {
+  constexpr std::uint64_t kUnpagedPool = 400 * kMiB;
+  constexpr std::uint64_t kPagedPool = 40 * kMiB;
+  Rig rig(auto_options(), governed(0.02));
+  LayerJob job(rig);
+  rig.device.set_job_pool(kPagedPool, kPagedPool);
+  int passes = 0;
+  auto pass = [&] {
+    job.pass();
+    ++passes;
+    rig.engine.sample_memory_now();
+  };
+  while (passes < 60 && rig.engine.stats().auto_key_capped == 0) pass();
+  rig.device.set_job_pool(kUnpagedPool, kUnpagedPool);
+  // Until the cap rises from nothing again: then the unpaged passes' peak is kept.
+  while (passes < 60 && rig.engine.stats().auto_peak_unpaged_bytes == 0) pass();
+  rig.device.set_job_pool(kPagedPool, kPagedPool);
+  for (int more = 0; more < 4; ++more) pass();
+  expect_every_read_right(rig);
+  rig.engine.shutdown();  // no sample after this: the line and the stats say the same peaks
+  const EngineStats stats = rig.engine.stats();
+  ASSERT_GE(stats.auto_peak_unpaged_bytes, kUnpagedPool);
+  EXPECT_GE(stats.auto_peak_paged_bytes, kPagedPool);
+  EXPECT_LT(stats.auto_peak_paged_bytes, kUnpagedPool) << "the paged passes' samples count apart";
+  const std::string summary = summary_line(rig);
+  std::smatch peaks;
+  ASSERT_TRUE(std::regex_search(summary, peaks,
+                                std::regex(R"(; peak device memory in use ([0-9.]+ [KMG]?i?B) unpaged \(passes ([0-9]+)-([0-9]+)\) -> )"
+                                           R"(([0-9.]+ [KMG]?i?B) \(passes ([0-9]+)-)")))
+      << summary;
+  EXPECT_EQ(peaks[1].str(), format_bytes(stats.auto_peak_unpaged_bytes));
+  EXPECT_EQ(peaks[4].str(), format_bytes(stats.auto_peak_paged_bytes));
+  const int first_unpaged = std::stoi(peaks[2].str());
+  const int last_unpaged = std::stoi(peaks[3].str());
+  EXPECT_GT(first_unpaged, 2) << summary;
+  EXPECT_LE(first_unpaged, last_unpaged) << summary;
+  EXPECT_LT(last_unpaged, std::stoi(peaks[5].str())) << summary;
+  EXPECT_SAYS(summary, "; the peak of passes " + peaks[2].str() + "-" + peaks[3].str() + " came with ");
+}
+
 TEST(AutoMode, TheSavedTensorHooksAreWantedInEveryForwardThatCanServeAndInNoOther) {
   // Watched passes: wanted (they learn what autograd saves). The governor's unpaged passes (cap 0):
   // not. The whole choice again after them: wanted. Every read right, with packs and unpacks only
