@@ -310,7 +310,7 @@ bool AutoSelect::room_for_unpaged() const {
 }
 
 void AutoSelect::cap_switched() {
-  if (capped() && capped_bytes_ == 0 && peak_paged_ != 0) {
+  if (serves_nothing() && peak_paged_ != 0) {
     // The passes that ran with nothing paged were the job's own: their peak is what paging is
     // measured against in the end-of-run line.
     peak_unpaged_ = peak_paged_;

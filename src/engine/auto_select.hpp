@@ -194,7 +194,7 @@ class AutoSelect {
   bool wants_saved_hooks() const {
     if (!on_) return true;
     if (phase_ == Phase::done) return false;
-    return !(capped() && capped_bytes_ == 0);
+    return !serves_nothing();
   }
   // Whether the observed passes page (auto_pages_while_watching) and the decision is still to come.
   bool watching_paged() const { return on_ && options_.watch_bytes != 0 && !decided_ && phase_ != Phase::done; }
@@ -342,6 +342,8 @@ class AutoSelect {
   std::uint64_t last_start_ns_ = 0;
   std::uint32_t generation_ = 0;  // the cap's: one more at each change
   bool capped() const { return generation_ != 0; }
+  // The governor's cap lets nothing be served: its unpaged passes, or paging ended.
+  bool serves_nothing() const { return capped() && capped_bytes_ == 0; }
   std::uint64_t cap_pass_ = 0;  // the host's pass when the cap last changed
   std::uint64_t capped_bytes_ = 0;  // the allowed keys' bytes a pass
   std::unordered_set<std::uint64_t> allowed_keys_;
