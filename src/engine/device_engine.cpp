@@ -245,6 +245,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
     // The layers are done; the head and the loss come next, and the job's pool with them grows to
     // the step's peak: what is still being copied would count there.
     if (options_.front.drain_at_layers_end) offload_.wait_for_backlog(lock, 0);
+    if (options_.front.drain_while_gpu_behind) drain_while_gpu_behind(lock);
     // Or one step later, where backward begins: the head's forward and the loss run meanwhile.
     if (options_.front.drain_at_backward_start) groups_.arm_backward_drain(thread);
   }
@@ -254,6 +255,17 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   if (sealed && options_.front.offload_backlog_bytes > 0) {
     offload_.wait_for_backlog(lock, options_.front.offload_backlog_bytes);
   }
+}
+
+void DeviceEngine::drain_while_gpu_behind(std::unique_lock<std::mutex>& lock) {
+  if (offload_.backlog_bytes() == 0) return;
+  // Where the layers end on the GPU: once it is there, its queue holds nothing of the job's beyond
+  // this point, and a longer wait would leave it idle. Not recorded (a replay, a stream being
+  // captured): the GPU counts as here, and nothing waits.
+  const std::uint64_t layers_end = clock_.mark(std::nullopt, /*backward_begins=*/false, /*point=*/true);
+  if (layers_end == 0) return;
+  const bool waited = offload_.wait_for_backlog(lock, 0, [&] { return clock_.reached(layers_end); });
+  if (waited && offload_.backlog_bytes() != 0) ++core_.stats.drains_ended_by_gpu;
 }
 
 void DeviceEngine::drain_at_backward_start() {

@@ -174,6 +174,10 @@ class DeviceEngine {
                          std::unique_lock<std::mutex>& lock);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
+  // Auto mode's near-free goal, on the forward thread where the layers end: waits until every
+  // sealed activation has left the device, or the GPU has caught up with this point, whichever
+  // comes first (FrontOptions::drain_while_gpu_behind).
+  void drain_while_gpu_behind(std::unique_lock<std::mutex>& lock);
   // A marker's groups, let through the reload gate: counted ahead of the GPU for `marker`, asked
   // for (urgent), the groups before them prefetched within the bound, and the job's stream made to
   // wait for their copies (rule 3).

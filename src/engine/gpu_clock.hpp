@@ -105,6 +105,8 @@ class GpuClock {
   // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it
   // waited (the lock was released: look the groups up again).
   bool wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock);
+  // Whether the GPU has reached `marker` (one never recorded, 0, counts as reached).
+  bool reached(std::uint64_t marker) const { return !pending(marker); }
   // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
   bool older_marker_ahead(std::uint64_t marker) const;
   // Whether a backward marker made so far is still ahead of the GPU (auto mode's decision waits

@@ -358,15 +358,16 @@ std::uint64_t OffloadPipeline::backlog_bytes() const {
   return bytes;
 }
 
-void OffloadPipeline::wait_for_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit) {
+bool OffloadPipeline::wait_for_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit,
+                                       const std::function<bool()>& enough) {
   EngineCore& core = parts_.core;
   // The copies this waits for were all issued after release points the job's stream has already
   // been given (sealed groups only), so they finish without the job's thread; its own open groups
   // are not counted. Polled: the states change on several workers.
   auto caught_up = [&] {
-    return core.stopping || parts_.groups.in_backward() || backlog_bytes() <= limit;
+    return core.stopping || parts_.groups.in_backward() || backlog_bytes() <= limit || (enough && enough());
   };
-  if (caught_up()) return;
+  if (caught_up()) return false;
   const std::uint64_t start = monotonic_ns();
   core.work_cv.notify_all();  // give back what is copied now, without waiting for a batch
   ++core.settling;
@@ -382,6 +383,7 @@ void OffloadPipeline::wait_for_backlog(std::unique_lock<std::mutex>& lock, std::
   ++core.stats.backlog_waits;
   core.stats.backlog_wait_ns += waited;
   core.events.waited_for_copies(waited, /*drain=*/limit == 0);
+  return true;
 }
 
 }  // namespace actpage::engine

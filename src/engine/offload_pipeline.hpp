@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 
 #include "actpage/device.hpp"
@@ -78,8 +79,10 @@ class OffloadPipeline {
   // Bytes of selected activations that will leave without the job: queued, copying, or copied and
   // waiting for their window's unmap (offload_backlog_bytes, the drains).
   std::uint64_t backlog_bytes() const;
-  // On the job's thread after a seal: waits while the backlog exceeds `limit` (0: a drain).
-  void wait_for_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit);
+  // On the job's thread after a seal: waits while the backlog exceeds `limit` (0: a drain), and,
+  // when `enough` is given, until it says so (polled with the lock held). Returns whether it waited.
+  bool wait_for_backlog(std::unique_lock<std::mutex>& lock, std::uint64_t limit,
+                        const std::function<bool()>& enough = {});
 
  private:
   // A D2H copy on the copy stream: a chunk of an allocation, with the event after it. They end in

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <regex>
 #include <string>
 #include <thread>
@@ -34,6 +35,16 @@ Options memory_goal_options(std::uint64_t target) {
   Options options = auto_options();
   options.auto_device_memory = target;
   return options;
+}
+
+// Polls until `waiters` job threads wait for the offload copies (a minute at most).
+bool until_waiting(Rig& rig, std::uint64_t waiters) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (rig.engine.stats().backlog_waiters != waiters) {
+    if (std::chrono::steady_clock::now() > limit) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
 }
 
 AutoMeasurements unpaged_reading(std::uint64_t unpaged) {
@@ -82,11 +93,7 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
   const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
   rig.device.hold_copies_to_host();
   std::thread release([&] {
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-    while (rig.engine.stats().backlog_waiters == 0 && std::chrono::steady_clock::now() < limit) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    EXPECT_EQ(rig.engine.stats().backlog_waiters, 1u) << "the job's thread did not wait where the layers end";
+    EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
     rig.device.release_copies_to_host();
   });
   job.forward();
@@ -99,6 +106,78 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
   const EngineStats stats = rig.engine.stats();
   EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
   EXPECT_EQ(stats.offloads_cancelled, 0u);
+  expect_every_read_right(rig);
+}
+
+// Near-free in a job whose host runs ahead of the GPU (a GPU-bound job): the job's pool grows to the
+// step's peak as the host allocates the head, not as the GPU runs it, so the host waits where the
+// layers end ("model"'s end) until the paged layers' pages have left the device. The GPU, held before
+// the head by a kernel of the test, still has work queued meanwhile: the wait costs it nothing. The
+// copies are held until the host is seen waiting, whatever the host's speed.
+TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehind) {
+  Options options = auto_options();
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  Rig rig(options, budget_of(8 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
+  ASSERT_GT(chosen, 0u);
+  const EngineStats before = rig.engine.stats();
+  std::promise<void> gpu_go;
+  std::shared_future<void> go = gpu_go.get_future().share();
+  job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
+  rig.device.hold_copies_to_host();
+  std::thread release([&] {
+    EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
+    EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 0u);
+    rig.device.release_copies_to_host();
+  });
+  job.forward();  // back once every paged byte has left, the GPU still held before the head
+  const EngineStats after_forward = rig.engine.stats();
+  release.join();
+  gpu_go.set_value();
+  EXPECT_EQ(after_forward.offloaded_bytes_now, chosen);
+  EXPECT_EQ(after_forward.backlog_waits, before.backlog_waits + 1);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu);
+  job.backward();
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+  expect_every_read_right(rig);
+}
+
+// The same wait where the GPU keeps up with the host (a job that is not GPU-bound): once the GPU
+// has reached the layers' end its queue holds nothing more of the job's, so the host goes on with
+// the copies still in flight rather than leave it idle. Here the copies stay held until the host is
+// back (a minute at most: then the test fails rather than hangs).
+TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOrNot) {
+  Options options = auto_options();
+  options.vmm_grant_when_idle = false;
+  Rig rig(options, budget_of(8 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
+  ASSERT_GT(chosen, 0u);
+  const EngineStats before = rig.engine.stats();
+  rig.device.hold_copies_to_host();
+  std::promise<void> forward_done;
+  std::thread watchdog([&, done = forward_done.get_future()] {
+    if (done.wait_for(std::chrono::minutes(1)) != std::future_status::ready) {
+      ADD_FAILURE() << "the job's thread waited for held copies with the GPU at the layers' end";
+      rig.device.release_copies_to_host();
+    }
+  });
+  job.forward();
+  const EngineStats after_forward = rig.engine.stats();
+  forward_done.set_value();
+  watchdog.join();
+  rig.device.release_copies_to_host();
+  EXPECT_LT(after_forward.offloaded_bytes_now, chosen);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu + 1);
+  job.backward();
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
   expect_every_read_right(rig);
 }
 

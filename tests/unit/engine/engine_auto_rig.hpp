@@ -120,6 +120,7 @@ class LayerJob {
       output_owned_.push_back(output.owned);
       previous = output;
     }
+    if (before_head) before_head();
     job_.push("model.head");
     if (!no_grad && hooks_on_) rig_.engine.tensor_saved(previous.va);
     job_.check(previous);
@@ -176,6 +177,8 @@ class LayerJob {
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
+  // Runs in forward after the last layer, before the head, when set.
+  std::function<void()> before_head;
 
  private:
   void read(const Tensor& tensor) {
