@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -256,6 +257,15 @@ void AutoSelect::paged_forward_began(StreamHandle stream) {
   paged_start_marker_ = parts_.clock.mark(stream, /*backward_begins=*/false, /*point=*/true);
 }
 
+void AutoSelect::trim_pool_for_raise(std::unique_lock<std::mutex>& lock) {
+  if (raise_trim_bytes_ == 0 || !parts_.job_pool.trims()) return;
+  const std::size_t bytes = std::exchange(raise_trim_bytes_, 0);
+  lock.unlock();
+  std::optional<JobPool::Trim> trim = parts_.job_pool.trim_by(bytes);
+  lock.lock();
+  if (trim) parts_.job_pool.record(*trim);
+}
+
 void AutoSelect::forward_began(std::thread::id thread) {
   if (phase_ != Phase::paging || thread != forward_thread_ || !stream_) return;
   ++forwards_begun_;
@@ -330,6 +340,7 @@ void AutoSelect::cap_switched() {
 }
 
 void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
+  const std::uint64_t paged_before = capped() ? capped_bytes_ : chosen_bytes_;
   cap_switched();
   allowed_keys_.clear();
   // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
@@ -340,6 +351,7 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
     allowed_keys_.insert(key.key);
   }
   capped_bytes_ = kept;
+  raise_trim_bytes_ = kept > paged_before ? kept - paged_before : 0;
   governor_->cap_kept(kept);
   if (kept == 0) {
     // Paging ended (or paused for the governor's unpaged passes): the range cache's pages would

@@ -155,6 +155,12 @@ class AutoSelect {
   // time is measured from (to backward's first marker), as pass 2's is from its first allocation.
   // The first served one is in the first chosen layer, so the embedding before it is left out.
   void paged_forward_began(StreamHandle stream);
+  // The first served allocation since the governor's cap rose (after its unpaged passes, most of
+  // all), on the job's thread before the allocation's pages exist: trims the job's pool by the
+  // bytes the cap added (vmm.trim_job_pool). Those activations' share of the pool's reserve would
+  // otherwise stand unused beside their new pages until the fit trims it, a pass later when the GPU
+  // is far behind (gpu_bound_llama: its run's peak, 0.8 GiB over the job's own). May unlock.
+  void trim_pool_for_raise(std::unique_lock<std::mutex>& lock);
   // After the decision, the first layer's range was pushed on `thread`: a forward begins (the
   // governor's cycles run from one to the next, whatever the cap lets the engine serve).
   void forward_began(std::thread::id thread);
@@ -277,6 +283,7 @@ class AutoSelect {
   std::uint64_t forward_gpu_ns_ = 0;
   std::uint64_t trim_marker_ = 0;
   std::uint64_t trim_bytes_ = 0;  // what the first paged pass's trim gives back
+  std::uint64_t raise_trim_bytes_ = 0;  // what the cap's last rise added, until a served allocation trims it
 
   // The decision.
   std::vector<std::string> chosen_names_;  // the whole layers, then the partial one if any

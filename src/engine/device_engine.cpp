@@ -209,6 +209,7 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
     // The forward's first served allocation (its iteration begun here, or by auto mode's push).
     const std::uint64_t began = monotonic_ns();
     served_iteration_ = groups_.iteration();
+    auto_.trim_pool_for_raise(lock);  // may unlock: nothing of this allocation exists yet
     job_pool_.forward_began_on(stream);
     auto_.paged_forward_began(stream);
     core_.stats.job_thread_pass_start_ns += monotonic_ns() - began;

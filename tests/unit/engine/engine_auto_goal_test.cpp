@@ -3,6 +3,7 @@
 // more than its allowance), on the simulated device with set measurements. Every read checked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -388,6 +389,36 @@ TEST(AutoMode, TheEndOfRunLineMeasuresPagingAgainstTheGovernorsUnpagedPasses) {
   EXPECT_LE(first_unpaged, last_unpaged) << summary;
   EXPECT_LT(last_unpaged, std::stoi(peaks[5].str())) << summary;
   EXPECT_SAYS(summary, "; the peak of passes " + peaks[2].str() + "-" + peaks[3].str() + " came with ");
+}
+
+// When the whole choice pages again after the governor's unpaged passes, the job's pool, grown by
+// them to hold the chosen activations too, gives that share back as their pages are made: at the
+// first allocation served after the cap rose (in forward, where the host is when the GPU's pass
+// start tells the governor), once, by the bytes the cap added. The reserve set here (200 MiB, none
+// in use) stays under the fit's slack, so in forward nothing else trims it (reloads trim in backward).
+TEST(AutoMode, WhenPagingResumesTheJobsPoolGivesBackTheChoicesShareAsItsPagesAreMade) {
+  Rig rig(auto_options(), governed(0.02));
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_key_capped != 0; });
+  job.pass();
+  ASSERT_EQ(job.owned(), (std::vector<bool>(kLayers, false))) << "an unpaged pass";
+  rig.device.set_job_pool(200 * kMiB, 0);
+  std::vector<std::uint64_t> drops;  // the reserve's fall in each forward
+  for (int pass = 0; pass < 10; ++pass) {
+    const std::uint64_t reserved = rig.device.job_pool_reserved();
+    job.forward();
+    rig.engine.quiesce();
+    drops.push_back(reserved - rig.device.job_pool_reserved());
+    job.backward();
+    rig.engine.quiesce();
+  }
+  job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "the choice pages again";
+  const std::uint64_t paged = rig.engine.stats().auto_bytes_paged;
+  ASSERT_EQ(paged, 12 * kMiB);
+  EXPECT_EQ(std::count(drops.begin(), drops.end(), paged), 1) << "the choice's share given back once";
+  EXPECT_EQ(std::count(drops.begin(), drops.end(), 0u), 9) << "and nothing else in forward";
+  expect_every_read_right(rig);
 }
 
 TEST(AutoMode, TheSavedTensorHooksAreWantedInEveryForwardThatCanServeAndInNoOther) {
