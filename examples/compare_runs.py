@@ -269,7 +269,8 @@ ENGINE_COUNTERS = ("stalls", "stall_ns", "reload_gpu_waits", "reload_gpu_wait_ns
                    "backlog_waits", "backlog_wait_ns", "job_thread_vmm_ns", "job_thread_window_ns",
                    "job_thread_pass_start_ns", "job_thread_pool_mark_ns", "job_thread_watched_ns", "auto_bytes_paged",
                    "auto_sheds",
-                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_whole_ns", "auto_budget_bytes",
+                   "auto_cycle_base_ns", "auto_cycle_judged_ns", "auto_cycle_whole_ns", "auto_cycle_settled_ns",
+                   "auto_budget_bytes",
                    "auto_link_bytes_per_s", "auto_used_unpaged_bytes", "auto_used_paged_bytes",
                    "auto_peak_unpaged_bytes",
                    # what became of the saved tensors' release points (a job's own checkpointing)
@@ -564,7 +565,7 @@ def format_engine_table(rows):
     if not rows:
         return None
     header = ["variant", "paged a pass GiB (chosen -> after the governor)", "forward GPU ms unpaged -> paged",
-              "pass cycle GPU ms unpaged -> paged (judged)", "stalls (ms)",
+              "pass cycle GPU ms unpaged -> paged (judged; since settled)", "stalls (ms)",
               "GPU waits for reloads (ms)", "scheduled reloads (GiB)", "job thread VMM calls",
               "job thread in actpage, ms a pass (allocating; of that, paged passes' starts [their job pool marks])",
               "its peaks MiB, unpaged (the governor's passes, else 1-2) -> paged (measured: whole run, after warm-up)"]
@@ -595,6 +596,9 @@ def format_engine_table(rows):
             cycle = "%s -> %s" % (ms(c.get("auto_cycle_base_ns") or None), ms(c.get("auto_cycle_judged_ns")))
             if c.get("auto_cycle_whole_ns") and c.get("auto_cycle_whole_ns") != c.get("auto_cycle_judged_ns"):
                 cycle += " (whole %s)" % ms(c.get("auto_cycle_whole_ns"))
+            if c.get("auto_cycle_settled_ns"):
+                # The passes after the governor settled: what the median step measures.
+                cycle += "; since %s" % ms(c.get("auto_cycle_settled_ns"))
         cells = [
             row["variant"],
             gib,
@@ -736,7 +740,8 @@ def write_outputs(out_dir, args_record, rows, records, within=None):
                          "logs at the end of a run (totals over the run): auto mode's bytes a pass as chosen and "
                          "as its governor left them, the forward's GPU time unpaged (pass 2) and paged (median of "
                          "the paged passes), a pass's cycle on the GPU (its start to the next's) unpaged (measured) and as the governor "
-                         "last judged it paged (and with the whole choice paged, where it cut); stalls "
+                         "last judged it paged (and with the whole choice paged, where it cut; since: the median "
+                         "after it settled, what the median step measures); stalls "
                          "(the job's thread waited for a reload to be issued); the GPU's waits for reloads "
                          "still copying at the marker that asked for them; reloads the schedule asked for; the "
                          "job's threads' time inside actpage a pass (where the host runs far ahead, waits there "

@@ -89,6 +89,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
     stats.auto_cycle_whole_ns = governor_->whole_cycle_ns();
+    stats.auto_cycle_settled_ns = governor_->settled_cycle_ns();
   }
 }
 
@@ -113,6 +114,20 @@ std::optional<std::string> AutoSelect::summary() const {
       line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
                                        std::to_string(cap_pass_)
                                  : ": paging ended at the job's pass " + std::to_string(cap_pass_);
+    }
+    if (const std::uint64_t settled = governor_->settled_cycle_ns(); settled != 0) {
+      // The run's steady passes since, which a benchmark's median step measures: the judged cycles
+      // are three, early, and a cap's switch may leave the later passes slower or faster.
+      const std::uint64_t base = governor_->base_cycle_ns();
+      char text[160];
+      std::snprintf(text, sizeof text, "; the %zu passes since: median cycle %.1f ms", governor_->settled_cycles(),
+                    static_cast<double>(settled) / 1e6);
+      line += text;
+      if (base != 0) {
+        std::snprintf(text, sizeof text, " (%+.1f%% against unpaged)",
+                      (static_cast<double>(settled) / static_cast<double>(base) - 1.0) * 100.0);
+        line += text;
+      }
     }
   }
   // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else

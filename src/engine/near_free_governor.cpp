@@ -13,9 +13,14 @@ NearFreeGovernor::NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min
 }
 
 std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycle_ns) {
-  if (settled_ || cycle_ns == 0) return std::nullopt;
+  if (cycle_ns == 0) return std::nullopt;
   if (switching_) {
     switching_ = false;
+    return std::nullopt;
+  }
+  if (settled_) {
+    if (settled_cycles_.size() == kSettledCyclesKept) settled_cycles_.erase(settled_cycles_.begin());
+    settled_cycles_.push_back(cycle_ns);
     return std::nullopt;
   }
   cycles_.push_back(cycle_ns);
@@ -69,6 +74,10 @@ void NearFreeGovernor::shed(std::uint64_t judged_bytes, std::uint64_t most) {
   cap_bytes_ = cap;
   ++sheds_;
   if (cap_bytes_ == 0) settled_ = true;
+}
+
+std::uint64_t NearFreeGovernor::settled_cycle_ns() const {
+  return settled_cycles_.empty() ? 0 : lower_median(settled_cycles_);
 }
 
 void NearFreeGovernor::unpaged_refused() {

@@ -32,6 +32,9 @@
 //   few judgements: each one prices every byte at the whole cost.
 // - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
 //   the chosen bytes stay paged, unjudged (unpaged_refused()).
+// - Settled, each cycle after the switch is kept (the last kSettledCyclesKept): their median is what
+//   the run's steady passes cost, the figure a benchmark's median step measures (the judged cycles
+//   are three, early, and a cap's switch may leave the steady passes slower or faster).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +52,7 @@ class NearFreeGovernor {
   static constexpr std::size_t kJudgedCycles = 3;
   // A shed aims at this share of the allowance: the cost is a line through noisy medians.
   static constexpr double kAimShare = 0.67;
+  static constexpr std::size_t kSettledCyclesKept = 256;
 
   enum class Stage { whole, unpaged, cut };
 
@@ -76,6 +80,9 @@ class NearFreeGovernor {
   // The lower median of the paged cycles judged last (the whole's until a cut cap's; 0 before).
   std::uint64_t judged_cycle_ns() const { return judged_ns_; }
   std::uint32_t sheds() const { return sheds_; }
+  // The median of the cycles kept since it settled (0 before any) and how many there are.
+  std::uint64_t settled_cycle_ns() const;
+  std::size_t settled_cycles() const { return settled_cycles_.size(); }
   // The last judgement, for people: "paged passes' cycle 512.0 ms against 456.0 ms unpaged
   // (+12.3%, allowed +3.0%)"; empty before the base.
   std::string judgement_text() const;
@@ -99,6 +106,7 @@ class NearFreeGovernor {
   std::vector<std::uint64_t> cycles_;
   std::uint64_t judged_ns_ = 0;
   std::uint32_t sheds_ = 0;
+  std::vector<std::uint64_t> settled_cycles_;  // since settling, the switch's left out
 };
 
 }  // namespace actpage::engine

@@ -51,7 +51,7 @@ FAKE_JOB = textwrap.dedent("""
                          '"iterations": 10, "job_thread_ns": 40000000, "job_thread_allocate_ns": 30000000, '
                          '"job_thread_pass_start_ns": 20000000, "job_thread_pool_mark_ns": 5000000, "auto_bytes_paged": 536870912, '
                          '"auto_sheds": 1, "auto_cycle_base_ns": 100000000, "auto_cycle_judged_ns": 110000000, '
-                         '"auto_cycle_whole_ns": 120000000}\\n')
+                         '"auto_cycle_whole_ns": 120000000, "auto_cycle_settled_ns": 115000000}\\n')
         sys.stderr.write("[actpage] warning: auto (near-free): paged model.layers.0 (1 GiB a pass)\\n")
     losses = [1.5, 1.25, 1.0]
     if conf == "expandable_segments:True":
@@ -268,7 +268,7 @@ class CompareRunsTest(unittest.TestCase):
         with open(os.path.join(self.out, "results.md")) as handle:
             text = handle.read()
         self.assertIn("## actpage's own account", text)
-        self.assertIn("| auto | 1.00 -> 0.50 | 50.0 -> 55.0 | 100.0 -> 110.0 (whole 120.0) | 2 (3.0) | 1 (5.0) | - (-) | - | 4.0 (3.0; 2.0 [0.5]) | 790 -> 690 (800, 700) |",
+        self.assertIn("| auto | 1.00 -> 0.50 | 50.0 -> 55.0 | 100.0 -> 110.0 (whole 120.0); since 115.0 | 2 (3.0) | 1 (5.0) | - (-) | - | 4.0 (3.0; 2.0 [0.5]) | 790 -> 690 (800, 700) |",
                       text)
         self.assertIn("- auto: `auto (near-free): paged model.layers.0 (1 GiB a pass)`", text)
         self.assertNotIn("| quiet |", text.split("## actpage's own account")[1])

@@ -63,8 +63,25 @@ TEST(NearFreeGovernor, WithinTheAllowanceTheUnpagedPassesEndWithTheWholeChoicePa
   EXPECT_NE(governor.judgement_text().find("102.0 ms against 100.0 ms unpaged (+2.0%, allowed +3.0%)"), std::string::npos)
       << governor.judgement_text();
   // Settled: a slow cycle later sheds nothing.
-  for (int cycle = 0; cycle < 10; ++cycle) EXPECT_FALSE(governor.cycle_measured(200 * kMs));
+  EXPECT_EQ(governor.settled_cycle_ns(), 0u);
+  for (int cycle = 0; cycle < 10; ++cycle) EXPECT_FALSE(governor.cycle_measured(200 * kMs + cycle * kMs));
   EXPECT_EQ(governor.cap_bytes(), 2 * kGiB);
+  // But each is kept for the end-of-run line, the cap's switch (the first) left out: 201-209 ms.
+  EXPECT_EQ(governor.settled_cycles(), 9u);
+  EXPECT_EQ(governor.settled_cycle_ns(), 205 * kMs);
+}
+
+TEST(NearFreeGovernor, SettledItKeepsTheLastCyclesForTheirMedian) {
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  run_until_settled(governor, linear(100, 1, 2 * kGiB));
+  ASSERT_TRUE(governor.settled());
+  ASSERT_EQ(governor.cap_bytes(), 2 * kGiB);
+  // Far more passes than it keeps: the early ones at 300 ms fall out, the last ones are 150 ms.
+  for (std::size_t cycle = 0; cycle < 3 * NearFreeGovernor::kSettledCyclesKept; ++cycle) {
+    governor.cycle_measured(cycle < 2 * NearFreeGovernor::kSettledCyclesKept ? 300 * kMs : 150 * kMs);
+  }
+  EXPECT_EQ(governor.settled_cycles(), NearFreeGovernor::kSettledCyclesKept);
+  EXPECT_EQ(governor.settled_cycle_ns(), 150 * kMs);
 }
 
 TEST(NearFreeGovernor, OverTheAllowanceTheCapFallsToWhatTheMeasuredCostAllows) {
