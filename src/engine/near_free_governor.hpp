@@ -32,9 +32,10 @@
 //   few judgements: each one prices every byte at the whole cost.
 // - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
 //   the chosen bytes stay paged, unjudged (unpaged_refused()).
-// - Settled, each cycle after the switch is kept (the last kSettledCyclesKept): their median is what
-//   the run's steady passes cost, the figure a benchmark's median step measures (the judged cycles
-//   are three, early, and a cap's switch may leave the steady passes slower or faster).
+// - Settled, each cycle after the switch is kept (the last kSettledCyclesKept): their median (from
+//   kJudgedCycles of them on) is what the run's steady passes cost, the figure a benchmark's median
+//   step measures (the judged cycles are three, early, and a cap's switch may leave the steady
+//   passes slower or faster).
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,8 @@ class NearFreeGovernor {
   // The lower median of the paged cycles judged last (the whole's until a cut cap's; 0 before).
   std::uint64_t judged_cycle_ns() const { return judged_ns_; }
   std::uint32_t sheds() const { return sheds_; }
-  // The median of the cycles kept since it settled (0 before any) and how many there are.
+  // The median of the cycles kept since it settled (0 while fewer than kJudgedCycles) and how many
+  // there are.
   std::uint64_t settled_cycle_ns() const;
   std::size_t settled_cycles() const { return settled_cycles_.size(); }
   // The last judgement, for people: "paged passes' cycle 512.0 ms against 456.0 ms unpaged
