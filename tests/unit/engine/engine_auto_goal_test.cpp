@@ -110,15 +110,29 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
   expect_every_read_right(rig);
 }
 
+// The near-free wait's rig: grants not held behind copies (a grant would wait for the held ones).
+Options near_free_wait_options() {
+  Options options = auto_options();
+  options.vmm_grant_when_idle = false;
+  return options;
+}
+
+// The pass's backward, every reload done, every byte read back right.
+void backward_reads_right(Rig& rig, LayerJob& job) {
+  job.backward();
+  rig.engine.quiesce();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+  expect_every_read_right(rig);
+}
+
 // Near-free in a job whose host runs ahead of the GPU (a GPU-bound job): the job's pool grows to the
 // step's peak as the host allocates the head, not as the GPU runs it, so the host waits where the
 // layers end ("model"'s end) until the paged layers' pages have left the device. The GPU, held before
 // the head by a kernel of the test, still has work queued meanwhile: the wait costs it nothing. The
 // copies are held until the host is seen waiting, whatever the host's speed.
 TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehind) {
-  Options options = auto_options();
-  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
-  Rig rig(options, budget_of(8 * kMiB));
+  Rig rig(near_free_wait_options(), budget_of(8 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
@@ -140,11 +154,7 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
   EXPECT_EQ(after_forward.offloaded_bytes_now, chosen);
   EXPECT_EQ(after_forward.backlog_waits, before.backlog_waits + 1);
   EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu);
-  job.backward();
-  rig.engine.quiesce();
-  const EngineStats stats = rig.engine.stats();
-  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
-  expect_every_read_right(rig);
+  backward_reads_right(rig, job);
 }
 
 // The same wait where the GPU keeps up with the host (a job that is not GPU-bound): once the GPU
@@ -152,9 +162,7 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
 // the copies still in flight rather than leave it idle. Here the copies stay held until the host is
 // back (a minute at most: then the test fails rather than hangs).
 TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOrNot) {
-  Options options = auto_options();
-  options.vmm_grant_when_idle = false;
-  Rig rig(options, budget_of(8 * kMiB));
+  Rig rig(near_free_wait_options(), budget_of(8 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
@@ -175,11 +183,7 @@ TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOr
   rig.device.release_copies_to_host();
   EXPECT_LT(after_forward.offloaded_bytes_now, chosen);
   EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu + 1);
-  job.backward();
-  rig.engine.quiesce();
-  const EngineStats stats = rig.engine.stats();
-  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
-  expect_every_read_right(rig);
+  backward_reads_right(rig, job);
 }
 
 // The observed passes can read low: a job whose optimizer makes its state at its first step, after
