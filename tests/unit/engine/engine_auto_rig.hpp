@@ -43,7 +43,7 @@ inline Options auto_options() {
 inline AutoMeasurements budget_of(std::uint64_t budget) {
   AutoMeasurements measurements;
   measurements.forward_gpu_ns = 1'000'000'000;
-  measurements.d2h_bytes_per_s = static_cast<double>(budget) / 0.8 + 1;
+  measurements.d2h_bytes_per_s = static_cast<double>(budget) / kNearFreeMargin + 1;
   measurements.reload_window_ns = 1'000'000'000'000;
   return measurements;
 }

@@ -307,7 +307,10 @@ TEST(AutoMode, TheBoundOnBytesAheadOfTheGpuRisesToWhatItPages) {
 // layer 0's 4 MiB in time (371 ms with the schedule's margin); layer 1's would need 556.
 TEST(AutoMode, WhatBackwardCouldNotReloadInTimeIsNotPaged) {
   AutoMeasurements measurements = budget_of(13 * kMiB);
-  measurements.reload_window_ns = 400'000'000;
+  // Backward has time to reload 5 MiB at the link's rate (x 1.5 + 2 ms): layer 0's two tensors (4 MiB),
+  // not layer 1's first beside them.
+  measurements.reload_window_ns =
+      static_cast<std::uint64_t>((5.0 * kMiB / measurements.d2h_bytes_per_s * 1.5 + 0.002) * 1e9);
   Rig rig(auto_options(), measurements);
   LayerJob job(rig);
   for (int pass = 1; pass <= 4; ++pass) job.pass();

@@ -78,10 +78,10 @@ trace::TraceFile near_free_trace(bool saved = true) {
 // wait from 202 ms to 1000 ms, so the GPU is behind by 120/202 of 798 ms at backward's first marker.
 const double kForwardGpuNs = 120.0 * ms * (1.0 + 798.0 / 202.0);
 
-// A link whose budget (rate x forward x 0.8) is `budget` bytes.
+// A link whose budget (rate x forward x the margin) is `budget` bytes.
 engine::CostModel costs_for_budget(std::uint64_t budget) {
   engine::CostModel costs;
-  costs.d2h_bytes_per_s.points = {{MiB, static_cast<double>(budget) / (0.8 * kForwardGpuNs * 1e-9)}};
+  costs.d2h_bytes_per_s.points = {{MiB, static_cast<double>(budget) / (engine::kNearFreeMargin * kForwardGpuNs * 1e-9)}};
   return costs;
 }
 
