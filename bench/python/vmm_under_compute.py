@@ -11,13 +11,19 @@ each) and small elementwise kernels on 8 MiB tensors (a few us each, like an MoE
 time of each case, the median of --reps, its ratio to the batch alone, and the VMM cycles done
 meanwhile.
 
-    python3 bench/python/vmm_under_compute.py [--mib 16] [--reps 5]
+With --pieces, it also asks what grouping a pass's pages would save: one pass's calls for
+--total-mib (a paged pass's ~2 GiB) made once during the elementwise batch, as N ranges (create +
+map + access each, then unmap + release each), for each N given: the per-tensor windows of a
+launch-bound job (hf_trainer: ~55 a pass) against one per layer (2-3).
+
+    python3 bench/python/vmm_under_compute.py [--mib 16] [--reps 5] [--pieces 64,3 --total-mib 2048]
 """
 import argparse
 import ctypes
 import statistics
 import sys
 import threading
+import time
 
 
 class Location(ctypes.Structure):
@@ -74,11 +80,58 @@ class VmmCycler(threading.Thread):
         check(cuda.cuMemAddressFree(va, ctypes.c_size_t(self.size)), "cuMemAddressFree")
 
 
+class VmmPass(threading.Thread):
+    """One pass's calls, once: `pieces` ranges of `total` bytes in all created, mapped and granted,
+    then unmapped and released (what a paged pass's reloads and offloads make)."""
+
+    GRANULARITY = 2 << 20
+
+    def __init__(self, cuda, context, total, pieces, device):
+        super().__init__(daemon=True)
+        self.cuda, self.context, self.device = cuda, context, device
+        self.pieces = pieces
+        self.piece = -(-(total // pieces) // self.GRANULARITY) * self.GRANULARITY
+        self.seconds = 0.0
+
+    def run(self):
+        cuda = self.cuda
+        check(cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        span = self.piece * self.pieces
+        va = ctypes.c_uint64()
+        check(cuda.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(span), ctypes.c_size_t(0),
+                                       ctypes.c_uint64(0), ctypes.c_uint64(0)), "cuMemAddressReserve")
+        prop = AllocationProp(type=1, requestedHandleTypes=0, location=Location(1, self.device))
+        access = AccessDesc(location=Location(1, self.device), flags=3)
+        started = time.perf_counter()
+        handles = []
+        for index in range(self.pieces):
+            at = ctypes.c_uint64(va.value + index * self.piece)
+            handle = ctypes.c_uint64()
+            check(cuda.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(self.piece), ctypes.byref(prop),
+                                   ctypes.c_uint64(0)), "cuMemCreate")
+            check(cuda.cuMemMap(at, ctypes.c_size_t(self.piece), ctypes.c_size_t(0), handle, ctypes.c_uint64(0)),
+                  "cuMemMap")
+            check(cuda.cuMemSetAccess(at, ctypes.c_size_t(self.piece), ctypes.byref(access), ctypes.c_size_t(1)),
+                  "cuMemSetAccess")
+            handles.append(handle)
+        for index, handle in enumerate(handles):
+            check(cuda.cuMemUnmap(ctypes.c_uint64(va.value + index * self.piece), ctypes.c_size_t(self.piece)),
+                  "cuMemUnmap")
+            check(cuda.cuMemRelease(handle), "cuMemRelease")
+        self.seconds = time.perf_counter() - started
+        check(cuda.cuMemAddressFree(va, ctypes.c_size_t(span)), "cuMemAddressFree")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=16, help="size of each VMM cycle's allocation, MiB")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--pieces", default="", help="comma-separated range counts for one pass's calls (e.g. 64,3)")
+    parser.add_argument("--total-mib", type=int, default=2048, help="the pass's bytes in all, MiB (with --pieces)")
     args = parser.parse_args(argv)
+    pieces = [int(count) for count in args.pieces.split(",") if count]
+    if any(count <= 0 for count in pieces):
+        parser.error("--pieces: counts must be positive")
 
     import torch
 
@@ -142,6 +195,28 @@ def main(argv=None):
             cycles = statistics.median(r[1] for r in runs)
             alone = ms if alone is None else alone
             print(f"case {name} | {case} | gpu_ms={ms:.2f} | x{ms / alone:.3f} | vmm_cycles={cycles:.0f}")
+
+    def time_pass(count):
+        calls = VmmPass(cuda, context, args.total_mib << 20, count, torch.cuda.current_device())
+        calls.start()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        elementwise()
+        end.record()
+        end.synchronize()
+        calls.join()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end), calls.seconds * 1e3
+
+    if pieces:
+        alone = statistics.median(time_batch(elementwise, False, False)[0] for _ in range(args.reps))
+        print(f"case elementwise 8 MiB x4000 | alone | gpu_ms={alone:.2f} | x1.000 | pass_ms=-")
+        for count in pieces:
+            runs = [time_pass(count) for _ in range(args.reps)]
+            ms = statistics.median(r[0] for r in runs)
+            pass_ms = statistics.median(r[1] for r in runs)
+            print(f"case elementwise 8 MiB x4000 | one pass of {args.total_mib} MiB as {count} ranges | "
+                  f"gpu_ms={ms:.2f} | x{ms / alone:.3f} | pass_ms={pass_ms:.1f}")
     return 0
 
 
