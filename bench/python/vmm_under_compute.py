@@ -49,35 +49,56 @@ def check(result, call):
         raise RuntimeError(f"{call} failed: CUresult {result}")
 
 
+class Vmm:
+    """The driver's VMM calls both threads make, on `device`, each checked."""
+
+    def __init__(self, cuda, device):
+        self.cuda = cuda
+        self.prop = AllocationProp(type=1, requestedHandleTypes=0, location=Location(1, device))
+        self.access = AccessDesc(location=Location(1, device), flags=3)
+
+    def reserve(self, size):
+        va = ctypes.c_uint64()
+        check(self.cuda.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                                            ctypes.c_uint64(0), ctypes.c_uint64(0)), "cuMemAddressReserve")
+        return va.value
+
+    def free(self, va, size):
+        check(self.cuda.cuMemAddressFree(ctypes.c_uint64(va), ctypes.c_size_t(size)), "cuMemAddressFree")
+
+    def create_and_map(self, va, size):
+        """cuMemCreate + cuMemMap + cuMemSetAccess of `size` bytes at `va`; returns the handle."""
+        cuda, at = self.cuda, ctypes.c_uint64(va)
+        handle = ctypes.c_uint64()
+        check(cuda.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop),
+                               ctypes.c_uint64(0)), "cuMemCreate")
+        check(cuda.cuMemMap(at, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_uint64(0)), "cuMemMap")
+        check(cuda.cuMemSetAccess(at, ctypes.c_size_t(size), ctypes.byref(self.access), ctypes.c_size_t(1)),
+              "cuMemSetAccess")
+        return handle
+
+    def unmap_and_release(self, va, size, handle):
+        check(self.cuda.cuMemUnmap(ctypes.c_uint64(va), ctypes.c_size_t(size)), "cuMemUnmap")
+        check(self.cuda.cuMemRelease(handle), "cuMemRelease")
+
+
 class VmmCycler(threading.Thread):
     """Cycles create + map + access + unmap + release of `size` bytes until stopped."""
 
     def __init__(self, cuda, context, size, device):
         super().__init__(daemon=True)
-        self.cuda, self.context, self.size, self.device = cuda, context, size, device
+        self.cuda, self.context, self.size, self.vmm = cuda, context, size, Vmm(cuda, device)
         self.stop = threading.Event()
         self.cycles = 0
 
     def run(self):
-        cuda = self.cuda
-        check(cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        va = ctypes.c_uint64()
-        check(cuda.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(self.size), ctypes.c_size_t(0),
-                                       ctypes.c_uint64(0), ctypes.c_uint64(0)), "cuMemAddressReserve")
-        prop = AllocationProp(type=1, requestedHandleTypes=0, location=Location(1, self.device))
-        access = AccessDesc(location=Location(1, self.device), flags=3)
+        check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        va = self.vmm.reserve(self.size)
         while not self.stop.is_set():
-            handle = ctypes.c_uint64()
-            check(cuda.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(self.size), ctypes.byref(prop),
-                                   ctypes.c_uint64(0)), "cuMemCreate")
-            check(cuda.cuMemMap(va, ctypes.c_size_t(self.size), ctypes.c_size_t(0), handle, ctypes.c_uint64(0)),
-                  "cuMemMap")
-            check(cuda.cuMemSetAccess(va, ctypes.c_size_t(self.size), ctypes.byref(access), ctypes.c_size_t(1)),
-                  "cuMemSetAccess")
-            check(cuda.cuMemUnmap(va, ctypes.c_size_t(self.size)), "cuMemUnmap")
-            check(cuda.cuMemRelease(handle), "cuMemRelease")
+            handle = self.vmm.create_and_map(va, self.size)
+            self.vmm.unmap_and_release(va, self.size, handle)
             self.cycles += 1
-        check(cuda.cuMemAddressFree(va, ctypes.c_size_t(self.size)), "cuMemAddressFree")
+        self.vmm.free(va, self.size)
 
 
 class VmmPass(threading.Thread):
@@ -88,38 +109,21 @@ class VmmPass(threading.Thread):
 
     def __init__(self, cuda, context, total, pieces, device):
         super().__init__(daemon=True)
-        self.cuda, self.context, self.device = cuda, context, device
+        self.cuda, self.context, self.vmm = cuda, context, Vmm(cuda, device)
         self.pieces = pieces
         self.piece = -(-(total // pieces) // self.GRANULARITY) * self.GRANULARITY
         self.seconds = 0.0
 
     def run(self):
-        cuda = self.cuda
-        check(cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         span = self.piece * self.pieces
-        va = ctypes.c_uint64()
-        check(cuda.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(span), ctypes.c_size_t(0),
-                                       ctypes.c_uint64(0), ctypes.c_uint64(0)), "cuMemAddressReserve")
-        prop = AllocationProp(type=1, requestedHandleTypes=0, location=Location(1, self.device))
-        access = AccessDesc(location=Location(1, self.device), flags=3)
+        va = self.vmm.reserve(span)
         started = time.perf_counter()
-        handles = []
-        for index in range(self.pieces):
-            at = ctypes.c_uint64(va.value + index * self.piece)
-            handle = ctypes.c_uint64()
-            check(cuda.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(self.piece), ctypes.byref(prop),
-                                   ctypes.c_uint64(0)), "cuMemCreate")
-            check(cuda.cuMemMap(at, ctypes.c_size_t(self.piece), ctypes.c_size_t(0), handle, ctypes.c_uint64(0)),
-                  "cuMemMap")
-            check(cuda.cuMemSetAccess(at, ctypes.c_size_t(self.piece), ctypes.byref(access), ctypes.c_size_t(1)),
-                  "cuMemSetAccess")
-            handles.append(handle)
+        handles = [self.vmm.create_and_map(va + index * self.piece, self.piece) for index in range(self.pieces)]
         for index, handle in enumerate(handles):
-            check(cuda.cuMemUnmap(ctypes.c_uint64(va.value + index * self.piece), ctypes.c_size_t(self.piece)),
-                  "cuMemUnmap")
-            check(cuda.cuMemRelease(handle), "cuMemRelease")
+            self.vmm.unmap_and_release(va + index * self.piece, self.piece, handle)
         self.seconds = time.perf_counter() - started
-        check(cuda.cuMemAddressFree(va, ctypes.c_size_t(span)), "cuMemAddressFree")
+        self.vmm.free(va, span)
 
 
 def main(argv=None):
