@@ -110,21 +110,30 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsSt
   expect_every_read_right(rig);
 }
 
-// The near-free wait's rig: grants not held behind copies (a grant would wait for the held ones).
-Options near_free_wait_options() {
-  Options options = auto_options();
-  options.vmm_grant_when_idle = false;
-  return options;
-}
-
-// The pass's backward, every reload done, every byte read back right.
-void backward_reads_right(Rig& rig, LayerJob& job) {
-  job.backward();
-  rig.engine.quiesce();
-  const EngineStats stats = rig.engine.stats();
-  EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
-  expect_every_read_right(rig);
-}
+// The near-free wait's tests: grants not held behind copies (a grant would wait for the held ones),
+// three passes run so that the next one pages the choice, the stats then.
+struct NearFreeWaitRig {
+  static Options options() {
+    Options options = auto_options();
+    options.vmm_grant_when_idle = false;
+    return options;
+  }
+  NearFreeWaitRig() {
+    for (int pass = 1; pass <= 3; ++pass) job.pass();
+    before = rig.engine.stats();
+  }
+  // The pass's backward, every reload done, every byte read back right.
+  void backward_reads_right() {
+    job.backward();
+    rig.engine.quiesce();
+    const EngineStats stats = rig.engine.stats();
+    EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
+    expect_every_read_right(rig);
+  }
+  Rig rig{options(), budget_of(8 * kMiB)};
+  LayerJob job{rig};
+  EngineStats before;
+};
 
 // Near-free in a job whose host runs ahead of the GPU (a GPU-bound job): the job's pool grows to the
 // step's peak as the host allocates the head, not as the GPU runs it, so the host waits where the
@@ -132,29 +141,27 @@ void backward_reads_right(Rig& rig, LayerJob& job) {
 // the head by a kernel of the test, still has work queued meanwhile: the wait costs it nothing. The
 // copies are held until the host is seen waiting, whatever the host's speed.
 TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehind) {
-  Rig rig(near_free_wait_options(), budget_of(8 * kMiB));
-  LayerJob job(rig);
-  for (int pass = 1; pass <= 3; ++pass) job.pass();
-  const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
+  NearFreeWaitRig wait;
+  Rig& rig = wait.rig;
+  const std::uint64_t chosen = wait.before.auto_bytes_chosen;
   ASSERT_GT(chosen, 0u);
-  const EngineStats before = rig.engine.stats();
   std::promise<void> gpu_go;
   std::shared_future<void> go = gpu_go.get_future().share();
-  job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
+  wait.job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
   rig.device.hold_copies_to_host();
   std::thread release([&] {
     EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
     EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 0u);
     rig.device.release_copies_to_host();
   });
-  job.forward();  // back once every paged byte has left, the GPU still held before the head
+  wait.job.forward();  // back once every paged byte has left, the GPU still held before the head
   const EngineStats after_forward = rig.engine.stats();
   release.join();
   gpu_go.set_value();
   EXPECT_EQ(after_forward.offloaded_bytes_now, chosen);
-  EXPECT_EQ(after_forward.backlog_waits, before.backlog_waits + 1);
-  EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu);
-  backward_reads_right(rig, job);
+  EXPECT_EQ(after_forward.backlog_waits, wait.before.backlog_waits + 1);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, wait.before.drains_ended_by_gpu);
+  wait.backward_reads_right();
 }
 
 // The same wait where the GPU keeps up with the host (a job that is not GPU-bound): once the GPU
@@ -162,12 +169,10 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
 // the copies still in flight rather than leave it idle. Here the copies stay held until the host is
 // back (a minute at most: then the test fails rather than hangs).
 TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOrNot) {
-  Rig rig(near_free_wait_options(), budget_of(8 * kMiB));
-  LayerJob job(rig);
-  for (int pass = 1; pass <= 3; ++pass) job.pass();
-  const std::uint64_t chosen = rig.engine.stats().auto_bytes_chosen;
+  NearFreeWaitRig wait;
+  Rig& rig = wait.rig;
+  const std::uint64_t chosen = wait.before.auto_bytes_chosen;
   ASSERT_GT(chosen, 0u);
-  const EngineStats before = rig.engine.stats();
   rig.device.hold_copies_to_host();
   std::promise<void> forward_done;
   std::thread watchdog([&, done = forward_done.get_future()] {
@@ -176,14 +181,14 @@ TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOr
       rig.device.release_copies_to_host();
     }
   });
-  job.forward();
+  wait.job.forward();
   const EngineStats after_forward = rig.engine.stats();
   forward_done.set_value();
   watchdog.join();
   rig.device.release_copies_to_host();
   EXPECT_LT(after_forward.offloaded_bytes_now, chosen);
-  EXPECT_EQ(after_forward.drains_ended_by_gpu, before.drains_ended_by_gpu + 1);
-  backward_reads_right(rig, job);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, wait.before.drains_ended_by_gpu + 1);
+  wait.backward_reads_right();
 }
 
 // The observed passes can read low: a job whose optimizer makes its state at its first step, after
