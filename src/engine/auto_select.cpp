@@ -618,7 +618,10 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   if (!info.ok()) return;
   const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
   if (pass <= kObservedPasses) {
-    used_unpaged_ = std::max(used_unpaged_, used);
+    // A watched pass that paged (auto_pages_while_watching) holds less than the job would unpaged:
+    // the device-memory goal decides by what the job would hold, so the bytes off the device count.
+    const bool goal = options_.device_memory_target != 0;
+    used_unpaged_ = std::max(used_unpaged_, used + (goal ? core.stats.offloaded_bytes_now : 0));
   } else if (phase_ == Phase::paging && pass >= reported_pass_) {
     used_paged_ = std::max(used_paged_, used);
     last_paged_pass_ = std::max(last_paged_pass_, pass);

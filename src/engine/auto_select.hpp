@@ -47,7 +47,8 @@
 //   served (pages_key()); the rest go to the job's allocator. Within it, the cap returns to the
 //   chosen bytes. Each change is logged (info), and the last judgement said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
-//   each backward's start: the observed passes' is the unpaged figure, the largest of the paged passes' the
+//   each backward's start: the observed passes' is the unpaged figure (for the device-memory goal,
+//   with what a watched pass had off the device then added), the largest of the paged passes' the
 //   paged one (summary(), and the stats); after a change of the governor's cap, only the new cap's.
 // - The goal "device memory" (auto_device_memory set): the decision waits for the unpaged figure
 //   too, and chooses with choose_for_device_memory (memory_goal.hpp) instead: the least paging that

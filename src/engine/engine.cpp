@@ -18,7 +18,7 @@ Engine::Engine(const Options& options, DeviceProvider devices)
       classifier_(options_),
       classifier_now_(&classifier_),
       auto_mode_(auto_mode(options_)),
-      auto_watch_paging_(auto_mode_ && options_.auto_pages_while_watching && options_.auto_device_memory == 0) {}
+      auto_watch_paging_(auto_mode_ && options_.auto_pages_while_watching) {}
 
 Engine::~Engine() { shutdown(); }
 

@@ -121,7 +121,7 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   std::atomic<std::uint64_t> auto_key_candidates_{0};
   std::atomic<std::uint64_t> auto_key_passed_{0};
   const bool auto_mode_;
-  const bool auto_watch_paging_;  // auto_pages_while_watching, near-free goal
+  const bool auto_watch_paging_;  // auto_pages_while_watching
   std::atomic<int> auto_phase_{kAutoWaiting};
   std::atomic<DeviceEngine*> auto_engine_{nullptr};  // the device engine that observes and decides
   // Its first layer, once decided (kNoPath before): that layer's push begins a forward.

@@ -37,8 +37,9 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.auto_select.min_bytes = options.min_bytes;
   parts.auto_select.host_limit_bytes = options.host_pool_bytes;
   parts.auto_select.device_memory_target = options.auto_device_memory;
-  // The device-memory goal decides by the unpaged passes' device memory in use: it watches unpaged.
-  if (options.auto_pages_while_watching && options.auto_device_memory == 0) {
+  // The device-memory goal too: a job over the device's memory unpaged (the user's reason to set a
+  // target) would fail in pass 1. Its reading adds back what the watched pass had off the device.
+  if (options.auto_pages_while_watching) {
     parts.auto_select.watch_bytes = std::min(options.host_pool_prealloc_bytes, options.host_pool_bytes);
   }
   if (parts.auto_select.on) {

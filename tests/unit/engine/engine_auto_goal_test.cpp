@@ -76,6 +76,42 @@ TEST(AutoMode, ADeviceMemoryTargetPagesTheLeastThatCoversWhatIsOverIt) {
   expect_every_read_right(rig);
 }
 
+// A job over the device's memory unpaged is why a user sets a target, and watched unpaged it would
+// fail in pass 1. So the goal pages while it watches too (auto_pages_while_watching), and its
+// unpaged reading adds back what the watched pass had off the device: the same job reads the same
+// unpaged figure, and the goal makes the same choice, whether its watched passes paged or not.
+TEST(AutoMode, ADeviceMemoryTargetPagesWhileItWatchesAndReadsWhatTheJobWouldHoldUnpaged) {
+  struct Seen {
+    std::uint64_t served_in_pass_one = 0;
+    std::uint64_t unpaged = 0;
+    std::vector<std::string> chosen;
+  };
+  auto run = [](bool watching, std::uint64_t target) {
+    Options options = watching ? watching_options(8 * kMiB) : auto_options();
+    options.auto_device_memory = target;
+    Rig rig(options, budget_of(5 * kMiB));
+    LayerJob job(rig);
+    Seen seen;
+    job.pass();
+    seen.served_in_pass_one = rig.engine.stats().allocations_served;
+    for (int pass = 2; pass <= 4; ++pass) job.pass();
+    seen.unpaged = rig.engine.stats().auto_used_unpaged_bytes;
+    seen.chosen = rig.engine.auto_chosen();
+    expect_every_read_right(rig);
+    return seen;
+  };
+  const Seen probe = run(/*watching=*/false, kMiB);
+  ASSERT_GT(probe.unpaged, 20 * kMiB) << "the simulated job is too small for this test";
+  const std::uint64_t target = probe.unpaged - 5 * kMiB;  // layer 0 (4 MiB) and layer 1's first tensor
+  const Seen unpaged = run(/*watching=*/false, target);
+  const Seen watched = run(/*watching=*/true, target);
+  EXPECT_EQ(unpaged.served_in_pass_one, 0u);
+  EXPECT_GT(watched.served_in_pass_one, 0u) << "the goal's pass 1 paged nothing";
+  EXPECT_EQ(watched.unpaged, unpaged.unpaged);
+  EXPECT_EQ(watched.chosen, unpaged.chosen);
+  EXPECT_EQ(unpaged.chosen, (std::vector<std::string>{"model.layers.0", "model.layers.1"}));
+}
+
 // The device-memory goal pages more than the link copies within a forward pass: its copies must be
 // done before the step's peak, and its reloads may not bring back ahead of the GPU more than the
 // target leaves room for. Target 91 MiB over an unpaged peak of 100 MiB (set): 10 MiB paged, 1 MiB
