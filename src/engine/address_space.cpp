@@ -23,6 +23,7 @@ void AddressSpace::release_windows() {
     arena_.release(window->va, window->bytes);
   }
   windows_.clear();
+  slabs_.clear();
 }
 
 void AddressSpace::release_cache() {
@@ -113,6 +114,87 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
   Window* raw = window.get();
   windows_.emplace(raw->va, std::move(window));
   return raw;
+}
+
+namespace {
+
+// Where the next allocation in a slab may begin: what cudaMalloc promises (256 bytes), doubled.
+constexpr std::size_t kSlabAlignment = 512;
+
+}  // namespace
+
+Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected,
+                              StreamHandle stream, bool may_slab, std::unique_lock<std::mutex>& lock) {
+  const std::size_t mapped_bytes = round_up(bytes, parts_.core.granularity);
+  if (!options_.layer_slabs) {
+    Window* window = new_window(mapped_bytes, stream, lock);
+    return Placement{window, window != nullptr ? window->va : 0};
+  }
+  const std::size_t aligned = round_up(bytes, kSlabAlignment);
+  SlabTrack& track = slabs_[group_id];
+  track.selected = selected;
+  track.served_bytes += aligned;
+  if (track.window != nullptr) {
+    Window& slab = *track.window;
+    if (track.stream == stream && track.used + aligned <= slab.bytes) {
+      const DevPtr va = slab.va + track.used;
+      track.used += aligned;
+      ++parts_.core.stats.slab_allocations;
+      return Placement{&slab, va};
+    }
+  } else if (may_slab && track.served_bytes == aligned) {
+    // The group's first allocation: a slab as large as the last call of its selected range was
+    // served, when that holds this one.
+    auto learned = slab_bytes_learned_.find(selected);
+    if (learned != slab_bytes_learned_.end() && learned->second >= aligned) {
+      const std::size_t slab_bytes = round_up(learned->second, parts_.core.granularity);
+      Window* slab = new_window(slab_bytes, stream, lock);
+      if (slab == nullptr) return Placement{};
+      // The lock was released: the group may have been sealed meanwhile (its track closed).
+      auto found = slabs_.find(group_id);
+      if (found == slabs_.end()) return Placement{slab, slab->va};  // a window of its own after all
+      found->second.window = slab;
+      found->second.used = aligned;
+      found->second.stream = stream;
+      slab->slab_open = true;
+      ++parts_.core.stats.slabs_opened;
+      ++parts_.core.stats.slab_allocations;
+      return Placement{slab, slab->va};
+    }
+  }
+  Window* window = new_window(mapped_bytes, stream, lock);
+  return Placement{window, window != nullptr ? window->va : 0};
+}
+
+void AddressSpace::abandon(const Placement& placement) {
+  if (placement.window == nullptr || !placement.window->allocations.empty()) return;
+  Window& window = *placement.window;
+  if (window.slab_open) {
+    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
+      if (it->second.window == &window) {
+        slabs_.erase(it);
+        break;
+      }
+    }
+    window.slab_open = false;
+  }
+  retire_window(window);
+}
+
+void AddressSpace::close_slab(std::uint32_t group_id) {
+  auto found = slabs_.find(group_id);
+  if (found == slabs_.end()) return;
+  const SlabTrack track = found->second;
+  slabs_.erase(found);
+  slab_bytes_learned_[track.selected] = track.served_bytes;
+  if (track.window == nullptr) return;
+  Window& slab = *track.window;
+  slab.slab_open = false;
+  if (slab.allocations.empty()) {
+    retire_window(slab);
+  } else {
+    parts_.pages.queue_unmap(slab);  // its allocations may all be copied already
+  }
 }
 
 Window* AddressSpace::window_containing(DevPtr address) {
@@ -212,6 +294,8 @@ bool AddressSpace::next_allocation_misses() const {
 }
 
 void AddressSpace::forward_begins() {
+  // A group left unsealed by the last pass places nothing more: its slab closes.
+  while (!slabs_.empty()) close_slab(slabs_.begin()->first);
   if (!sizes_this_iteration_.empty()) sizes_last_iteration_ = std::move(sizes_this_iteration_);
   sizes_this_iteration_.clear();
   cursor_ = 0;

@@ -11,7 +11,14 @@
 //   for, learned from the last one (in backward: the next forward's first ones), within
 //   vmm.cache_bytes. A change to the cache or the demand marks it dirty, and the VMM worker
 //   (PageReturn) trims it then.
-// - Everything with the engine's lock held; new_window() releases it around the driver calls.
+// - Layer slabs (AddressSpaceOptions::layer_slabs: auto mode, stray_access fault): place() puts a
+//   group's allocations one after another in one window, sized by what the same selected range's
+//   group was served last time, so that a layer's pages leave in one unmap and come back in one
+//   map. The slab stays open (mapped, never retired while empty) until its group is sealed
+//   (close_slab()); an allocation that does not fit, is on another stream, or comes before anything
+//   was learned gets a window of its own.
+// - Everything with the engine's lock held; new_window() and place() release it around the driver
+//   calls.
 #pragma once
 
 #include <cstddef>
@@ -29,13 +36,16 @@
 #include "engine/engine_parts.hpp"
 #include "engine/range_cache.hpp"
 #include "engine/va_arena.hpp"
+#include "ranges/registry.hpp"
 
 namespace actpage::engine {
 
 struct AddressSpaceOptions {
   std::uint64_t arena_bytes = 0;  // vmm.arena_bytes
   std::uint64_t cache_bytes = 0;  // vmm.cache_bytes
+  bool layer_slabs = false;       // a group's allocations share one window (auto mode, fault)
 };
+
 
 // Pages kept for the cache outside it (waiting to be mapped at a cache address): they count
 // against the demand as if in the cache.
@@ -67,6 +77,17 @@ class AddressSpace {
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
   Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
+  // Where an allocation of `bytes` for the open group `group_id` (of selected range `selected`)
+  // goes: its group's layer slab where it fits (`may_slab`), else a window of its own
+  // (new_window(); unlocks). Its bytes count to what the group is served either way.
+  Placement place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected, StreamHandle stream,
+                  bool may_slab, std::unique_lock<std::mutex>& lock);
+  // The allocation place() found room for was not made after all (its group went meanwhile):
+  // a window left empty goes (an empty slab closed first).
+  void abandon(const Placement& placement);
+  // The group is sealed: what it was served is learned for its selected range's next call, and its
+  // slab closes (retired when empty, else its pages may go once every allocation is copied).
+  void close_slab(std::uint32_t group_id);
   // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
   void retire_window(Window& window);
   // Forgets a window whose address and pages went elsewhere (host_mapped: its host copy).
@@ -118,7 +139,17 @@ class AddressSpace {
   RangeCache cache_;
   std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
   std::vector<std::size_t> sizes_last_iteration_;
-  std::size_t cursor_ = 0;                          // candidates served so far this iteration
+  std::size_t cursor_ = 0;                          // windows served so far this iteration
+  // The open groups' slabs (layer_slabs): what each was served so far, and its slab if it has one.
+  struct SlabTrack {
+    ranges::PathId selected = ranges::kNoPath;
+    std::uint64_t served_bytes = 0;  // aligned sizes of all its allocations, in the slab or not
+    Window* window = nullptr;
+    std::size_t used = 0;            // bytes of the slab placed so far
+    StreamHandle stream;
+  };
+  std::unordered_map<std::uint32_t, SlabTrack> slabs_;                 // by group id
+  std::unordered_map<ranges::PathId, std::uint64_t> slab_bytes_learned_;  // by selected range
   bool dirty_ = false;                              // cache or demand changed: the worker trims
 };
 

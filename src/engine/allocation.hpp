@@ -26,8 +26,10 @@ namespace actpage::engine {
 struct Allocation;
 struct Group;
 
-// A mapped device range that an allocation is served from: the unit of mapping and unmapping.
-// Each window holds one allocation (its list is empty once the job freed it); adjacent windows
+// A mapped device range that allocations are served from: the unit of mapping and unmapping.
+// A window holds one allocation, or (auto mode's layer slabs, AddressSpace::place) a group's
+// allocations one after another, so that a layer's pages leave and come back in a few VMM calls
+// instead of one set per tensor. Its list is empty once the job freed them all; adjacent windows
 // ready together go back in one unmap.
 struct Window {
   DevPtr va = 0;
@@ -39,6 +41,14 @@ struct Window {
   bool unmap_queued = false;      // in PageReturn's ready list
   bool unmapping = false;         // the VMM worker is unmapping it now (lock released)
   std::vector<FreePoint> free_points;  // stream points of the frees of its allocations (rule 5)
+  bool slab_open = false;         // a layer slab its group still places allocations in: it stays
+                                  // mapped and is not retired while empty until the group is sealed
+};
+
+// Where an allocation goes (AddressSpace::place): its window and its address in it.
+struct Placement {
+  Window* window = nullptr;  // nullptr: nowhere (arena full, out of memory)
+  DevPtr va = 0;
 };
 
 // What the saved-tensor hooks told about an allocation (SavedTensors, saved_tensors.hpp).

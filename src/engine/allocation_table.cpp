@@ -14,9 +14,10 @@
 
 namespace actpage::engine {
 
-Allocation& AllocationTable::add(std::size_t bytes, StreamHandle stream, Window& window, Group& group) {
+Allocation& AllocationTable::add(std::size_t bytes, StreamHandle stream, const Placement& placement, Group& group) {
+  Window& window = *placement.window;
   auto owned = std::make_unique<Allocation>();
-  owned->va = window.va;
+  owned->va = placement.va;
   owned->bytes = bytes;
   owned->stream = stream;
   owned->window = &window;
@@ -24,7 +25,7 @@ Allocation& AllocationTable::add(std::size_t bytes, StreamHandle stream, Window&
   window.allocations.push_back(owned.get());
   group.allocations.push_back(owned.get());
   Allocation& allocation = *owned;
-  allocations_.emplace(window.va, std::move(owned));
+  allocations_.emplace(placement.va, std::move(owned));
   return allocation;
 }
 
@@ -128,7 +129,7 @@ void AllocationTable::dispose(Allocation& allocation) {
     allocation.has_host_physical = false;
     parts_.space.forget_window(window);
   } else if (window.allocations.empty()) {
-    parts_.space.retire_window(window);
+    if (!window.slab_open) parts_.space.retire_window(window);  // else at its group's seal
   } else {
     parts_.pages.queue_unmap(window);  // the others may all be copied
   }

@@ -26,8 +26,8 @@ class AllocationTable {
  public:
   explicit AllocationTable(EngineParts& parts) : parts_(parts) {}
 
-  // A new allocation of `bytes` at the window's address, for `group`.
-  Allocation& add(std::size_t bytes, StreamHandle stream, Window& window, Group& group);
+  // A new allocation of `bytes` where `placement` says (in its window), for `group`.
+  Allocation& add(std::size_t bytes, StreamHandle stream, const Placement& placement, Group& group);
   // `allocation` (remembered with its address before the lock was released) if it still lives.
   Allocation* alive(DevPtr va, const Allocation* allocation);
   // The live allocation whose bytes hold `address` (a view's storage may start inside it), or nullptr.

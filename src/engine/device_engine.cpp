@@ -178,7 +178,7 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     groups_.enter_forward(std::this_thread::get_id());
     return 0;
   }
-  return allocate_locked(bytes, stream, verdict, entry.lock);
+  return allocate_locked(bytes, stream, verdict, entry.lock, Slab::may);
 }
 
 DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
@@ -190,7 +190,10 @@ DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, St
   const std::optional<NodeVerdict> verdict = auto_.watched_verdict(path, bytes, thread, key);
   DevPtr ptr = 0;
   if (verdict) {
-    ptr = allocate_locked(bytes, stream, *verdict, lock);
+    // Never in a layer slab: a watched pass serves other allocations than the paged ones (pass 1
+    // all of the earliest layers', pass 2 what pass 1 saved), and a slab sized by the call before
+    // would leave a mapped tail on the device that the job's unpaged reading would count.
+    ptr = allocate_locked(bytes, stream, *verdict, lock, Slab::never);
     // Observed as the job's own allocations are: its pack counts it to its layer.
     if (ptr != 0) auto_.allocation_passed(path, bytes, stream, ptr, thread, key);
   }
@@ -199,7 +202,7 @@ DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, St
 }
 
 DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
-                                     std::unique_lock<std::mutex>& lock) {
+                                     std::unique_lock<std::mutex>& lock, Slab slab) {
   const auto thread = std::this_thread::get_id();
   if (!groups_.enter_forward(thread)) {
     ++core_.stats.allocations_passed;
@@ -215,17 +218,17 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
     core_.stats.job_thread_pass_start_ns += monotonic_ns() - began;
   }
   const std::uint32_t group_id = groups_.open_group_for(verdict, thread)->id;
-  // A window of its own: its pages go and come back with it.
+  // Its group's layer slab, or a window of its own: its pages go and come back with the window's.
   const std::uint64_t window_started = monotonic_ns();
-  Window* window = space_.new_window(round_up(bytes, core_.granularity), stream, lock);
+  const Placement placed = space_.place(bytes, group_id, verdict.selected, stream, slab == Slab::may, lock);
   core_.stats.job_thread_window_ns += monotonic_ns() - window_started;
   Group* group = groups_.find(group_id);  // the lock was released: look the group up again
-  if (window == nullptr || group == nullptr) {
-    if (window != nullptr) space_.retire_window(*window);
+  if (placed.window == nullptr || group == nullptr) {
+    space_.abandon(placed);
     ++core_.stats.allocations_passed;
     return 0;
   }
-  const Allocation& allocation = allocations_.add(bytes, stream, *window, *group);
+  const Allocation& allocation = allocations_.add(bytes, stream, placed, *group);
   clock_.saw_stream(stream);
   ++core_.stats.allocations_served;
   core_.stats.bytes_served += bytes;

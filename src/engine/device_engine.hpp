@@ -170,8 +170,10 @@ class DeviceEngine {
   // A job's thread with no current context gets this device's (Device::bind_thread_if_unbound).
   void bind_job_thread();
   // allocate() with the lock and the job's turn held.
+  // Slab::may: in its group's layer slab where there is one (AddressSpace::place).
+  enum class Slab { may, never };
   DevPtr allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
-                         std::unique_lock<std::mutex>& lock);
+                         std::unique_lock<std::mutex>& lock, Slab slab);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   // Auto mode's near-free goal, on the forward thread where the layers end: waits until every

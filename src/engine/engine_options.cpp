@@ -48,6 +48,11 @@ DeviceEngineOptions device_engine_options(const Options& options) {
     // chooses them, whatever release_after and keep_last say.
     parts.groups.release_after = ReleaseAfter::range_end;
     parts.groups.keep_last = 0;
+    // A layer's saved activations (what auto mode serves) leave and come back together: one slab a
+    // layer makes a few VMM calls where a window a tensor made one set each, and each call slows
+    // the job's short kernels (docs/findings.md, section 2). The other stray_access modes map or
+    // fill one allocation's window at a time.
+    parts.space.layer_slabs = options.stray_access == StrayAccess::fault;
     if (options.auto_device_memory != 0) {
       // The device-memory goal pages more than the link copies within the forward pass: the
       // copies still queued where the layers end would be on the device at the step's peak (or be

@@ -28,6 +28,8 @@ namespace actpage::engine {
 //   job_thread_pool_mark_ns: of job_thread_pass_start_ns, the job pool's high-water mark read and
 //     restarted (two pool attribute calls; what is left is the events recorded)
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
+//   slabs_opened, slab_allocations: layer slabs made (AddressSpace::place) and the allocations
+//     placed in them (the rest had windows of their own)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
 //   grant_waits, grant_wait_ns: grants (vmm.grant_when_idle) that waited for the copy queue to
@@ -157,6 +159,8 @@ namespace actpage::engine {
   X(job_thread_watched_ns) \
   X(worker_vmm_calls) \
   X(offload_unmaps) \
+  X(slabs_opened) \
+  X(slab_allocations) \
   X(ranges_recycled) \
   X(recycle_grants) \
   X(grant_waits) \

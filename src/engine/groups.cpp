@@ -106,6 +106,7 @@ bool Groups::seal_at(ranges::PathId node, std::thread::id thread) {
 void Groups::seal(Group& group) {
   EngineCore& core = parts_.core;
   group.sealed = true;
+  parts_.space.close_slab(group.id);  // before a group left empty goes
   parts_.space.mark_dirty();  // forward moved on: the demand for cached ranges changed
   core.work_cv.notify_all();
   if (group.allocations.empty()) {

@@ -344,8 +344,8 @@ void OffloadPipeline::run() {
 }
 
 std::uint64_t OffloadPipeline::backlog_bytes() const {
-  // Queued, being copied, or copied and waiting for its window's unmap (each window holds one
-  // allocation: its pages leave with it).
+  // Queued, being copied, or copied and waiting for its window's unmap (its pages leave with the
+  // window's: at once, or with the rest of its layer slab).
   std::uint64_t bytes = 0;
   for (const auto& [id, group] : parts_.groups.all()) {
     for (const Allocation* allocation : group->allocations) {

@@ -30,7 +30,7 @@ std::optional<std::uint64_t> PageReturn::next_wake_ns() const {
 
 void PageReturn::queue_unmap(Window& window) {
   EngineCore& core = parts_.core;
-  if (!window.mapped || window.unmap_queued || window.unmapping || window.allocations.empty() ||
+  if (!window.mapped || window.slab_open || window.unmap_queued || window.unmapping || window.allocations.empty() ||
       window.copied != window.allocations.size()) {
     return;
   }

@@ -74,6 +74,28 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
   EXPECT_SAYS(summary, "auto (near-free): paged model.layers.0-2 (12 MiB a pass");
 }
 
+// Auto mode serves a layer's saved tensors in one slab, sized by what the layer was served in the
+// pass before: from the second paged pass on, each chosen layer's two tensors share one window,
+// whose pages leave once both are copied and come back in one map for both.
+TEST(AutoMode, EachPagedLayersTensorsShareOneSlabFromTheSecondPagedPassOn) {
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EngineStats before = rig.engine.stats();
+  EXPECT_EQ(before.slabs_opened, 0u) << "nothing was learned before the first paged pass";
+  for (int pass = 4; pass <= 6; ++pass) {
+    job.pass();
+    const EngineStats after = rig.engine.stats();
+    EXPECT_EQ(after.slabs_opened - before.slabs_opened, 3u) << "pass " << pass;
+    EXPECT_EQ(after.slab_allocations - before.slab_allocations, 3u * 2) << "pass " << pass;
+    EXPECT_EQ(after.allocations_served - before.allocations_served, 3u * 2) << "pass " << pass;
+    EXPECT_EQ(after.reload_creates - before.reload_creates, 3u) << "pass " << pass << ": one map a layer";
+    EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "pass " << pass;
+    before = after;
+  }
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, AJobWhoseLayersNeverShowIsToldAutoModePagedNothingAndWhy) {
   // A compiled model: the module hooks see the model but no numbered layers inside it. The run
   // computes as without actpage, and its end says why nothing was paged, instead of nothing.

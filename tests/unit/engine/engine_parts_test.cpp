@@ -324,6 +324,71 @@ TEST(AddressSpace, AMissMapsOnTheCallersThreadAndARetiredWindowServesTheNextOneW
   parts.space.retire_window(*second);
 }
 
+// Auto mode's layer slabs (no module rule: auto mode, stray_access fault). A selected range's first
+// call learns what its group is served; the next call's group gets one slab of that size, its
+// allocations one after another; what does not fit or comes on another stream gets its own window.
+// A slab whose allocations were all freed stays while its group is open, and goes at its seal.
+TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOnceSealed) {
+  Options options = testing::small_offload_options();
+  options.modules.clear();  // auto mode
+  Parts parts(options);
+  auto& registry = ranges::Registry::instance();
+  const ranges::PathId layer = registry.child(ranges::kNoPath, registry.intern_name("slab_model.layers.0"));
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  // The forward begins (a new iteration closes the slabs left open) with a group for the table.
+  NodeVerdict verdict;
+  verdict.candidate = true;
+  verdict.selected = layer;
+  const auto thread = std::this_thread::get_id();
+  ASSERT_TRUE(parts.groups.enter_forward(thread));
+  Group* group = parts.groups.open_group_for(verdict, thread);
+  // First call: nothing learned, windows of their own (3 MiB rounds up to the 2 MiB granularity).
+  const Placement a = parts.space.place(3 * kMiB, 1, layer, parts.job_stream, true, lock);
+  const Placement b = parts.space.place(kMiB, 1, layer, parts.job_stream, true, lock);
+  ASSERT_NE(a.window, nullptr);
+  ASSERT_NE(b.window, nullptr);
+  EXPECT_NE(a.window, b.window);
+  EXPECT_EQ(a.va, a.window->va);
+  EXPECT_EQ(a.window->bytes, 4 * kMiB);
+  EXPECT_FALSE(a.window->slab_open);
+  parts.space.close_slab(1);
+  parts.space.retire_window(*a.window);
+  parts.space.retire_window(*b.window);
+  EXPECT_EQ(parts.core.stats.slabs_opened, 0u);
+
+  // Second call: one 4 MiB slab (what the first was served) for both, one after the other.
+  const Placement c = parts.space.place(3 * kMiB, 2, layer, parts.job_stream, true, lock);
+  const Placement d = parts.space.place(kMiB, 2, layer, parts.job_stream, true, lock);
+  ASSERT_NE(c.window, nullptr);
+  EXPECT_EQ(d.window, c.window);
+  EXPECT_EQ(c.window->bytes, 4 * kMiB);
+  EXPECT_EQ(c.va, c.window->va);
+  EXPECT_EQ(d.va, c.va + 3 * kMiB);
+  EXPECT_TRUE(c.window->slab_open);
+  // Full now: a window of its own; so is one on another stream.
+  const Placement e = parts.space.place(kMiB, 2, layer, parts.job_stream, true, lock);
+  const StreamHandle side = *parts.device.create_stream(0);
+  const Placement f = parts.space.place(kMiB, 2, layer, side, true, lock);
+  EXPECT_NE(e.window, c.window);
+  EXPECT_NE(f.window, c.window);
+  EXPECT_EQ(parts.core.stats.slabs_opened, 1u);
+  EXPECT_EQ(parts.core.stats.slab_allocations, 2u);
+
+  // The slab's one allocation freed while its group is open: the slab stays (more may come).
+  Allocation& in_slab = parts.allocations.add(3 * kMiB, parts.job_stream, c, *group);
+  const std::uint64_t cached_before = parts.space.cached_bytes();
+  parts.allocations.free(in_slab.va, parts.job_stream, lock);
+  EXPECT_EQ(parts.space.window_containing(d.va), c.window);
+  EXPECT_EQ(parts.space.cached_bytes(), cached_before);
+  // Sealed: it goes to the cache.
+  parts.space.close_slab(2);
+  EXPECT_EQ(parts.space.window_containing(d.va), nullptr);
+  EXPECT_EQ(parts.space.cached_bytes(), cached_before + 4 * kMiB);
+  parts.space.retire_window(*e.window);
+  parts.space.retire_window(*f.window);
+  (void)parts.device.destroy_stream(side);
+}
+
 TEST(AllocationTable, AFreeOfAResidentAllocationDisposesOfItAndCachesItsRangeAfterItsStreamPoint) {
   Options options = testing::small_offload_options();
   Parts parts(options);
@@ -339,7 +404,7 @@ TEST(AllocationTable, AFreeOfAResidentAllocationDisposesOfItAndCachesItsRangeAft
   Group* group = parts.groups.open_group_for(verdict, thread);
   Window* window = parts.space.new_window(2 * kMiB, parts.job_stream, lock);
   ASSERT_NE(window, nullptr);
-  Allocation& allocation = parts.allocations.add(2 * kMiB, parts.job_stream, *window, *group);
+  Allocation& allocation = parts.allocations.add(2 * kMiB, parts.job_stream, Placement{window, window->va}, *group);
   const DevPtr va = allocation.va;
   EXPECT_EQ(parts.allocations.alive(va, &allocation), &allocation);
   parts.allocations.free(va, parts.job_stream, lock);
