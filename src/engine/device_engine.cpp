@@ -269,7 +269,9 @@ void DeviceEngine::drain_while_gpu_behind(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t layers_end = clock_.mark(std::nullopt, /*backward_begins=*/false, /*point=*/true);
   if (layers_end == 0) return;
   const bool waited = offload_.wait_for_backlog(lock, 0, [&] { return clock_.reached(layers_end); });
-  if (waited && offload_.backlog_bytes() != 0) ++core_.stats.drains_ended_by_gpu;
+  // Ended with copies left: by the GPU, or by backward beginning on another thread or the engine
+  // stopping (those are not the GPU's).
+  if (waited && offload_.backlog_bytes() != 0 && clock_.reached(layers_end)) ++core_.stats.drains_ended_by_gpu;
 }
 
 void DeviceEngine::drain_at_backward_start() {

@@ -200,6 +200,30 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
   wait.backward_reads_right();
 }
 
+// The same wait ended by backward beginning on autograd's thread (its marker came first), the GPU
+// still held before the head and the copies held: the host goes on, and the wait does not count as
+// ended by the GPU.
+TEST(AutoMode, NearFreesWaitEndedByBackwardsStartIsNotCountedAsTheGpus) {
+  NearFreeWaitRig wait;
+  Rig& rig = wait.rig;
+  std::promise<void> gpu_go;
+  std::shared_future<void> go = gpu_go.get_future().share();
+  wait.job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
+  rig.device.hold_copies_to_host();
+  std::thread autograd([&] {
+    EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
+    rig.job->marker("model.backward");
+  });
+  wait.job.forward();
+  autograd.join();
+  const EngineStats after_forward = rig.engine.stats();
+  rig.device.release_copies_to_host();
+  gpu_go.set_value();
+  EXPECT_EQ(after_forward.backlog_waits, wait.before.backlog_waits + 1);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, wait.before.drains_ended_by_gpu);
+  wait.backward_reads_right();
+}
+
 // The same wait where the GPU keeps up with the host (a job that is not GPU-bound): once the GPU
 // has reached the layers' end its queue holds nothing more of the job's, so the host goes on with
 // the copies still in flight rather than leave it idle. Here the copies stay held until the host is
