@@ -125,11 +125,11 @@ constexpr std::size_t kSlabAlignment = 512;
 
 Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected,
                               StreamHandle stream, bool may_slab, std::unique_lock<std::mutex>& lock) {
-  const std::size_t mapped_bytes = round_up(bytes, parts_.core.granularity);
-  if (!options_.layer_slabs) {
-    Window* window = new_window(mapped_bytes, stream, lock);
+  auto own_window = [&] {
+    Window* window = new_window(round_up(bytes, parts_.core.granularity), stream, lock);
     return Placement{window, window != nullptr ? window->va : 0};
-  }
+  };
+  if (!options_.layer_slabs) return own_window();
   const std::size_t aligned = round_up(bytes, kSlabAlignment);
   SlabTrack& track = slabs_[group_id];
   track.selected = selected;
@@ -162,20 +162,14 @@ Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges:
       return Placement{slab, slab->va};
     }
   }
-  Window* window = new_window(mapped_bytes, stream, lock);
-  return Placement{window, window != nullptr ? window->va : 0};
+  return own_window();
 }
 
-void AddressSpace::abandon(const Placement& placement) {
+void AddressSpace::abandon(const Placement& placement, std::uint32_t group_id) {
   if (placement.window == nullptr || !placement.window->allocations.empty()) return;
   Window& window = *placement.window;
   if (window.slab_open) {
-    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
-      if (it->second.window == &window) {
-        slabs_.erase(it);
-        break;
-      }
-    }
+    slabs_.erase(group_id);  // only an open group's own slab is open
     window.slab_open = false;
   }
   retire_window(window);

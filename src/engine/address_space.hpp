@@ -46,7 +46,6 @@ struct AddressSpaceOptions {
   bool layer_slabs = false;       // a group's allocations share one window (auto mode, fault)
 };
 
-
 // Pages kept for the cache outside it (waiting to be mapped at a cache address): they count
 // against the demand as if in the cache.
 struct HeldForCache {
@@ -82,9 +81,9 @@ class AddressSpace {
   // (new_window(); unlocks). Its bytes count to what the group is served either way.
   Placement place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected, StreamHandle stream,
                   bool may_slab, std::unique_lock<std::mutex>& lock);
-  // The allocation place() found room for was not made after all (its group went meanwhile):
-  // a window left empty goes (an empty slab closed first).
-  void abandon(const Placement& placement);
+  // The allocation place() found room for in `group_id`'s call was not made after all (its group
+  // went meanwhile): a window left empty goes (an empty slab closed first).
+  void abandon(const Placement& placement, std::uint32_t group_id);
   // The group is sealed: what it was served is learned for its selected range's next call, and its
   // slab closes (retired when empty, else its pages may go once every allocation is copied).
   void close_slab(std::uint32_t group_id);

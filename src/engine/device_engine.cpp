@@ -224,7 +224,7 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
   core_.stats.job_thread_window_ns += monotonic_ns() - window_started;
   Group* group = groups_.find(group_id);  // the lock was released: look the group up again
   if (placed.window == nullptr || group == nullptr) {
-    space_.abandon(placed);
+    space_.abandon(placed, group_id);
     ++core_.stats.allocations_passed;
     return 0;
   }
