@@ -166,9 +166,19 @@ struct NearFreeWaitRig {
     EXPECT_EQ(stats.reloads_completed, stats.offloads_completed);
     expect_every_read_right(rig);
   }
+  // The GPU held before the head by a kernel of the test (the host then runs ahead of it), until
+  // release_gpu().
+  void hold_gpu_before_head() {
+    job.before_head = [this] {
+      ASSERT_TRUE(rig.device.launch(rig.stream, [held = gpu_held] { held.wait(); }).ok());
+    };
+  }
+  void release_gpu() { gpu_go.set_value(); }
   Rig rig{options(), budget_of(8 * kMiB)};
   LayerJob job{rig};
   EngineStats before;
+  std::promise<void> gpu_go;
+  std::shared_future<void> gpu_held{gpu_go.get_future().share()};
 };
 
 // Near-free in a job whose host runs ahead of the GPU (a GPU-bound job): the job's pool grows to the
@@ -181,9 +191,7 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
   Rig& rig = wait.rig;
   const std::uint64_t chosen = wait.before.auto_bytes_chosen;
   ASSERT_GT(chosen, 0u);
-  std::promise<void> gpu_go;
-  std::shared_future<void> go = gpu_go.get_future().share();
-  wait.job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
+  wait.hold_gpu_before_head();
   rig.device.hold_copies_to_host();
   std::thread release([&] {
     EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
@@ -193,7 +201,7 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
   wait.job.forward();  // back once every paged byte has left, the GPU still held before the head
   const EngineStats after_forward = rig.engine.stats();
   release.join();
-  gpu_go.set_value();
+  wait.release_gpu();
   EXPECT_EQ(after_forward.offloaded_bytes_now, chosen);
   EXPECT_EQ(after_forward.backlog_waits, wait.before.backlog_waits + 1);
   EXPECT_EQ(after_forward.drains_ended_by_gpu, wait.before.drains_ended_by_gpu);
@@ -206,9 +214,7 @@ TEST(AutoMode, NearFreesHostWaitsWhereTheLayersEndForItsCopiesWhileTheGpuIsBehin
 TEST(AutoMode, NearFreesWaitEndedByBackwardsStartIsNotCountedAsTheGpus) {
   NearFreeWaitRig wait;
   Rig& rig = wait.rig;
-  std::promise<void> gpu_go;
-  std::shared_future<void> go = gpu_go.get_future().share();
-  wait.job.before_head = [&] { ASSERT_TRUE(rig.device.launch(rig.stream, [go] { go.wait(); }).ok()); };
+  wait.hold_gpu_before_head();
   rig.device.hold_copies_to_host();
   std::thread autograd([&] {
     EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
@@ -218,7 +224,7 @@ TEST(AutoMode, NearFreesWaitEndedByBackwardsStartIsNotCountedAsTheGpus) {
   autograd.join();
   const EngineStats after_forward = rig.engine.stats();
   rig.device.release_copies_to_host();
-  gpu_go.set_value();
+  wait.release_gpu();
   EXPECT_EQ(after_forward.backlog_waits, wait.before.backlog_waits + 1);
   EXPECT_EQ(after_forward.drains_ended_by_gpu, wait.before.drains_ended_by_gpu);
   wait.backward_reads_right();
