@@ -24,6 +24,7 @@ enum class PythonHooksBackward { layers, hooked, none, automatic };
 enum class PythonHooksCall { hooks, wrap };
 enum class LogLevel { trace, debug, info, warn, error, off };
 enum class AutoGoal { near_free, off };
+enum class LayersEndDrain { off, while_gpu_behind, always };
 
 // One entry of "modules": which ranges' activations are offloaded.
 struct ModuleRule {

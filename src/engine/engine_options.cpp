@@ -7,13 +7,18 @@ namespace actpage::engine {
 DeviceEngineOptions device_engine_options(const Options& options) {
   DeviceEngineOptions parts;
   parts.front.offload_backlog_bytes = options.offload_backlog_bytes;
-  parts.front.drain_at_layers_end = options.offload_drain_at_layers_end;
+  parts.front.drain_at_layers_end = options.offload_drain_at_layers_end == LayersEndDrain::always;
+  // The job's pool grows to the step's peak as the host allocates the head, not as the GPU runs
+  // it. A host far ahead gets there while the GPU is still in the paged layers, their pages on the
+  // device beside the whole peak (gpu_bound_llama, H200: 2.3 GiB paged by auto mode, the peak
+  // 0.8 GiB over the job's own). Waiting there while the GPU is behind costs no GPU time.
+  parts.front.drain_while_gpu_behind = options.offload_drain_at_layers_end == LayersEndDrain::while_gpu_behind;
   parts.front.drain_at_backward_start = options.offload_drain_at_backward_start;
   parts.front.trace_sample_ms = options.trace_sample_ms;
   parts.groups.release_after = options.release_after;
   parts.groups.keep_last = options.keep_last;
   parts.groups.offload = options.mode == Mode::offload;
-  parts.groups.drain_at_layers_end = options.offload_drain_at_layers_end;
+  parts.groups.drain_at_layers_end = parts.front.drain_at_layers_end || parts.front.drain_while_gpu_behind;
   parts.groups.drain_at_backward_start = options.offload_drain_at_backward_start;
   parts.space.arena_bytes = options.vmm_arena_bytes;
   parts.space.cache_bytes = options.vmm_cache_bytes;
@@ -58,14 +63,9 @@ DeviceEngineOptions device_engine_options(const Options& options) {
       // copies still queued where the layers end would be on the device at the step's peak (or be
       // cancelled by their reloads), so the job's thread waits there until they are done.
       parts.front.drain_at_layers_end = true;
-    } else if (!options.offload_drain_at_layers_end) {
-      // Near-free: the job's pool grows to the step's peak as the host allocates the head, not as
-      // the GPU runs it. A host far ahead gets there while the GPU is still in the paged layers,
-      // their pages on the device beside the whole peak (gpu_bound_llama, H200: 2.3 GiB paged, the
-      // peak 0.8 GiB over the job's own). Waiting there while the GPU is behind costs no GPU time.
-      parts.front.drain_while_gpu_behind = true;
+      parts.front.drain_while_gpu_behind = false;
+      parts.groups.drain_at_layers_end = true;
     }
-    parts.groups.drain_at_layers_end = parts.front.drain_at_layers_end || parts.front.drain_while_gpu_behind;
   }
   return parts;
 }

@@ -20,10 +20,10 @@ namespace actpage::engine {
 // What the front itself reads: the job threads' waits for the copies, and the memory sampler.
 struct FrontOptions {
   std::uint64_t offload_backlog_bytes = 0;  // offload_backlog_bytes
-  bool drain_at_layers_end = false;         // offload_drain_at_layers_end
+  bool drain_at_layers_end = false;         // offload_drain_at_layers_end always (the device-memory goal)
   bool drain_at_backward_start = false;     // offload_drain_at_backward_start
-  // Auto mode's near-free goal: at the layers' end the job's thread waits for the copies while the
-  // GPU is still behind it there (DeviceEngine::drain_while_gpu_behind).
+  // offload_drain_at_layers_end while_gpu_behind: at the layers' end the job's thread waits for the
+  // copies while the GPU is still behind it there (DeviceEngine::drain_while_gpu_behind).
   bool drain_while_gpu_behind = false;
   std::uint64_t trace_sample_ms = 0;        // trace.sample_ms
 };

@@ -59,10 +59,9 @@ namespace actpage::engine {
 //     time those cuMemCreate calls took
 //   backlog_waits, backlog_wait_ns: the job's thread waited for the offload backlog to fall, at a
 //     module's end to offload_backlog_bytes or at the layers' end to nothing
-//     (offload_drain_at_layers_end; auto mode's near-free goal while the GPU is behind), and for
-//     how long in all
-//   drains_ended_by_gpu: near-free's waits at the layers' end that ended with the GPU there, copies
-//     still in flight (the host was not far enough ahead for them)
+//     (offload_drain_at_layers_end: always, or while the GPU is behind), and for how long in all
+//   drains_ended_by_gpu: waits at the layers' end (while_gpu_behind) that ended with the GPU
+//     there, copies still in flight (the host was not far enough ahead for them)
 //   gpu_markers: backward markers whose point on the job's stream was recorded (GpuClock)
 //   gpu_waits, gpu_wait_ns: a backward marker's thread waited for the GPU to come within
 //     prefetch.ahead_bytes of it before requesting its reloads (the reload gate), and how long in all

@@ -41,7 +41,7 @@ struct GroupOptions {
   ReleaseAfter release_after = ReleaseAfter::enclosing_range;
   std::uint64_t keep_last = 0;
   bool offload = true;           // mode offload (observe: nothing leaves)
-  bool drain_at_layers_end = false;      // offload_drain_at_layers_end, or auto mode's drains
+  bool drain_at_layers_end = false;      // offload_drain_at_layers_end (always or while_gpu_behind)
   bool drain_at_backward_start = false;  // offload_drain_at_backward_start
 };
 

@@ -62,6 +62,13 @@ struct EnumNames<AutoGoal> {
       {{AutoGoal::near_free, "near_free"}, {AutoGoal::off, "off"}}};
 };
 template <>
+struct EnumNames<LayersEndDrain> {
+  static constexpr std::array<std::pair<LayersEndDrain, std::string_view>, 3> values{
+      {{LayersEndDrain::off, "off"},
+       {LayersEndDrain::while_gpu_behind, "while_gpu_behind"},
+       {LayersEndDrain::always, "always"}}};
+};
+template <>
 struct EnumNames<LogLevel> {
   static constexpr std::array<std::pair<LogLevel, std::string_view>, 6> values{
       {{LogLevel::trace, "trace"},

@@ -38,11 +38,15 @@ std::vector<const char*> not_modelled(Options& options) {
   };
   off(options.vmm_prefill_cache, "vmm.prefill_cache");
   off(options.offload_backlog_bytes > 0, "offload_backlog_bytes");
-  off(options.offload_drain_at_layers_end, "offload_drain_at_layers_end");
+  // while_gpu_behind is modelled: a replay records no GPU points, the GPU counts as where the host
+  // is, and nothing waits (as on a job whose host is not ahead).
+  off(options.offload_drain_at_layers_end == LayersEndDrain::always, "offload_drain_at_layers_end");
   off(options.offload_drain_at_backward_start, "offload_drain_at_backward_start");
   options.vmm_prefill_cache = false;
   options.offload_backlog_bytes = 0;
-  options.offload_drain_at_layers_end = false;
+  if (options.offload_drain_at_layers_end == LayersEndDrain::always) {
+    options.offload_drain_at_layers_end = LayersEndDrain::while_gpu_behind;
+  }
   options.offload_drain_at_backward_start = false;
   return turned_off;
 }

@@ -95,6 +95,10 @@ Options every_mlp(std::uint64_t ahead_bytes) {
   options.vmm_cache_bytes = 0;
   // A map on the job's thread would otherwise wait for the copy queue, which the held GPU holds.
   options.vmm_grant_when_idle = false;
+  // The host runs on into backward with the GPU held in forward: the wait where the layers end
+  // (while_gpu_behind, the default) would hold it there until the GPU came, which these tests let
+  // go only once the host is in backward.
+  options.offload_drain_at_layers_end = LayersEndDrain::off;
   return options;
 }
 

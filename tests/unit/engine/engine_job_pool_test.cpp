@@ -120,11 +120,15 @@ TEST(Engine, APrefetchHeldForThePoolDoesNotHoldUpQuiesce) {
 
 TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
   // The device holds the copies to the host: when the forward's last range closes, the activations
-  // are still being copied. With offload_drain_at_layers_end the job's thread waits at the end of
-  // the range that holds the layers ("model") until every sealed activation is copied and its pages
-  // are given back, so that what the head and the loss allocate next meets none of them on the
-  // device; the copies go once that wait is seen. Without it the forward returns with them held.
-  for (bool drain : {false, true}) {
+  // are still being copied. With offload_drain_at_layers_end always the job's thread waits at the
+  // end of the range that holds the layers ("model") until every sealed activation is copied and
+  // its pages are given back, so that what the head and the loss allocate next meets none of them
+  // on the device; the copies go once that wait is seen. Off, the forward returns with them held;
+  // while_gpu_behind too, here: the GPU (the job's stream, not held) is already there, and a longer
+  // wait would leave it idle.
+  for (LayersEndDrain drain : {LayersEndDrain::off, LayersEndDrain::while_gpu_behind, LayersEndDrain::always}) {
+    const bool waits = drain == LayersEndDrain::always;
+    const auto name = static_cast<int>(drain);
     Options options = testing::small_offload_options();
     options.keep_last = 0;
     options.offload_drain_at_layers_end = drain;
@@ -133,7 +137,7 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
     for (int iteration = 0; iteration < 2; ++iteration) {
       rig.device.hold_copies_to_host();
       std::thread release;
-      if (drain) {
+      if (waits) {
         release = std::thread([&] {
           EXPECT_TRUE(until_a_job_thread_waits(rig.engine)) << "iteration " << iteration;
           rig.device.release_copies_to_host();
@@ -141,33 +145,79 @@ TEST(Engine, TheLayersEndWaitsUntilEverySealedActivationHasLeft) {
       }
       Forward forward = run_forward(*rig.job, 6, 2, 3 * kMiB);
       const EngineStats after_forward = rig.engine.stats();  // the job's thread is back
-      if (drain) {
+      if (waits) {
         release.join();
       } else {
         rig.device.release_copies_to_host();
       }
       // 6 layers x 2 saved activations of 3 MiB (4 MiB mapped) leave; the temporary and the output
       // are freed in forward.
-      if (drain) {
+      if (waits) {
         EXPECT_EQ(after_forward.offloaded_bytes_now, 6 * 2 * 4 * kMiB) << "iteration " << iteration;
         EXPECT_GE(after_forward.backlog_waits, static_cast<std::uint64_t>(iteration) + 1);
       } else {
-        EXPECT_EQ(after_forward.offloaded_bytes_now, 0u) << "iteration " << iteration;
-        EXPECT_EQ(after_forward.backlog_waits, 0u);
+        EXPECT_EQ(after_forward.offloaded_bytes_now, 0u) << "iteration " << iteration << " drain " << name;
+        // while_gpu_behind may wait until the GPU has run the layers' end: every wait ended there.
+        EXPECT_EQ(after_forward.backlog_waits, after_forward.drains_ended_by_gpu) << "drain " << name;
+        if (drain == LayersEndDrain::off) {
+          EXPECT_EQ(after_forward.backlog_waits, 0u);
+        }
       }
       run_backward(*rig.job, forward, 6);
       rig.engine.quiesce();
     }
     rig.device.synchronize();
-    EXPECT_EQ(rig.job->mismatches(), 0u) << "drain " << drain;
-    EXPECT_EQ(rig.job->failed(), 0u) << "drain " << drain;
-    EXPECT_EQ(rig.device.fault_count(), 0u) << "drain " << drain;
+    EXPECT_EQ(rig.job->mismatches(), 0u) << "drain " << name;
+    EXPECT_EQ(rig.job->failed(), 0u) << "drain " << name;
+    EXPECT_EQ(rig.device.fault_count(), 0u) << "drain " << name;
     // Every activation that left came back (without the wait backward overtakes a few copies).
-    EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed) << "drain " << drain;
-    if (drain) {
+    EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed) << "drain " << name;
+    if (waits) {
       EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * 12u);
     }
   }
+}
+
+// A policy's job whose host runs ahead of the GPU (a GPU-bound job), with offload_drain_at_layers_end
+// as it comes (while_gpu_behind): the GPU is held after the last layer by a kernel of the test, so
+// the host reaches the layers' end while the GPU is behind it there; the host waits until every
+// sealed activation has left, which costs the GPU nothing (its queue still holds the held kernel).
+// The copies are held until the host is seen waiting, whatever the host's speed.
+TEST(Engine, APolicysHostAheadOfTheGpuWaitsWhereTheLayersEndUntilItsCopiesAreDone) {
+  Options options = testing::small_offload_options();
+  ASSERT_EQ(options.offload_drain_at_layers_end, LayersEndDrain::while_gpu_behind);  // the default
+  options.keep_last = 0;
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  Rig rig(options);
+  std::promise<void> gpu_go;
+  std::shared_future<void> gpu_held = gpu_go.get_future().share();
+  rig.device.hold_copies_to_host();
+  std::thread release([&] {
+    EXPECT_TRUE(until_a_job_thread_waits(rig.engine)) << "the job's thread did not wait where the layers end";
+    EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 0u);
+    rig.device.release_copies_to_host();
+  });
+  constexpr int kLayers = 4;
+  int layers_done = 0;
+  Forward forward = run_mlp_forward(*rig.job, kLayers, 2, 3 * kMiB, [&] {
+    if (++layers_done == kLayers) {
+      ASSERT_TRUE(rig.device.launch(rig.stream, [held = gpu_held] { held.wait(); }).ok());
+    }
+  });
+  const EngineStats after_forward = rig.engine.stats();  // the job's thread is back
+  release.join();
+  gpu_go.set_value();
+  // 4 layers x 2 activations of 3 MiB (4 MiB mapped) left before the forward returned.
+  EXPECT_EQ(after_forward.offloaded_bytes_now, kLayers * 2 * 4 * kMiB);
+  EXPECT_EQ(after_forward.backlog_waits, 1u);
+  EXPECT_EQ(after_forward.drains_ended_by_gpu, 0u);
+  run_backward(*rig.job, forward, kLayers);
+  rig.engine.quiesce();
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
 }
 
 TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocation) {
@@ -181,6 +231,7 @@ TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocati
   Options options = testing::small_offload_options();
   options.keep_last = 0;
   options.offload_drain_at_backward_start = true;
+  options.offload_drain_at_layers_end = LayersEndDrain::off;  // the later drain alone
   options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
   Rig rig(options);
   constexpr int kLayers = 6;
@@ -246,7 +297,7 @@ TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModu
   // layers' end is seen waiting, so that a wait at a layer's end would find copies in flight.
   Options options = testing::small_offload_options();
   options.modules = {ModuleRule{{"*.mlp.experts"}, true, std::nullopt}};
-  options.offload_drain_at_layers_end = true;
+  options.offload_drain_at_layers_end = LayersEndDrain::always;
   options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
   Rig rig(options);
   constexpr int kLayers = 4;
@@ -377,7 +428,7 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
   {
     Options options = testing::small_offload_options();
     options.keep_last = 0;
-    options.offload_drain_at_layers_end = true;
+    options.offload_drain_at_layers_end = LayersEndDrain::always;
     options.vmm_cache_bytes = 0;
     options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
     SimDeviceConfig config = sim_config(5, 0);
@@ -626,6 +677,9 @@ TEST(Engine, ABacklogCapHoldsTheJobAtALayersEndUntilTheCopiesCatchUp) {
   for (std::uint64_t cap : {std::uint64_t{0}, std::uint64_t{8 * kMiB}}) {
     Options options = testing::small_offload_options();
     options.offload_backlog_bytes = cap;
+    // The cap alone: the gate holds the GPU before the layers' end until the forward is back, and
+    // the wait there (while_gpu_behind) would wait for it.
+    options.offload_drain_at_layers_end = LayersEndDrain::off;
     // A job's map that misses the cache otherwise waits for the offload copy queue to drain, which
     // the gate keeps from happening until it opens.
     options.vmm_grant_when_idle = false;

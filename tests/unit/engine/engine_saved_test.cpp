@@ -47,6 +47,10 @@ Options residual_options(ReleaseAfter release_after, std::uint64_t keep_last, St
   options.keep_last = keep_last;
   options.stray_access = stray_access;
   options.prefetch_ahead_bytes = 0;
+  // Whether the last block's output has left when the head saves it would otherwise depend on the
+  // simulated GPU's timing: the wait where the layers end (while_gpu_behind) lasts until the copies
+  // are done or the GPU is there, whichever is first.
+  options.offload_drain_at_layers_end = LayersEndDrain::off;
   return options;
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <memory>
 #include <random>
@@ -79,7 +80,9 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
   options.vmm_trim_job_pool = pick(0, 1) == 1;
   options.offload_backlog_bytes = pick(0, 2) == 0 ? pick(1, 16) * (small ? 64 * kKiB : kMiB) : 0;
   options.vmm_prefill_cache = pick(0, 1) == 1;
-  options.offload_drain_at_layers_end = pick(0, 2) == 0;
+  // One draw of three, as when it was a boolean (0: on): the seeds' other picks stay as they were.
+  options.offload_drain_at_layers_end = std::array{LayersEndDrain::always, LayersEndDrain::while_gpu_behind,
+                                                   LayersEndDrain::off}[pick(0, 2)];
   skip(0, 2);  // vmm.trim_job_pool_at_layers_end
   options.copy_chunks_queued = pick(1, 4);
   skip(0, 1);  // copy_at_release
@@ -102,7 +105,7 @@ TortureTotals run_case(std::uint64_t seed, bool small = false) {
                  static_cast<unsigned long long>(seed), (unsigned long long)options.copy_chunk_bytes,
                  options.vmm_grant_when_idle ? 1 : 0, options.vmm_trim_job_pool ? 1 : 0,
                  (unsigned long long)options.offload_backlog_bytes, options.vmm_prefill_cache ? 1 : 0,
-                 options.offload_drain_at_layers_end ? 1 : 0, (unsigned long long)options.copy_chunks_queued,
+                 static_cast<int>(options.offload_drain_at_layers_end), (unsigned long long)options.copy_chunks_queued,
                  options.vmm_trim_job_pool_catch_up ? 1 : 0, options.offload_drain_at_backward_start ? 1 : 0);
     std::fprintf(stderr, "seed %llu: min_bytes %llu keep_last %llu inflight %llu prefetch %llu cache %llu pool %llu %s rules %zu\n",
                  static_cast<unsigned long long>(seed), (unsigned long long)options.min_bytes,

@@ -103,7 +103,7 @@ TEST(Replay, WhatItDoesNotModelItSays) {
   Options options = mlp_policy();
   options.vmm_prefill_cache = true;
   options.offload_backlog_bytes = kMiB;
-  options.offload_drain_at_layers_end = true;
+  options.offload_drain_at_layers_end = LayersEndDrain::always;
   options.offload_drain_at_backward_start = true;
   auto result = replay_trace(*trace, options);
   ASSERT_TRUE(result.ok());

@@ -240,7 +240,7 @@ TEST(Planner, WhatItsReplaysDoNotModelItSaysOnce) {
   ASSERT_TRUE(plain.ok()) << plain.status().message();
   EXPECT_TRUE(plain->warnings.empty());
   options.base.vmm_prefill_cache = true;
-  options.base.offload_drain_at_layers_end = true;
+  options.base.offload_drain_at_layers_end = LayersEndDrain::always;
   auto planned = plan(file, goal, options);
   ASSERT_TRUE(planned.ok()) << planned.status().message();
   ASSERT_EQ(planned->warnings.size(), 2u);
