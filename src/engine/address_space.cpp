@@ -45,8 +45,11 @@ void AddressSpace::release_arena() {
 Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
   auto window = std::make_unique<Window>();
-  // The oldest cached range of the best size.
-  if (auto cached = take_cached(mapped_bytes)) {
+  // The oldest cached range of the best size, else one given back whose frees the device has not
+  // run yet: the job's allocations are in stream order, so reusing it needs no wait.
+  std::optional<CachedRange> cached = take_cached(mapped_bytes);
+  if (!cached) cached = parts_.pages.take_back_deferred(mapped_bytes);
+  if (cached) {
     window->va = cached->va;
     window->bytes = cached->mapped_bytes;
     window->physical = cached->physical;

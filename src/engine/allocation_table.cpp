@@ -125,7 +125,7 @@ void AllocationTable::dispose(Allocation& allocation) {
     core.stats.offloaded_bytes_now -= window.bytes;
     core.stats.live_owned_bytes -= window.bytes;
     parts_.pages.defer_release(
-        CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points)});
+        CachedRange{window.va, window.bytes, allocation.host_physical, std::move(window.free_points), true});
     allocation.has_host_physical = false;
     parts_.space.forget_window(window);
   } else if (window.allocations.empty()) {

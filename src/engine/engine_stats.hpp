@@ -32,6 +32,8 @@ namespace actpage::engine {
 //     placed in them (the rest had windows of their own)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
+//   ranges_taken_back: ranges given back but still waiting for the device to run their frees, taken
+//     back by a new allocation instead of mapping more pages (PageReturn::take_back_deferred)
 //   grant_waits, grant_wait_ns: grants (vmm.grant_when_idle) that waited for the copy queue to
 //     drain, on any thread (the job's cache misses, the VMM worker's recycles), and how long
 //   ranges_prefilled, bytes_prefilled: ranges the VMM worker created for the next forward at the
@@ -161,6 +163,7 @@ namespace actpage::engine {
   X(slabs_opened) \
   X(slab_allocations) \
   X(ranges_recycled) \
+  X(ranges_taken_back) \
   X(recycle_grants) \
   X(grant_waits) \
   X(grant_wait_ns) \

@@ -575,6 +575,21 @@ void PageReturn::unqueue(Window& window) {
   std::erase(ready_, &window);
 }
 
+std::optional<CachedRange> PageReturn::take_back_deferred(std::size_t mapped_bytes) {
+  auto best = deferred_releases_.end();
+  for (auto it = deferred_releases_.begin(); it != deferred_releases_.end(); ++it) {
+    if (it->host_pages || !RangeCache::fits(it->mapped_bytes, mapped_bytes)) continue;
+    if (best != deferred_releases_.end() && it->mapped_bytes >= best->mapped_bytes) continue;
+    best = it;
+  }
+  if (best == deferred_releases_.end()) return std::nullopt;
+  CachedRange range = std::move(*best);
+  deferred_releases_.erase(best);
+  deferred_waiting_ = std::min(deferred_waiting_, deferred_releases_.size());
+  ++parts_.core.stats.ranges_taken_back;
+  return range;
+}
+
 void PageReturn::defer_release(CachedRange range) {
   deferred_releases_.push_back(std::move(range));
   parts_.core.work_cv.notify_all();

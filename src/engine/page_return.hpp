@@ -61,6 +61,13 @@ class PageReturn {
   bool recycling() const { return !recycle_pending_.empty(); }
   // The worker unmaps and releases `range` (after its free points).
   void defer_release(CachedRange range);
+  // A range of `mapped_bytes` (RangeCache's best fit) among those given back but still waiting for
+  // the device to run their frees, taken back for a new allocation: still mapped, and its user
+  // orders after its free points as after a cached range's (rule 5). A host far ahead of the GPU
+  // would otherwise map new pages for each allocation beside ranges it freed but cannot release
+  // yet (long_context under a policy that serves its MLPs' temporaries: its first pass +5.5 GiB over
+  // the job's own, H200). Never host_mapped's host pages.
+  std::optional<CachedRange> take_back_deferred(std::size_t mapped_bytes);
   // The address of a freed window whose pages had left: the worker gives it back to the arena once
   // the job's frees (`free_points`) have passed on the device. Until then nothing is mapped there,
   // so a read the job enqueued before its free faults instead of seeing a newer allocation's pages.

@@ -4,19 +4,19 @@
 
 namespace actpage::engine {
 
-namespace {
-
 // Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
 // expert batches vary a little. Among equal sizes the oldest.
-bool fits(std::size_t range_bytes, std::size_t mapped_bytes) {
+bool RangeCache::fits(std::size_t range_bytes, std::size_t mapped_bytes) {
   return range_bytes >= mapped_bytes && range_bytes <= mapped_bytes + mapped_bytes / 8;
 }
+
+namespace {
 
 template <class Ranges>
 auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
   auto best = ranges.end();
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
-    if (!fits(it->mapped_bytes, mapped_bytes)) continue;
+    if (!RangeCache::fits(it->mapped_bytes, mapped_bytes)) continue;
     if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
     best = it;
   }

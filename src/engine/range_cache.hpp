@@ -37,7 +37,10 @@ class RangeCache {
     std::size_t mapped_bytes = 0;
     PhysicalHandle physical;
     std::vector<FreePoint> free_points;
+    bool host_pages = false;  // stray_access host_mapped: the host copy's pages, never reused
   };
+  // Whether a range of `range_bytes` serves `mapped_bytes` (take's best fit: at most 1/8 more).
+  static bool fits(std::size_t range_bytes, std::size_t mapped_bytes);
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
   std::optional<Range> take(std::size_t mapped_bytes);
