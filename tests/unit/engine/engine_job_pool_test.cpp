@@ -38,6 +38,16 @@ using testing::until_a_job_thread_waits;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
 
+// Once the device has run everything: every read saw what was written, nothing failed or faulted,
+// and every activation that left came back.
+void expect_every_read_right_and_back(Rig& rig) {
+  rig.device.synchronize();
+  EXPECT_EQ(rig.job->mismatches(), 0u);
+  EXPECT_EQ(rig.job->failed(), 0u);
+  EXPECT_EQ(rig.device.fault_count(), 0u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
+}
+
 TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
   // vmm.trim_job_pool trims the job's pool by what a reload creates, but at backward's start the
   // pool has nothing to give (here: all of it in use), and the reloads' pages then add to the peak.
@@ -213,11 +223,7 @@ TEST(Engine, APolicysHostAheadOfTheGpuWaitsWhereTheLayersEndUntilItsCopiesAreDon
   EXPECT_EQ(after_forward.drains_ended_by_gpu, 0u);
   run_backward(*rig.job, forward, kLayers);
   rig.engine.quiesce();
-  rig.device.synchronize();
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.job->failed(), 0u);
-  EXPECT_EQ(rig.device.fault_count(), 0u);
-  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
+  expect_every_read_right_and_back(rig);
 }
 
 TEST(Engine, TheDrainAtBackwardStartLetsTheHeadRunAndHoldsBackwardsFirstAllocation) {
@@ -341,11 +347,7 @@ TEST(Engine, TheDrainWaitsWhereTheLayersEndEvenForModulesNestedInsideALayersModu
     autograd.join();
     rig.engine.quiesce();
   }
-  rig.device.synchronize();
-  EXPECT_EQ(rig.job->mismatches(), 0u);
-  EXPECT_EQ(rig.job->failed(), 0u);
-  EXPECT_EQ(rig.device.fault_count(), 0u);
-  EXPECT_EQ(rig.engine.stats().reloads_completed, rig.engine.stats().offloads_completed);
+  expect_every_read_right_and_back(rig);
   EXPECT_EQ(rig.engine.stats().offloads_completed, 2u * kLayers * 2u);
 }
 
