@@ -20,7 +20,7 @@ namespace actpage::engine {
 // What the front itself reads: the job threads' waits for the copies, and the memory sampler.
 struct FrontOptions {
   std::uint64_t offload_backlog_bytes = 0;  // offload_backlog_bytes
-  bool drain_at_layers_end = false;         // offload_drain_at_layers_end always (the device-memory goal)
+  bool drain_at_layers_end = false;         // offload_drain_at_layers_end always, or the device-memory goal
   bool drain_at_backward_start = false;     // offload_drain_at_backward_start
   // offload_drain_at_layers_end while_gpu_behind: at the layers' end the job's thread waits for the
   // copies while the GPU is still behind it there (DeviceEngine::drain_while_gpu_behind).

@@ -65,8 +65,8 @@ class PageReturn {
   // the device to run their frees, taken back for a new allocation: still mapped, and its user
   // orders after its free points as after a cached range's (rule 5). A host far ahead of the GPU
   // would otherwise map new pages for each allocation beside ranges it freed but cannot release
-  // yet (long_context under a policy that serves its MLPs' temporaries: its first pass +5.5 GiB over
-  // the job's own, H200). Never host_mapped's host pages.
+  // yet (long_context under a policy that serves its MLPs' temporaries: its first pass 3.5-6.3 GiB
+  // over the job's own, H200). Never host_mapped's host pages.
   std::optional<CachedRange> take_back_deferred(std::size_t mapped_bytes);
   // The address of a freed window whose pages had left: the worker gives it back to the arena once
   // the job's frees (`free_points`) have passed on the device. Until then nothing is mapped there,

@@ -356,7 +356,7 @@ TEST(Engine, PrefillCreatesNoMoreThanTheJobsPoolGivesBack) {
 // the cache keeps nothing (no demand learned yet): the worker gives it back, and it waits. The next
 // layer's allocation of the same size takes it back (stream order makes reuse safe) instead of
 // mapping new pages beside it: one range mapped for six layers, not six (long_context's first pass
-// under a policy: +5.5 GiB over the job's own, H200).
+// under a policy: 3.5-6.3 GiB over the job's own, H200).
 TEST(Engine, AHostAheadOfTheGpuReusesTheRangesItFreedBeforeTheDeviceRanTheirFrees) {
   Options options = testing::small_offload_options();
   options.vmm_grant_when_idle = false;
