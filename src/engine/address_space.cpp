@@ -201,6 +201,25 @@ Window* AddressSpace::window_containing(DevPtr address) {
   return address < window.va + window.bytes ? &window : nullptr;
 }
 
+std::uint64_t AddressSpace::bytes_held_by_unsaved() const {
+  std::uint64_t held = 0;
+  for (const auto& [va, window] : windows_) {
+    if (!window->mapped || window->allocations.size() < 2) continue;
+    std::uint64_t leaving = 0;
+    bool holder = false;
+    for (const Allocation* allocation : window->allocations) {
+      if (allocation->saved.kept_unsaved && allocation->state == PageState::resident) {
+        holder = true;
+      } else if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
+                 allocation->state == PageState::unmapping) {
+        leaving += allocation->bytes;  // queued, being copied, or copied and waiting for the unmap
+      }
+    }
+    if (holder) held += leaving;
+  }
+  return held;
+}
+
 void AddressSpace::remember_free_point(Window& window, StreamHandle stream, EventHandle event) {
   // While the window is being given back, the VMM worker waits on copies of these events without
   // the lock: one recycled now could be re-recorded elsewhere and end that wait early. Keep both

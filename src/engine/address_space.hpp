@@ -91,6 +91,10 @@ class AddressSpace {
   void retire_window(Window& window);
   // Forgets a window whose address and pages went elsewhere (host_mapped: its host copy).
   void forget_window(Window& window) { windows_.erase(window.va); }
+  // The bytes of allocations that leave the device but whose window stays mapped for a live
+  // allocation in it that its group's seal kept resident, never saved (SavedTensorState::
+  // kept_unsaved): what a layer slab holds on the device that windows of their own would not.
+  std::uint64_t bytes_held_by_unsaved() const;
   // The window whose mapped range holds `address`, or nullptr.
   Window* window_containing(DevPtr address);
   // The job freed an allocation of `window` on `stream` at `event` (rule 5).

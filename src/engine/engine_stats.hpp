@@ -108,6 +108,9 @@ namespace actpage::engine {
 //   saved_tensors_reported: packs of the saved-tensor hooks that named an allocation served here
 //   unsaved_kept_resident: with the hooks, members not saved by their group's seal, left resident
 //     (temporaries; one a later pack names may still leave: release_points_moved)
+//   peak_bytes_held_by_unsaved: the most bytes, where a backward began, of activations leaving
+//     (queued, copying or copied) whose window stays mapped for an unsaved allocation in it that the
+//     job still holds (a layer slab: windows of their own would have let them go)
 //   release_points_moved: packs after an allocation's release point (a module of forward still
 //     reads it) that moved the point to the end of the saver's layer
 //   released_unreferenced: of those whose point waited for a range with no layer (the inputs a
@@ -213,6 +216,7 @@ namespace actpage::engine {
   X(failures) \
   X(saved_tensors_reported) \
   X(unsaved_kept_resident) \
+  X(peak_bytes_held_by_unsaved) \
   X(release_points_moved) \
   X(released_unreferenced) \
   X(saved_brought_back) \

@@ -164,6 +164,8 @@ void Groups::backward_begins() {
   EngineCore& core = parts_.core;
   in_backward_ = true;
   parts_.job_pool.backward_begins();
+  core.stats.peak_bytes_held_by_unsaved =
+      std::max<std::uint64_t>(core.stats.peak_bytes_held_by_unsaved, parts_.space.bytes_held_by_unsaved());
   // What the cache holds for the rest of forward is no longer wanted: the worker gives it back.
   // Taken out now, so that the frees of backward, which refill the cache for the next forward,
   // are not given back with it.

@@ -99,7 +99,11 @@ class LayerJob {
         // One more temporary than in the watched passes: every later ordinal of this module shifts.
         const Tensor extra = job_.allocate(kBytes);
         job_.write(extra);
-        job_.free(extra);
+        if (keep_extra_until_backward) {
+          extras_.push_back(extra);
+        } else {
+          job_.free(extra);
+        }
       }
       const Tensor act = job_.allocate(kBytes);
       job_.write(act);
@@ -145,6 +149,11 @@ class LayerJob {
     });
     autograd.join();
     job_.free(embedding_);
+    for (const Tensor& extra : extras_) {
+      job_.check(extra);
+      job_.free(extra);
+    }
+    extras_.clear();
   }
 
   void pass(bool settle_before_backward = true, const std::function<void()>& after_model_marker = {}) {
@@ -175,6 +184,7 @@ class LayerJob {
   int forwards_hooked = 0;
   int forwards_unhooked = 0;
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
+  bool keep_extra_until_backward = false;  // ... which the job holds (nothing saves it) until backward's end
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
   // Runs in forward after the last layer, before the head, when set.
@@ -193,6 +203,7 @@ class LayerJob {
   Tensor embedding_;
   std::vector<Tensor> acts_;
   std::vector<Tensor> outputs_;
+  std::vector<Tensor> extras_;  // keep_extra_until_backward's
   std::vector<bool> owned_;
   std::vector<bool> act_owned_;
   std::vector<bool> output_owned_;

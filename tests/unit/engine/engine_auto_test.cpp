@@ -96,6 +96,30 @@ TEST(AutoMode, EachPagedLayersTensorsShareOneSlabFromTheSecondPagedPassOn) {
   expect_every_read_right(rig);
 }
 
+// Layer slabs' known cost: an allocation served by a key autograd saved when auto mode watched, but
+// which nothing saves in this pass (an extra allocation shifts the mlp's ordinals) and the job holds
+// until backward's end, stays resident; its slab stays mapped with it, and the layer's output, copied
+// to the host, cannot leave. Counted where backward begins: each chosen layer's output.
+// Pages merely still leaving where backward begins (their copies held here) are not counted.
+TEST(AutoMode, AnUnsavedAllocationTheJobHoldsKeepsItsSlabsCopiedPagesAndIsCounted) {
+  Options options = auto_options();
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  rig.device.hold_copies_to_host();
+  job.pass(/*settle_before_backward=*/false, [&] { rig.device.release_copies_to_host(); });
+  EXPECT_EQ(rig.engine.stats().peak_bytes_held_by_unsaved, 0u);
+  job.extra_allocation = true;
+  job.keep_extra_until_backward = true;
+  job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  EXPECT_GE(stats.unsaved_kept_resident, 3u);
+  EXPECT_EQ(stats.peak_bytes_held_by_unsaved, 3 * kBytes);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, AJobWhoseLayersNeverShowIsToldAutoModePagedNothingAndWhy) {
   // A compiled model: the module hooks see the model but no numbered layers inside it. The run
   // computes as without actpage, and its end says why nothing was paged, instead of nothing.
