@@ -18,7 +18,6 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.groups.release_after = options.release_after;
   parts.groups.keep_last = options.keep_last;
   parts.groups.offload = options.mode == Mode::offload;
-  parts.groups.drain_at_layers_end = parts.front.drain_at_layers_end || parts.front.drain_while_gpu_behind;
   parts.groups.drain_at_backward_start = options.offload_drain_at_backward_start;
   parts.space.arena_bytes = options.vmm_arena_bytes;
   parts.space.cache_bytes = options.vmm_cache_bytes;
@@ -64,9 +63,10 @@ DeviceEngineOptions device_engine_options(const Options& options) {
       // cancelled by their reloads), so the job's thread waits there until they are done.
       parts.front.drain_at_layers_end = true;
       parts.front.drain_while_gpu_behind = false;
-      parts.groups.drain_at_layers_end = true;
     }
   }
+  // The groups find where the layers end for either wait.
+  parts.groups.drain_at_layers_end = parts.front.drain_at_layers_end || parts.front.drain_while_gpu_behind;
   return parts;
 }
 

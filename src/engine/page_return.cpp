@@ -576,12 +576,7 @@ void PageReturn::unqueue(Window& window) {
 }
 
 std::optional<CachedRange> PageReturn::take_back_deferred(std::size_t mapped_bytes) {
-  auto best = deferred_releases_.end();
-  for (auto it = deferred_releases_.begin(); it != deferred_releases_.end(); ++it) {
-    if (it->host_pages || !RangeCache::fits(it->mapped_bytes, mapped_bytes)) continue;
-    if (best != deferred_releases_.end() && it->mapped_bytes >= best->mapped_bytes) continue;
-    best = it;
-  }
+  auto best = RangeCache::best_fit(deferred_releases_, mapped_bytes);
   if (best == deferred_releases_.end()) return std::nullopt;
   CachedRange range = std::move(*best);
   deferred_releases_.erase(best);

@@ -4,27 +4,6 @@
 
 namespace actpage::engine {
 
-// Best fit, wasting at most an eighth: one layer's sizes repeat exactly from step to step, MoE
-// expert batches vary a little. Among equal sizes the oldest.
-bool RangeCache::fits(std::size_t range_bytes, std::size_t mapped_bytes) {
-  return range_bytes >= mapped_bytes && range_bytes <= mapped_bytes + mapped_bytes / 8;
-}
-
-namespace {
-
-template <class Ranges>
-auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
-  auto best = ranges.end();
-  for (auto it = ranges.begin(); it != ranges.end(); ++it) {
-    if (!RangeCache::fits(it->mapped_bytes, mapped_bytes)) continue;
-    if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
-    best = it;
-  }
-  return best;
-}
-
-}  // namespace
-
 bool RangeCache::has(std::size_t mapped_bytes) const { return best_fit(ranges_, mapped_bytes) != ranges_.end(); }
 
 std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {

@@ -39,8 +39,22 @@ class RangeCache {
     std::vector<FreePoint> free_points;
     bool host_pages = false;  // stray_access host_mapped: the host copy's pages, never reused
   };
-  // Whether a range of `range_bytes` serves `mapped_bytes` (take's best fit: at most 1/8 more).
-  static bool fits(std::size_t range_bytes, std::size_t mapped_bytes);
+  // The range of `ranges` that best serves `mapped_bytes` (ranges.end(): none): at least that and
+  // at most an eighth more, as one layer's sizes repeat exactly from step to step and MoE expert
+  // batches vary a little; the smallest, the oldest among equals; never host pages. take()'s, and
+  // PageReturn's for the ranges it has given back.
+  template <class Ranges>
+  static auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
+    auto best = ranges.end();
+    for (auto it = ranges.begin(); it != ranges.end(); ++it) {
+      if (it->host_pages || it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) {
+        continue;
+      }
+      if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
+      best = it;
+    }
+    return best;
+  }
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
   std::optional<Range> take(std::size_t mapped_bytes);
