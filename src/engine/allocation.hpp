@@ -18,6 +18,7 @@
 #include "actpage/device.hpp"
 #include "engine/page_state.hpp"
 #include "engine/range_cache.hpp"
+#include "engine/temporary_keys.hpp"
 #include "hostpool/host_pool.hpp"
 #include "ranges/registry.hpp"
 
@@ -84,6 +85,7 @@ struct Allocation {
   bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
   std::uint64_t copy_started_ns = 0;
   SavedTensorState saved;
+  PolicyKey policy_key;          // policy mode: what its free teaches (TemporaryKeys)
 };
 
 // All candidates made during one call of a selected module on one thread (docs/engine.md).

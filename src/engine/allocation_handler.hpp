@@ -9,11 +9,13 @@
 // - owns() is a lock-free range check, called on every free of any kind.
 // - free() takes back an owned address, ordered after the work already enqueued on `stream`
 //   (synchronous frees pass stream 0 and synchronous = true).
-// - The saved-tensor calls (include/actpage/c_api.h) are no-ops by default and for any address the
-//   handler does not own; tensor_unpacking() then answers false.
+// - The saved-tensor calls (include/actpage/c_api.h) are no-ops by default. tensor_saved() comes for
+//   every pack, owned or not (one of the job's own memory says that the calling thread's forward
+//   call saves, and auto mode's first pass counts them); the others only for addresses the handler
+//   owns (tensor_unpacking() answers false for any other).
 // - wants_pass_through_addresses() is one atomic load. While it answers true (auto mode observing
 //   its first pass), the hooks call passed_through() after a per-tensor allocation that try_allocate()
-//   left to the job's allocator succeeded, and tensor_saved() for addresses the handler does not own.
+//   left to the job's allocator succeeded.
 #pragma once
 
 #include <cstddef>

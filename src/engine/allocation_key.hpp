@@ -27,4 +27,17 @@ std::uint64_t next_allocation_key(ranges::PathId path) noexcept;
 // caller that decides by the key and leaves the count to whoever takes the allocation.
 std::uint64_t peek_allocation_key(ranges::PathId path) noexcept;
 
+// The key with its path made the same for every layer: the layer's number taken out of the layer's
+// name and of every name under it ("model.layers.3.mlp" and "model.layers.5.mlp" under one parent
+// give one key for one ordinal), so what one layer shows holds for the others (TemporaryKeys). A
+// key outside any layer is returned as it is. Generic paths have the top bit of the path half set;
+// the same layer-generic path gets the same one in every thread. Lock-free after a path's first
+// key on a thread (a thread-local cache; the first takes a process-wide mutex).
+std::uint64_t layer_generic_key(std::uint64_t key) noexcept;
+
+// The calling thread's forward call saved a tensor (a pack, Engine::tensor_saved), and whether it
+// did before now in the current forward call (forward_pass::current(); false when none is known).
+void note_pack_in_this_pass() noexcept;
+bool packed_in_this_pass() noexcept;
+
 }  // namespace actpage::engine

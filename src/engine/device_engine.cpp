@@ -32,7 +32,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       classifier_(classifier),
       core_(device),
       turns_(core_),
-      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, clock_, auto_},
+      parts_{core_, turns_, allocations_, groups_, space_, offload_, reload_, pages_, job_pool_, safety_, saved_, temporaries_, clock_, auto_},
       allocations_(parts_),
       groups_(parts_, options_.groups),
       space_(parts_, options_.space),
@@ -42,6 +42,7 @@ DeviceEngine::DeviceEngine(Device& device, const Options& options, const NodeCla
       pages_(parts_, options_.pages),
       job_pool_(parts_, options_.job_pool),
       saved_(parts_),
+      temporaries_(!options_.auto_select.on),
       clock_(parts_, options_.clock),
       auto_(parts_, options_.auto_select, options) {
   turns_.set_next([this] { return next_turn(); });
@@ -167,7 +168,7 @@ DeviceEngine::JobEntry::JobEntry(DeviceEngine& engine, When when) : lock(engine.
 }
 
 DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
-                              std::uint64_t auto_key) {
+                              std::uint64_t auto_key, PolicyKey policy_key) {
   JobEntry entry(*this, JobEntry::When::running);
   if (!entry) return 0;
   if (!auto_.pages_key(auto_key)) {
@@ -178,7 +179,26 @@ DevPtr DeviceEngine::allocate(std::size_t bytes, StreamHandle stream, const Node
     groups_.enter_forward(std::this_thread::get_id());
     return 0;
   }
-  return allocate_locked(bytes, stream, verdict, entry.lock, Slab::may);
+  if (temporaries_.passes(policy_key.key)) {
+    ++core_.stats.temporaries_passed;
+    // Left to the job's allocator as a known temporary, it still begins the forward as a served one
+    // would: a pass may serve nothing (a job whose checkpointing saves nothing in the selected
+    // modules), and the job pool's fit to the forward's need must still be made.
+    if (groups_.enter_forward(std::this_thread::get_id())) forward_begins_here(stream, entry.lock);
+    return 0;
+  }
+  return allocate_locked(bytes, stream, verdict, entry.lock, Slab::may, policy_key);
+}
+
+void DeviceEngine::forward_begins_here(StreamHandle stream, std::unique_lock<std::mutex>& lock) {
+  if (groups_.iteration() == begun_iteration_) return;
+  // The forward's first allocation of a selected module (its iteration begun here, or by auto mode's push).
+  const std::uint64_t began = monotonic_ns();
+  begun_iteration_ = groups_.iteration();
+  auto_.trim_pool_for_raise(lock);  // may unlock: nothing of this allocation exists yet
+  job_pool_.forward_began_on(stream);
+  auto_.paged_forward_began(stream);
+  core_.stats.job_thread_pass_start_ns += monotonic_ns() - began;
 }
 
 DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, StreamHandle stream, std::uint64_t key) {
@@ -202,21 +222,13 @@ DevPtr DeviceEngine::allocate_watched(ranges::PathId path, std::size_t bytes, St
 }
 
 DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
-                                     std::unique_lock<std::mutex>& lock, Slab slab) {
+                                     std::unique_lock<std::mutex>& lock, Slab slab, PolicyKey policy_key) {
   const auto thread = std::this_thread::get_id();
   if (!groups_.enter_forward(thread)) {
     ++core_.stats.allocations_passed;
     return 0;
   }
-  if (groups_.iteration() != served_iteration_) {
-    // The forward's first served allocation (its iteration begun here, or by auto mode's push).
-    const std::uint64_t began = monotonic_ns();
-    served_iteration_ = groups_.iteration();
-    auto_.trim_pool_for_raise(lock);  // may unlock: nothing of this allocation exists yet
-    job_pool_.forward_began_on(stream);
-    auto_.paged_forward_began(stream);
-    core_.stats.job_thread_pass_start_ns += monotonic_ns() - began;
-  }
+  forward_begins_here(stream, lock);
   const std::uint32_t group_id = groups_.open_group_for(verdict, thread)->id;
   // Its group's layer slab, or a window of its own: its pages go and come back with the window's.
   const std::uint64_t window_started = monotonic_ns();
@@ -228,7 +240,8 @@ DevPtr DeviceEngine::allocate_locked(std::size_t bytes, StreamHandle stream, con
     ++core_.stats.allocations_passed;
     return 0;
   }
-  const Allocation& allocation = allocations_.add(bytes, stream, placed, *group);
+  Allocation& allocation = allocations_.add(bytes, stream, placed, *group);
+  allocation.policy_key = policy_key;
   clock_.saw_stream(stream);
   ++core_.stats.allocations_served;
   core_.stats.bytes_served += bytes;

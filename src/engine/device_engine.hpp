@@ -51,6 +51,7 @@
 #include "engine/reload_pipeline.hpp"
 #include "engine/safety_modes.hpp"
 #include "engine/saved_tensors.hpp"
+#include "engine/temporary_keys.hpp"
 #include "engine/turns.hpp"
 #include "ranges/registry.hpp"
 
@@ -72,8 +73,10 @@ class DeviceEngine {
 
   // A candidate allocation (the caller checked the verdict and min_bytes). 0: not served.
   // `auto_key`: auto mode's key of a chosen allocation (0: none), which the governor's cap may leave
-  // to the job's allocator (AutoSelect::pages_key).
-  DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict, std::uint64_t auto_key = 0);
+  // to the job's allocator (AutoSelect::pages_key). `policy_key`: policy mode's, which passes through
+  // as a known temporary (TemporaryKeys).
+  DevPtr allocate(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict, std::uint64_t auto_key = 0,
+                  PolicyKey policy_key = {});
   void free(DevPtr ptr, StreamHandle stream);
 
   // Range events of the job's threads, forwarded by Engine.
@@ -173,7 +176,10 @@ class DeviceEngine {
   // Slab::may: in its group's layer slab where there is one (AddressSpace::place).
   enum class Slab { may, never };
   DevPtr allocate_locked(std::size_t bytes, StreamHandle stream, const NodeVerdict& verdict,
-                         std::unique_lock<std::mutex>& lock, Slab slab);
+                         std::unique_lock<std::mutex>& lock, Slab slab, PolicyKey policy_key = {});
+  // At a forward's first allocation of a selected module, served or a known temporary: once per
+  // iteration, the job pool's mark and fit (JobPool::forward_began_on), auto mode's paged forward.
+  void forward_begins_here(StreamHandle stream, std::unique_lock<std::mutex>& lock);
   // offload_drain_at_backward_start's wait, with the lock held (on_backward_marker, Engine's call).
   void drain_if_armed(std::unique_lock<std::mutex>& lock);
   // Auto mode's near-free goal, on the forward thread where the layers end: waits until every
@@ -204,9 +210,10 @@ class DeviceEngine {
   PageReturn pages_;
   JobPool job_pool_;
   SavedTensors saved_;
+  TemporaryKeys temporaries_;
   GpuClock clock_;
   AutoSelect auto_;
-  std::uint64_t served_iteration_ = 0;  // the groups' iteration of the last served allocation
+  std::uint64_t begun_iteration_ = 0;  // the groups' iteration forward_begins_here() last began
 
   std::thread offload_thread_;
   std::thread vmm_thread_;

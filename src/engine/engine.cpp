@@ -36,7 +36,7 @@ DeviceEngine* Engine::device_engine(int ordinal) {
     engine->set_wait_for_host_memory(wait_for_host_memory_);
     engine->set_serialized(serialized_);
     engine->set_auto_measurements(auto_measurements_);
-    if (saved_tensor_hooks_) engine->saved_tensor_hooks_installed();
+    if (saved_tensor_hooks_.load(std::memory_order_relaxed)) engine->saved_tensor_hooks_installed();
     status = engine->start();
   }
   if (!status.ok()) {
@@ -90,6 +90,7 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
   if (!verdict.candidate) return auto_watch_paging_ ? try_allocate_watched(request, *engine) : 0;
   if (request.bytes < verdict.min_bytes || request.bytes == 0) return 0;
   std::uint64_t key = 0;
+  PolicyKey policy_key;
   if (const auto* keys = auto_keys_now_.load(std::memory_order_acquire); keys != nullptr) {
     // Auto mode: in a chosen layer only what autograd saved when it watched is worth moving.
     key = next_allocation_key(request.path);
@@ -98,9 +99,13 @@ DevPtr Engine::try_allocate(const AllocRequest& request) noexcept {
       return 0;
     }
     auto_key_candidates_.fetch_add(1, std::memory_order_relaxed);
+  } else if (!auto_mode_ && saved_tensor_hooks_.load(std::memory_order_relaxed)) {
+    // Policy mode: a selected module's temporaries are learnt from the hooks (TemporaryKeys).
+    policy_key.key = layer_generic_key(next_allocation_key(request.path));
+    policy_key.learns = packed_in_this_pass();
   }
   JobThreadTimer timer(engine, JobThreadSite::allocate);
-  return engine->allocate(request.bytes, request.stream, verdict, key);
+  return engine->allocate(request.bytes, request.stream, verdict, key, policy_key);
 }
 
 DevPtr Engine::try_allocate_watched(const AllocRequest& request, DeviceEngine& engine) noexcept {
@@ -142,7 +147,7 @@ bool Engine::saved_tensor_hooks_installed() noexcept {
                                             [](const ModuleRule& rule) { return rule.offload; });
   if (!selects_a_module && !auto_mode_) return false;
   std::lock_guard<std::mutex> lock(create_mutex_);
-  saved_tensor_hooks_ = true;
+  saved_tensor_hooks_.store(true, std::memory_order_relaxed);
   for_each_device([](DeviceEngine& engine) { engine.saved_tensor_hooks_installed(); });
   return true;
 }
@@ -161,6 +166,7 @@ bool Engine::saved_tensor_hooks_wanted() noexcept {
 }
 
 bool Engine::tensor_saved(DevPtr address) noexcept {
+  note_pack_in_this_pass();  // this forward call saves: its allocations' frees may teach (TemporaryKeys)
   DeviceEngine* engine = owner_of(address);
   if (engine == nullptr) {
     // Auto mode's first pass: what autograd saves of the job's own allocations.

@@ -133,7 +133,8 @@ class Engine final : public AllocationHandler, public ranges::Listener {
   std::vector<std::unique_ptr<DeviceEngine>> owned_;
   bool wait_for_host_memory_ = false;
   bool serialized_ = false;
-  bool saved_tensor_hooks_ = false;  // guarded by create_mutex_: device engines made later learn it too
+  // Set under create_mutex_ (device engines made later learn it too); read lock-free by allocations.
+  std::atomic<bool> saved_tensor_hooks_{false};
 };
 
 }  // namespace actpage::engine

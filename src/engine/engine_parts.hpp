@@ -20,6 +20,7 @@ class PageReturn;
 class ReloadPipeline;
 class SafetyModes;
 class SavedTensors;
+class TemporaryKeys;
 class Turns;
 
 struct EngineParts {
@@ -34,6 +35,7 @@ struct EngineParts {
   JobPool& job_pool;
   SafetyModes& safety;
   SavedTensors& saved;
+  TemporaryKeys& temporaries;
   GpuClock& clock;
   AutoSelect& auto_select;
 };

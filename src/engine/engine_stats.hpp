@@ -108,6 +108,8 @@ namespace actpage::engine {
 //   saved_tensors_reported: packs of the saved-tensor hooks that named an allocation served here
 //   unsaved_kept_resident: with the hooks, members not saved by their group's seal, left resident
 //     (temporaries; one a later pack names may still leave: release_points_moved)
+//   temporaries_passed: policy mode, allocations of a selected module left to the job's allocator
+//     because one with their key was freed unsaved (temporary_keys.hpp); temporary_keys: such keys
 //   peak_bytes_held_by_unsaved: the most bytes, where a backward began, of activations leaving
 //     (queued, copying or copied) whose window stays mapped for an unsaved allocation in it that the
 //     job still holds (a layer slab: windows of their own would have let them go)
@@ -216,6 +218,8 @@ namespace actpage::engine {
   X(failures) \
   X(saved_tensors_reported) \
   X(unsaved_kept_resident) \
+  X(temporaries_passed) \
+  X(temporary_keys) \
   X(peak_bytes_held_by_unsaved) \
   X(release_points_moved) \
   X(released_unreferenced) \

@@ -459,16 +459,12 @@ int tensor_saved(std::uint64_t address) noexcept {
   }
   engine::AllocationHandler* handler = interposer_instance().handler();
   if (handler == nullptr) return 0;
-  if (!handler->owns(address)) {
-    // Auto mode's first pass counts what autograd saves of the job's own allocations.
-    if (handler->wants_pass_through_addresses()) {
-      ReentryGuard guard;
-      handler->tensor_saved(address);
-    }
-    return 0;
-  }
   ReentryGuard guard;
-  return handler->tensor_saved(address) ? 2 : 1;
+  // Every pack reaches the handler: one of the job's own allocations still says that this forward
+  // call saves (a policy's temporaries are learnt only then), and auto mode's first pass counts them.
+  const bool layerless = handler->tensor_saved(address);
+  if (!handler->owns(address)) return 0;
+  return layerless ? 2 : 1;
 }
 
 void tensor_unreferenced(std::uint64_t address) noexcept {

@@ -53,7 +53,7 @@ struct Parts {
         engine_options(device_engine_options(options)),
         core(device),
         turns(core),
-        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, clock, auto_select},
+        parts{core, turns, allocations, groups, space, offload, reload, pages, job_pool, safety, saved, temporaries, clock, auto_select},
         allocations(parts),
         groups(parts, engine_options.groups),
         space(parts, engine_options.space),
@@ -63,6 +63,7 @@ struct Parts {
         pages(parts, engine_options.pages),
         job_pool(parts, engine_options.job_pool),
         saved(parts),
+        temporaries(!engine_options.auto_select.on),
         clock(parts, engine_options.clock),
         auto_select(parts, engine_options.auto_select, options) {
     turns.set_next([] { return Turns::Turn::none; });
@@ -96,6 +97,7 @@ struct Parts {
   PageReturn pages;
   JobPool job_pool;
   SavedTensors saved;
+  TemporaryKeys temporaries;
   GpuClock clock;
   AutoSelect auto_select;
   StreamHandle job_stream;
