@@ -12,6 +12,7 @@
 #include "common/units.hpp"
 #include "device/sim_device.hpp"
 #include "engine/engine.hpp"
+#include "engine/forward_pass.hpp"
 #include "policy/module_matcher.hpp"
 #include "ranges/registry.hpp"
 #include "replay/recording_device.hpp"
@@ -26,7 +27,7 @@ struct Event {
   std::uint64_t time_ns;
   std::uint64_t index;
   std::uint32_t tid;
-  enum Kind { alloc, free, push, pop } kind;
+  enum Kind { alloc, free, push, pop, saved } kind;
   std::size_t position;  // into the trace's list of that kind
 };
 
@@ -57,7 +58,7 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
                                   const ReplayOptions& replay_options) {
   ReplayResult result;
   std::vector<Event> events;
-  events.reserve(trace.allocs.size() + trace.frees.size() + trace.ranges.size());
+  events.reserve(trace.allocs.size() + trace.frees.size() + trace.ranges.size() + trace.saved.size());
   for (std::size_t i = 0; i < trace.allocs.size(); ++i) {
     const auto& a = trace.allocs[i];
     if ((a.data.flags & trace::kAllocFailed) != 0 || a.data.ptr == 0) continue;
@@ -70,6 +71,14 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
     const auto& r = trace.ranges[i];
     events.push_back({r.time_ns, r.index, r.tid, r.type == trace::RecordType::range_push ? Event::push : Event::pop, i});
   }
+  for (std::size_t i = 0; i < trace.saved.size(); ++i) {
+    events.push_back({trace.saved[i].time_ns, trace.saved[i].index, trace.saved[i].tid, Event::saved, i});
+  }
+  // A trace with the saved-tensor hooks' packs is replayed with them: the engine keeps what a
+  // selected module does not save resident and leaves a policy's temporaries to the job, as it does
+  // in the job. The packs' forward calls are the Python hooks' (one per outermost module call):
+  // each push on a thread with no range open begins one.
+  const bool packs = !trace.saved.empty();
   std::stable_sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
     return x.time_ns != y.time_ns ? x.time_ns < y.time_ns : x.index < y.index;
   });
@@ -96,6 +105,7 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
   // lock first decides calls the model prices (which windows one unmap gives back, whether a
   // cached range is trimmed before a reload takes it...), and the prediction varies run to run.
   engine.set_serialized(true);
+  if (packs) (void)engine.saved_tensor_hooks_installed();
   ranges::set_listener(&engine);
 
   // Which module names' backward markers need an allocation back: the range that selected it and
@@ -245,12 +255,23 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
         const auto* path = trace.path(trace.ranges[event.position].data.path_id);
         const std::string name = path ? path->leaf : std::string("(unnamed)");
         if (model) marker = matcher.backward_module(name);
-        thread->run([&] { ranges::push(registry.intern_name(name)); });
+        thread->run([&] {
+          if (packs && ranges::depth() == 0) (void)forward_pass::begin();
+          ranges::push(registry.intern_name(name));
+        });
         break;
       }
       case Event::pop:
         thread->run([&] { ranges::pop(); });
         break;
+      case Event::saved: {
+        // A pack names a storage by its base address (one allocation a storage, as a candidate is):
+        // one the engine serves is named by its replayed address; the job's own by none it serves.
+        auto it = live.find(trace.saved[event.position].data.ptr);
+        const DevPtr va = it != live.end() && it->second.owned ? it->second.va : 0;
+        thread->run([&] { (void)engine.tensor_saved(va); });
+        break;
+      }
     }
     engine.quiesce();  // the engine's decisions for this event, taken at once
     if (model) {
@@ -348,6 +369,9 @@ Result<ReplayResult> replay_trace(const trace::TraceFile& trace, const Options& 
           break;
         case Event::pop:
           b.range_pop(path_id(trace.ranges[event.position].data.path_id));
+          break;
+        case Event::saved:
+          b.saved(trace.saved[event.position].data.ptr);
           break;
       }
     }

@@ -79,6 +79,68 @@ TEST(Replay, PredictsThePeakAPolicyLeaves) {
   EXPECT_EQ(result->unmatched_frees, 0u);
 }
 
+// Two steps of a 3-layer model whose MLP saves one 4 MiB tensor and makes a 4 MiB temporary it frees
+// at once, with the saved-tensor hooks' packs recorded (`packs`) or not: the layer's input (the
+// job's own memory) is packed first, then the MLP's saved tensor.
+trace::TraceBuilder mlp_steps_with_temporaries(bool packs) {
+  trace::TraceBuilder b;
+  std::uint64_t t = 1000;
+  std::uint64_t next_ptr = 0x100000000ull;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::uint64_t> saved;
+    const std::uint32_t model = b.at(t += 10, 1).path("model");
+    b.range_push(model);
+    const std::uint64_t input = next_ptr;
+    next_ptr += 4 * kMiB;
+    b.at(t += 10, 1).alloc(input, 4 * kMiB, model);
+    if (packs) b.at(t += 1, 1).saved(input);
+    for (int layer = 0; layer < 3; ++layer) {
+      const std::string l = "model/model.layers." + std::to_string(layer);
+      const std::uint32_t layer_path = b.path(l);
+      const std::uint32_t mlp = b.path(l + "/model.layers." + std::to_string(layer) + ".mlp");
+      b.at(t += 10, 1).range_push(layer_path);
+      b.at(t += 10, 1).range_push(mlp);
+      b.at(t += 10, 1).alloc(next_ptr, 4 * kMiB, mlp);
+      if (packs) b.at(t += 1, 1).saved(next_ptr);
+      saved.push_back(next_ptr);
+      next_ptr += 4 * kMiB;
+      b.at(t += 10, 1).alloc(next_ptr, 4 * kMiB, mlp);  // the temporary
+      b.at(t += 10, 1).free(next_ptr);
+      next_ptr += 4 * kMiB;
+      b.at(t += 10, 1).range_pop(mlp);
+      b.at(t += 10, 1).range_pop(layer_path);
+    }
+    b.at(t += 10, 1).range_pop(model);
+    for (int layer = 3; layer-- > 0;) {
+      const std::uint32_t marker = b.path("model.layers." + std::to_string(layer) + ".mlp.backward", trace::kPathBackward);
+      b.at(t += 10, 2).range_push(marker);
+      b.at(t += 1, 2).range_pop(marker);
+      b.at(t += 10, 2).free(saved[layer]);
+    }
+    b.at(t += 10, 2).free(input);
+  }
+  return b;
+}
+
+TEST(Replay, ATracesPacksAreReplayedAndAPolicysTemporariesGoToTheJob) {
+  for (const bool packs : {false, true}) {
+    auto bytes = mlp_steps_with_temporaries(packs).bytes();
+    auto trace = trace::read_trace_bytes(bytes);
+    ASSERT_TRUE(trace.ok()) << trace.status().message();
+    ASSERT_EQ(trace->saved.size(), packs ? 8u : 0u);
+    auto result = replay_trace(*trace, mlp_policy());
+    ASSERT_TRUE(result.ok()) << result.status().message();
+    const EngineStats& stats = result->stats;
+    EXPECT_EQ(result->unmatched_frees, 0u);
+    // The saved tensors leave either way; with the packs the first layer's temporary teaches the
+    // other five, as in the job (TemporaryKeys); without them every candidate is served.
+    EXPECT_EQ(stats.offloads_completed, 6u) << "packs " << packs;
+    EXPECT_EQ(stats.temporaries_passed, packs ? 5u : 0u);
+    EXPECT_EQ(stats.allocations_served, packs ? 7u : 12u);
+    EXPECT_EQ(stats.saved_tensors_reported, packs ? 6u : 0u);
+  }
+}
+
 TEST(Replay, ObservePolicyPredictsNoSaving) {
   auto bytes = four_layer_step().bytes();
   auto trace = trace::read_trace_bytes(bytes);
