@@ -68,8 +68,8 @@ if [[ $what == tsan || $what == all ]]; then
   build=${ACTPAGE_TSAN_BUILD_DIR:-$root/build-tsan}
   # ACTPAGE_TSAN_TARGETS / ACTPAGE_TSAN_TESTS: the binaries built and the tests run (a CTest regex),
   # for a shorter run (.ci/run's); by default all of the engine's and the trace writer's.
-  read -r -a targets <<<"${ACTPAGE_TSAN_TARGETS:-engine_test engine_range_cache_test engine_job_pool_test engine_torture_test engine_fault_test engine_saved_test engine_gpu_clock_test engine_auto_test engine_auto_goal_test trace_writer_test}"
-  tests=${ACTPAGE_TSAN_TESTS:-'^(Engine|EngineLockGaps|EngineTorture|EngineFault|SavedTensors|GpuClock|AutoMode|TraceWriter)[./]'}
+  read -r -a targets <<<"${ACTPAGE_TSAN_TARGETS:-engine_test engine_range_cache_test engine_job_pool_test engine_torture_test engine_fault_test engine_saved_test engine_temporary_keys_test engine_gpu_clock_test engine_auto_test engine_auto_goal_test trace_writer_test}"
+  tests=${ACTPAGE_TSAN_TESTS:-'^(Engine|EngineLockGaps|EngineTorture|EngineFault|SavedTensors|TemporaryKeys|GpuClock|AutoMode|TraceWriter)[./]'}
   # -g1: line tables and inlined frames only, all that TSan's reports print (function, file:line,
   # inlined callers, the global's name). The 7 binaries from scratch on 2 cores took 163 s of CPU
   # and 106 s instead of 216 s and 144 s with the full -g (2026-11-28).
