@@ -15,9 +15,9 @@
 //   the first pass already. A model whose layers differ under one name (a dense MLP before MoE
 //   ones) can teach a key wrongly: a saved allocation then stays on the device (a smaller saving,
 //   never a wrong value: passing through is what happens without actpage).
-// - learns(): only an allocation made in forward in a pass that saved something before it (a pack
-//   on the allocating thread in its forward call, Engine::tensor_saved) teaches at its free: in a
-//   pass under no_grad (evaluation) nothing is saved, and its allocations would teach every key.
+// - PolicyKey::learns: only an allocation made in forward in a pass that saved something before it
+//   (a pack on the allocating thread in its forward call, Engine::tensor_saved) teaches at its free:
+//   in a pass under no_grad (evaluation) nothing is saved, and its allocations would teach every key.
 // - A key saved once is never taken for a temporary after (MoE routing moves ordinals between
 //   passes: what is saved wins). A key taken for a temporary is still served now and then to check
 //   it again: its (kFirstCheck + n % kFirstCheck)-th next allocation (n: the keys learnt before it,
@@ -46,7 +46,7 @@ struct PolicyKey {
 
 class TemporaryKeys {
  public:
-  // On in policy mode (auto mode off): its keys teach only with the hooks (learns()).
+  // On in policy mode (auto mode off): its keys teach only with the hooks (PolicyKey::learns).
   explicit TemporaryKeys(bool on) : on_(on) {}
   bool on() const { return on_; }
 
