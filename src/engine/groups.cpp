@@ -181,10 +181,16 @@ void Groups::backward_begins() {
     }
   }
   held_back_.clear();
-  // Groups left open (a release range that never closed) are sealed as resident.
+  // Groups left open (a release range that never closed, or another job thread's still in its
+  // forward) are sealed as resident. Their slabs close as a seal closes them: an open slab is never
+  // retired, and nothing else would close it before the next forward begins (a leak at the run's end).
   std::vector<Group*> open = std::move(open_);
   open_.clear();
-  for (Group* group : open) group->sealed = true;
+  for (Group* group : open) {
+    group->sealed = true;
+    parts_.space.close_slab(group->id);
+    maybe_destroy(group);  // one left empty goes, as at a seal
+  }
   // The memory saved counts now: give back what is copied.
   if (parts_.pages.unmaps_queued()) core.work_cv.notify_all();
 }

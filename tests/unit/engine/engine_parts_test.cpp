@@ -391,6 +391,41 @@ TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOn
   (void)parts.device.destroy_stream(side);
 }
 
+// A group still open where backward begins (another job thread's, in its forward) is sealed as
+// resident there: its slab closes with it, so that the slab goes once its allocations are freed
+// instead of staying mapped, open and empty, until the next forward (or for good after the last).
+TEST(AddressSpace, AGroupStillOpenWhereBackwardBeginsClosesItsSlab) {
+  Options options = testing::small_offload_options();
+  options.modules.clear();  // auto mode: layer slabs
+  Parts parts(options);
+  auto& registry = ranges::Registry::instance();
+  const ranges::PathId layer = registry.child(ranges::kNoPath, registry.intern_name("open_slab_model.layers.0"));
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  NodeVerdict verdict;
+  verdict.candidate = true;
+  verdict.selected = layer;
+  const auto thread = std::this_thread::get_id();
+  ASSERT_TRUE(parts.groups.enter_forward(thread));
+  // The range's first call learns its size (3 MiB served); sealed where the range closes.
+  const Group* first = parts.groups.open_group_for(verdict, thread);
+  const Placement learn = parts.space.place(3 * kMiB, first->id, layer, parts.job_stream, true, lock);
+  ASSERT_NE(learn.window, nullptr);
+  parts.space.retire_window(*learn.window);
+  ASSERT_TRUE(parts.groups.seal_at(layer, thread));
+  // The next call's group gets a slab, and backward begins before its range closes.
+  Group* open = parts.groups.open_group_for(verdict, thread);
+  const Placement placed = parts.space.place(3 * kMiB, open->id, layer, parts.job_stream, true, lock);
+  ASSERT_NE(placed.window, nullptr);
+  ASSERT_TRUE(placed.window->slab_open);
+  Allocation& allocation = parts.allocations.add(3 * kMiB, parts.job_stream, placed, *open);
+  parts.groups.backward_begins();
+  EXPECT_FALSE(placed.window->slab_open) << "the slab of a group sealed where backward began stays open";
+  EXPECT_EQ(allocation.state, PageState::resident);
+  // Its allocation freed: the slab goes (to the cache).
+  parts.allocations.free(allocation.va, parts.job_stream, lock);
+  EXPECT_EQ(parts.space.window_containing(placed.va), nullptr);
+}
+
 TEST(AllocationTable, AFreeOfAResidentAllocationDisposesOfItAndCachesItsRangeAfterItsStreamPoint) {
   Options options = testing::small_offload_options();
   Parts parts(options);
