@@ -326,21 +326,32 @@ TEST(AddressSpace, AMissMapsOnTheCallersThreadAndARetiredWindowServesTheNextOneW
   parts.space.retire_window(*second);
 }
 
+// Auto mode's options (no module rule: layer slabs, stray_access fault), and the verdict of a layer
+// range it selects, named `name`.
+Options auto_mode_options() {
+  Options options = testing::small_offload_options();
+  options.modules.clear();
+  return options;
+}
+
+NodeVerdict selected_layer(const char* name) {
+  auto& registry = ranges::Registry::instance();
+  NodeVerdict verdict;
+  verdict.candidate = true;
+  verdict.selected = registry.child(ranges::kNoPath, registry.intern_name(name));
+  return verdict;
+}
+
 // Auto mode's layer slabs (no module rule: auto mode, stray_access fault). A selected range's first
 // call learns what its group is served; the next call's group gets one slab of that size, its
 // allocations one after another; what does not fit or comes on another stream gets its own window.
 // A slab whose allocations were all freed stays while its group is open, and goes at its seal.
 TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOnceSealed) {
-  Options options = testing::small_offload_options();
-  options.modules.clear();  // auto mode
-  Parts parts(options);
-  auto& registry = ranges::Registry::instance();
-  const ranges::PathId layer = registry.child(ranges::kNoPath, registry.intern_name("slab_model.layers.0"));
+  Parts parts(auto_mode_options());
+  const NodeVerdict verdict = selected_layer("slab_model.layers.0");
+  const ranges::PathId layer = verdict.selected;
   std::unique_lock<std::mutex> lock(parts.core.mutex);
   // The forward begins (a new iteration closes the slabs left open) with a group for the table.
-  NodeVerdict verdict;
-  verdict.candidate = true;
-  verdict.selected = layer;
   const auto thread = std::this_thread::get_id();
   ASSERT_TRUE(parts.groups.enter_forward(thread));
   Group* group = parts.groups.open_group_for(verdict, thread);
@@ -395,15 +406,10 @@ TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOn
 // resident there: its slab closes with it, so that the slab goes once its allocations are freed
 // instead of staying mapped, open and empty, until the next forward (or for good after the last).
 TEST(AddressSpace, AGroupStillOpenWhereBackwardBeginsClosesItsSlab) {
-  Options options = testing::small_offload_options();
-  options.modules.clear();  // auto mode: layer slabs
-  Parts parts(options);
-  auto& registry = ranges::Registry::instance();
-  const ranges::PathId layer = registry.child(ranges::kNoPath, registry.intern_name("open_slab_model.layers.0"));
+  Parts parts(auto_mode_options());
+  const NodeVerdict verdict = selected_layer("open_slab_model.layers.0");
+  const ranges::PathId layer = verdict.selected;
   std::unique_lock<std::mutex> lock(parts.core.mutex);
-  NodeVerdict verdict;
-  verdict.candidate = true;
-  verdict.selected = layer;
   const auto thread = std::this_thread::get_id();
   ASSERT_TRUE(parts.groups.enter_forward(thread));
   // The range's first call learns its size (3 MiB served); sealed where the range closes.
