@@ -345,12 +345,16 @@ void OffloadPipeline::run() {
 
 std::uint64_t OffloadPipeline::backlog_bytes() const {
   // Queued, being copied, or copied and waiting for its window's unmap (its pages leave with the
-  // window's: at once, or with the rest of its layer slab).
+  // window's: at once, or with the rest of its layer slab). A copied one whose window is not given
+  // back (PageReturn::queue_unmap: a neighbour in its slab stays resident, or the slab is still
+  // open) leaves only when the job frees that neighbour or seals the group: no wait for the
+  // backlog can see it leave, and a job thread waiting for it (a drain) would wait for itself.
   std::uint64_t bytes = 0;
   for (const auto& [id, group] : parts_.groups.all()) {
     for (const Allocation* allocation : group->allocations) {
-      if (allocation->state == PageState::pending || allocation->state == PageState::offloading ||
-          allocation->state == PageState::unmapping) {
+      const bool leaving = allocation->state == PageState::unmapping &&
+                           (allocation->window->unmap_queued || allocation->window->unmapping);
+      if (allocation->state == PageState::pending || allocation->state == PageState::offloading || leaving) {
         bytes += allocation->bytes;
       }
     }

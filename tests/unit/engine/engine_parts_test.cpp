@@ -402,25 +402,30 @@ TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOn
   (void)parts.device.destroy_stream(side);
 }
 
+// A selected layer's second call on this thread, its group open: the first call was served
+// `learned` bytes (a window of its own, then sealed where the range closed), so this one's first
+// allocation gets a slab of that size.
+Group* second_call(Parts& parts, const NodeVerdict& verdict, std::size_t learned, std::unique_lock<std::mutex>& lock) {
+  const auto thread = std::this_thread::get_id();
+  EXPECT_TRUE(parts.groups.enter_forward(thread));
+  const Group* first = parts.groups.open_group_for(verdict, thread);
+  const Placement learn = parts.space.place(learned, first->id, verdict.selected, parts.job_stream, true, lock);
+  EXPECT_NE(learn.window, nullptr);
+  if (learn.window != nullptr) parts.space.retire_window(*learn.window);
+  EXPECT_TRUE(parts.groups.seal_at(verdict.selected, thread));
+  return parts.groups.open_group_for(verdict, thread);
+}
+
 // A group still open where backward begins (another job thread's, in its forward) is sealed as
 // resident there: its slab closes with it, so that the slab goes once its allocations are freed
 // instead of staying mapped, open and empty, until the next forward (or for good after the last).
 TEST(AddressSpace, AGroupStillOpenWhereBackwardBeginsClosesItsSlab) {
   Parts parts(auto_mode_options());
   const NodeVerdict verdict = selected_layer("open_slab_model.layers.0");
-  const ranges::PathId layer = verdict.selected;
   std::unique_lock<std::mutex> lock(parts.core.mutex);
-  const auto thread = std::this_thread::get_id();
-  ASSERT_TRUE(parts.groups.enter_forward(thread));
-  // The range's first call learns its size (3 MiB served); sealed where the range closes.
-  const Group* first = parts.groups.open_group_for(verdict, thread);
-  const Placement learn = parts.space.place(3 * kMiB, first->id, layer, parts.job_stream, true, lock);
-  ASSERT_NE(learn.window, nullptr);
-  parts.space.retire_window(*learn.window);
-  ASSERT_TRUE(parts.groups.seal_at(layer, thread));
-  // The next call's group gets a slab, and backward begins before its range closes.
-  Group* open = parts.groups.open_group_for(verdict, thread);
-  const Placement placed = parts.space.place(3 * kMiB, open->id, layer, parts.job_stream, true, lock);
+  // The second call's group gets a slab, and backward begins before its range closes.
+  Group* open = second_call(parts, verdict, 3 * kMiB, lock);
+  const Placement placed = parts.space.place(3 * kMiB, open->id, verdict.selected, parts.job_stream, true, lock);
   ASSERT_NE(placed.window, nullptr);
   ASSERT_TRUE(placed.window->slab_open);
   Allocation& allocation = parts.allocations.add(3 * kMiB, parts.job_stream, placed, *open);
@@ -430,6 +435,39 @@ TEST(AddressSpace, AGroupStillOpenWhereBackwardBeginsClosesItsSlab) {
   // Its allocation freed: the slab goes (to the cache).
   parts.allocations.free(allocation.va, parts.job_stream, lock);
   EXPECT_EQ(parts.space.window_containing(placed.va), nullptr);
+}
+
+// The backlog the job's threads wait for (a drain, the backlog cap) is what leaves without them: a
+// copied allocation whose slab stays because a neighbour is resident (one no pack named, kept) is
+// not in it, or a drain at the layers' end would wait for the job's own next free.
+TEST(OffloadPipeline, TheBacklogLeavesOutCopiedPagesThatANeighbourInTheirSlabHolds) {
+  Parts parts(auto_mode_options());
+  const NodeVerdict verdict = selected_layer("backlog_slab_model.layers.0");
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  // The second call: two 1 MiB allocations in one slab, the group sealed.
+  Group* group = second_call(parts, verdict, 2 * kMiB, lock);
+  const Placement a = parts.space.place(kMiB, group->id, verdict.selected, parts.job_stream, true, lock);
+  const Placement b = parts.space.place(kMiB, group->id, verdict.selected, parts.job_stream, true, lock);
+  ASSERT_EQ(a.window, b.window);
+  Window& slab = *a.window;
+  Allocation& copied = parts.allocations.add(kMiB, parts.job_stream, a, *group);
+  Allocation& neighbour = parts.allocations.add(kMiB, parts.job_stream, b, *group);
+  parts.space.close_slab(group->id);
+  // One copied (its pages wait for the window's unmap), the other kept resident: nothing leaves.
+  copied.state = PageState::unmapping;
+  ++slab.copied;
+  parts.pages.queue_unmap(slab);
+  ASSERT_FALSE(slab.unmap_queued);
+  EXPECT_EQ(parts.offload.backlog_bytes(), 0u);
+  // The neighbour queued for its copy: it is in the backlog, and once it is copied the window is
+  // given back, both with it.
+  neighbour.state = PageState::pending;
+  EXPECT_EQ(parts.offload.backlog_bytes(), kMiB);
+  neighbour.state = PageState::unmapping;
+  ++slab.copied;
+  parts.pages.queue_unmap(slab);
+  ASSERT_TRUE(slab.unmap_queued);
+  EXPECT_EQ(parts.offload.backlog_bytes(), 2 * kMiB);
 }
 
 TEST(AllocationTable, AFreeOfAResidentAllocationDisposesOfItAndCachesItsRangeAfterItsStreamPoint) {
