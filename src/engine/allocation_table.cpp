@@ -55,7 +55,6 @@ void AllocationTable::free(DevPtr ptr, StreamHandle stream, std::unique_lock<std
   }
   Allocation& allocation = *it->second;
   parts_.temporaries.freed(allocation);  // policy mode: whether autograd saved it is known now
-  core.stats.temporary_keys = parts_.temporaries.temporaries_known();
   // Remember the free's stream point: the range may be reused only after it (rule 5).
   auto event = core.acquire_event();
   if (Status status = core.device.record_event(event, stream); status.ok()) {

@@ -492,6 +492,7 @@ EngineStats DeviceEngine::stats() const {
   stats.job_thread_observe_ns = site_ns(JobThreadSite::observe);
   stats.job_thread_lock_wait_ns = core_.job_thread_lock_wait_ns.load(std::memory_order_relaxed);
   stats.reload_bound_bytes = clock_.bound();
+  stats.temporary_keys = temporaries_.temporaries_known();
   auto_.add_stats(stats);
   if (core_.host_pool) {
     const hostpool::HostPoolStats pool = core_.host_pool->stats();
