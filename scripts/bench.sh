@@ -65,7 +65,10 @@
 # cores and taskset is there; empty: unpinned), BENCH_GPUS (this machine's GPU count, default from
 # `nvidia-smi -L`: jobs needing more are skipped with a message), BENCH_SKIP_VARIANTS (variant names
 # not to run, comma-separated, e.g. save_on_cpu,stream_offload: a quicker pass), BENCH_VARIANTS (the
-# only variants to run, comma-separated; none, the baseline, always runs), BENCH_RUN_ESTIMATE_S
+# only variants to run, comma-separated; none, the baseline, always runs), BENCH_EXTRA_VARIANTS
+# (variants of the caller's, compare_runs --variant specs one a line, run besides whatever the two
+# before leave: a change against main side by side on the zoo, e.g. the other build carried as
+# .gpu-before: "actpage-before;actpage;async;policy=none;actpage=.gpu-before/bin/actpage"), BENCH_RUN_ESTIMATE_S
 # (20: --list's seconds a run), BENCH_DEVICE_MEMORY (75%: actpage-device-memory's target as a share of
 # the preflight's peak; 0: no such variant, and no preflight unless asked), BENCH_PREFLIGHT_STEPS (3
 # with BENCH_DEVICE_MEMORY, else 0: a short plain run of each job first; a job that fails it is skipped).
@@ -108,6 +111,7 @@ run_timeout=${BENCH_RUN_TIMEOUT:-300}
 run_estimate=${BENCH_RUN_ESTIMATE_S:-20}
 skip_variants=${BENCH_SKIP_VARIANTS:-}
 only_variants=${BENCH_VARIANTS:-}  # empty: every variant; else these (and none, the baseline)
+extra_variants=${BENCH_EXTRA_VARIANTS:-}  # compare_runs --variant specs, one a line, run besides
 # Auto mode's governor judges, probes and settles by the job's pass 12-22 (docs/engine.md, "The
 # governor"): the steps measured come after that.
 steps=${BENCH_STEPS:-32}
@@ -185,6 +189,11 @@ job_variants() {
     [[ -z $only_variants || $name == none || ,${only_variants}, == *",$name,"* ]] || continue
     kept+=("$spec")
   done
+  # The caller's own variants, always run: another build of actpage beside this one, an option's
+  # other value (`actpage=PATH`, `env=NAME=VALUE`).
+  while IFS= read -r spec; do
+    [[ -n $spec ]] && kept+=("$spec")
+  done <<<"$extra_variants"
   variants=("${kept[@]}")
 }
 

@@ -616,6 +616,26 @@ class BenchScriptTest(unittest.TestCase):
         self.assertEqual(code, 2, printed)
         self.assertIn("BENCH_DEVICE_MEMORY must be a share of the preflight's peak below 100%", printed)
 
+    def test_the_callers_own_variants_run_beside_the_chosen_ones(self):
+        # Another build side by side (BENCH_EXTRA_VARIANTS), kept whatever BENCH_VARIANTS chose.
+        before = os.path.join(self.dir.name, "before", "bin", "actpage")
+        os.makedirs(os.path.dirname(before))
+        write_executable(before, FAKE_ACTPAGE)
+        extra = "actpage-before;actpage;async;policy=none;actpage=%s\n\nactpage-lean;actpage;async;policy=none;env=ACTPAGE_MIN_BYTES=4MiB" % before
+        code, printed = self.bench("tiny-llama", BENCH_VARIANTS="actpage", BENCH_EXTRA_VARIANTS=extra)
+        self.assertEqual(code, 0, printed[-3000:])
+        ran = [(c["key"], c["build"]) for c in self.calls()]
+        self.assertEqual(ran, [("none", None), ("actpage-bare", self.actpage), ("actpage-bare", before),
+                               ("actpage-bare", self.actpage)])
+        results = json.loads(read(os.path.join(self.out, "tiny-llama", "results.json")))
+        self.assertEqual([r["variant"] for r in results["runs"]], ["none", "actpage", "actpage-before", "actpage-lean"])
+        rows = {r["variant"] for r in json.loads(read(os.path.join(self.out, "report.json")))["jobs"]["tiny-llama"]["rows"]}
+        self.assertEqual(rows, {"none", "actpage", "actpage-before", "actpage-lean"})
+        code, printed = self.bench("--list", "tiny-llama", BENCH_EXTRA_VARIANTS=extra)
+        self.assertEqual(code, 0, printed)
+        self.assertIn("tiny-llama: 1 GPU(s), 11 runs:", printed)
+        self.assertIn("  actpage-lean;actpage;async;policy=none;env=ACTPAGE_MIN_BYTES=4MiB", printed)
+
     def test_a_job_failing_its_preflight_is_skipped_as_a_failure(self):
         code, printed = self.bench("tiny-llama", "tiny-long", BENCH_PREFLIGHT_STEPS="2",
                                    FAKE_BROKEN_SCRIPTS="tiny_long.py")
