@@ -63,6 +63,15 @@ struct SavedTensorState {
   bool has_moved_release = false;
 };
 
+// A copy begun at the allocation's pack (OffloadPipeline::copy_at_pack): autograd saved it, so no
+// op of the job writes it any more; its pages still stay until its release point has passed.
+enum class EarlyCopy : std::uint8_t {
+  none,
+  queued,   // waiting for the offload worker (pack_point recorded)
+  copying,  // on the copy stream
+  done,     // `host` holds the data; the offload at its release point copies nothing more
+};
+
 struct Allocation {
   DevPtr va = 0;
   std::size_t bytes = 0;         // what the job asked for: what is copied
@@ -84,6 +93,9 @@ struct Allocation {
   bool copy_failed = false;      // offload: a chunk could not be issued; the data stays
   bool copy_end_unknown = false; // offload: a copy was issued whose end no event tells
   std::uint64_t copy_started_ns = 0;
+  EarlyCopy early = EarlyCopy::none;
+  EventHandle pack_point;        // where the job's stream was at the pack (early queued)
+  bool release_wait_after_copy = false;  // copied from its pack point: the release point's wait follows
   SavedTensorState saved;
   PolicyKey policy_key;          // policy mode: what its free teaches (TemporaryKeys)
 };

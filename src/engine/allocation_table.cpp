@@ -80,15 +80,27 @@ void AllocationTable::free(DevPtr ptr, StreamHandle stream, std::unique_lock<std
                         "cannot wait for the free of {:#x} on its stream; its range may be reused early", ptr);
     }
   }
+  // A copy begun at its pack (resident, released or pending) still reads its pages: disposed of
+  // when it ends. One queued or done goes with it.
+  const bool copying_early = allocation.early == EarlyCopy::copying;
+  if (allocation.early == EarlyCopy::queued) parts_.offload.cancel_early(allocation);
   switch (allocation.state) {
     case PageState::resident:
     case PageState::released:
-      dispose(allocation);
+      if (copying_early) {
+        allocation.freed = true;
+      } else {
+        dispose(allocation);
+      }
       break;
     case PageState::pending:
       parts_.offload.cancel(allocation);
       ++core.stats.offloads_cancelled;
-      dispose(allocation);
+      if (copying_early) {
+        allocation.freed = true;
+      } else {
+        dispose(allocation);
+      }
       break;
     case PageState::offloaded:
       if (allocation.reload_queued) parts_.reload.drop(allocation);
@@ -147,6 +159,7 @@ void AllocationTable::release_all() {
     if (allocation->host) core.host_pool->free(*allocation->host);
     if (allocation->has_copy_event) core.recycle_event(allocation->copy_event);
     if (allocation->saved.has_moved_release) core.recycle_event(allocation->saved.moved_release);
+    if (allocation->early == EarlyCopy::queued) core.recycle_event(allocation->pack_point);
   }
   allocations_.clear();
 }

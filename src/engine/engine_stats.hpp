@@ -14,6 +14,10 @@ namespace actpage::engine {
 //     least keep_last layers after them (keep_last > 0)
 //   offloads_completed: device pages given back (or poisoned)
 //   offloads_cancelled: backward or a free came first
+//   early_copies, early_copy_bytes: offload copies that waited for their pack point instead of their
+//     release point (auto mode: begun before the seal and ended, or begun at it);
+//     early_copies_dropped: copies begun or queued at a pack and thrown away (freed, kept resident,
+//     a failed copy)
 //   dropped_offloaded: freed while offloaded: never reloaded
 //   stalls: backward had to wait for a reload to be issued
 //   job_thread_vmm_calls, job_thread_vmm_ns: create+map on the job's thread (cache misses), and
@@ -151,6 +155,9 @@ namespace actpage::engine {
   X(offloads_started) \
   X(offloads_completed) \
   X(offloads_cancelled) \
+  X(early_copies) \
+  X(early_copy_bytes) \
+  X(early_copies_dropped) \
   X(bytes_offloaded) \
   X(reloads_completed) \
   X(bytes_reloaded) \

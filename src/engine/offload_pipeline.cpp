@@ -25,7 +25,11 @@ Status OffloadPipeline::create_stream() {
 
 void OffloadPipeline::destroy_stream() { (void)parts_.core.device.destroy_stream(stream_); }
 
-void OffloadPipeline::cancel(Allocation& allocation) { std::erase(queue_, &allocation); }
+void OffloadPipeline::cancel(Allocation& allocation) {
+  std::erase(queue_, &allocation);
+  // Backward or a free came first: a copy queued or made at its pack is not wanted either.
+  if (allocation.early == EarlyCopy::queued || allocation.early == EarlyCopy::done) drop_early(allocation);
+}
 
 void OffloadPipeline::track_whole_copy(Allocation& allocation, EventHandle done) {
   allocation.copy_issued = allocation.bytes;  // one copy, not chunked
@@ -51,6 +55,95 @@ void OffloadPipeline::queue(Group& group) {
   if (queued) core.work_cv.notify_all();
 }
 
+void OffloadPipeline::copy_at_pack(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  if (!options_.copy_at_pack || allocation.early != EarlyCopy::none || allocation.host) return;
+  // The point the job's stream has reached at the pack: the op that saved it was enqueued before.
+  EventHandle point = core.acquire_event();
+  if (Status status = core.device.record_event(point, allocation.stream); !status.ok()) {
+    core.recycle_event(point);
+    core.note_failure("recording the point of a saved tensor's pack on its stream", status);
+    return;  // its offload copies it after its release point, as without
+  }
+  allocation.pack_point = point;
+  allocation.early = EarlyCopy::queued;
+  early_queue_.push_back(&allocation);
+  core.work_cv.notify_all();
+}
+
+void OffloadPipeline::cancel_early(Allocation& allocation) {
+  if (allocation.early == EarlyCopy::queued) drop_early(allocation);
+}
+
+void OffloadPipeline::drop_early(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  if (allocation.early == EarlyCopy::queued) {
+    std::erase(early_queue_, &allocation);
+    core.recycle_event(allocation.pack_point);
+  }
+  // A block a copy of unknown end may still write is never handed out again (issue_chunk).
+  if (allocation.host && !allocation.copy_end_unknown) core.host_pool->free(*allocation.host);
+  allocation.host.reset();
+  allocation.early = EarlyCopy::none;
+  ++core.stats.early_copies_dropped;
+}
+
+bool OffloadPipeline::start_early(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  auto block = core.host_pool->try_allocate(allocation.bytes);
+  if (!block) {
+    drop_early(allocation);  // its offload asks again at its release point
+    return false;
+  }
+  if (Status status = core.device.stream_wait_event(stream_, allocation.pack_point); !status.ok()) {
+    core.host_pool->free(*block);
+    core.note_failure("ordering an early offload copy after its pack", status);
+    drop_early(allocation);
+    return false;
+  }
+  core.recycle_event(allocation.pack_point);  // the wait holds the record it saw (rule 1)
+  allocation.host = std::move(*block);
+  allocation.copy_issued = 0;
+  allocation.copy_failed = false;
+  allocation.copy_end_unknown = false;
+  allocation.early = EarlyCopy::copying;
+  inflight_.push_back(&allocation);
+  return true;
+}
+
+void OffloadPipeline::early_copy_ended(Allocation& allocation, const Status& status) {
+  EngineCore& core = parts_.core;
+  std::erase(inflight_, &allocation);
+  if (!status.ok() || allocation.copy_failed) {
+    // The pages were only read: the data is where it was, and its offload copies it again.
+    if (!status.ok()) core.note_failure("an early offload copy", status);
+    allocation.copy_end_unknown = false;  // it ended: the block may be handed out again
+    drop_early(allocation);
+  } else {
+    allocation.early = EarlyCopy::done;
+    ++core.stats.early_copies;
+    core.stats.early_copy_bytes += allocation.bytes;
+  }
+  if (allocation.freed) parts_.allocations.dispose(allocation);
+}
+
+bool OffloadPipeline::issue_release_marker(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  EventHandle done = core.acquire_event();
+  if (Status status = core.device.record_event(done, stream_); !status.ok()) {
+    core.recycle_event(done);
+    core.note_failure("recording the release point of an offload copied at its pack", status);
+    // Nothing tells when the GPU is past its readers: it stays, its host copy goes.
+    std::erase(inflight_, &allocation);
+    drop_early(allocation);
+    keep_resident(allocation);
+    if (allocation.freed) parts_.allocations.dispose(allocation);
+    return false;
+  }
+  chunks_.push_back(Chunk{&allocation, done, true});
+  return true;
+}
+
 void OffloadPipeline::issue_now(Group& group) {
   EngineCore& core = parts_.core;
   // Poison mode, job's thread: copy, fill, and hold the job's stream until the fill is done.
@@ -69,6 +162,11 @@ void OffloadPipeline::issue_now(Group& group) {
 
 bool OffloadPipeline::start_offload(Allocation& allocation) {
   EngineCore& core = parts_.core;
+  if (allocation.early == EarlyCopy::done && allocation.host) return start_copied_offload(allocation);
+  // Released before its early copy began (a host ahead of the GPU reaches the seal at once): its
+  // copy still waits only for its pack point, and its last chunk's event for the release point.
+  const bool from_pack = allocation.early == EarlyCopy::queued;
+  if (from_pack) std::erase(early_queue_, &allocation);
   auto block = core.host_pool->try_allocate(allocation.bytes);
   if (!block && (parts_.safety.poison() || core.wait_for_host_memory) && !core.host_pool->exhausted()) {
     // Validation mode: skipping a module for want of pinned memory would report a policy as safe
@@ -78,17 +176,26 @@ bool OffloadPipeline::start_offload(Allocation& allocation) {
     block = core.host_pool->try_allocate(allocation.bytes);
   }
   if (!block) {
+    if (from_pack) drop_early(allocation);
     ++core.stats.host_pool_misses;
     keep_resident(allocation);
     return false;
   }
-  const EventHandle release = release_event_of(allocation);
-  if (Status status = core.device.stream_wait_event(stream_, release); !status.ok()) {
+  const EventHandle after = from_pack ? allocation.pack_point : release_event_of(allocation);
+  if (Status status = core.device.stream_wait_event(stream_, after); !status.ok()) {
     // Nothing was enqueued; the data is where it was. Stay resident.
     core.host_pool->free(*block);
     core.note_failure("ordering an offload copy after its release point", status);
+    if (from_pack) drop_early(allocation);
     keep_resident(allocation);
     return false;
+  }
+  allocation.release_wait_after_copy = from_pack;
+  if (from_pack) {
+    core.recycle_event(allocation.pack_point);  // the wait holds the record it saw
+    allocation.early = EarlyCopy::none;
+    ++core.stats.early_copies;
+    core.stats.early_copy_bytes += allocation.bytes;
   }
   allocation.host = std::move(*block);
   allocation.copy_issued = 0;
@@ -101,6 +208,24 @@ bool OffloadPipeline::start_offload(Allocation& allocation) {
   core.events.offload_began(allocation.va, allocation.bytes,
              allocation.group->selected, allocation.group->id);
   return true;
+}
+
+bool OffloadPipeline::start_copied_offload(Allocation& allocation) {
+  EngineCore& core = parts_.core;
+  // Its data is on the host since its pack: the copy stream only waits for the release point, and
+  // the event after that wait says that the GPU is past every reader of the pages (rule 2).
+  if (Status status = core.device.stream_wait_event(stream_, release_event_of(allocation)); !status.ok()) {
+    core.note_failure("ordering an offload copied at its pack after its release point", status);
+    drop_early(allocation);
+    keep_resident(allocation);
+    return false;
+  }
+  allocation.copy_started_ns = monotonic_ns();
+  allocation.state = PageState::offloading;
+  inflight_.push_back(&allocation);
+  ++core.stats.offloads_started;
+  core.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected, allocation.group->id);
+  return issue_release_marker(allocation);
 }
 
 EventHandle release_event_of(const Allocation& allocation) {
@@ -130,6 +255,11 @@ bool OffloadPipeline::issue_chunk(Allocation& allocation, bool whole) {
       &enqueued_bytes);
   const bool copy_enqueued = enqueued_bytes > 0;
   if (status.ok() && last && parts_.safety.poison()) status = parts_.safety.poison_fill(allocation, stream_);
+  if (status.ok() && last && allocation.release_wait_after_copy) {
+    // Copied from its pack point: the event that lets its pages go also waits for its release
+    // point (rule 2: the GPU is past every reader). Without it the data stays.
+    status = core.device.stream_wait_event(stream_, release_event_of(allocation));
+  }
   if (!status.ok()) core.note_failure("issuing an offload copy", status);
   // Once a copy is enqueued its end must be known: until then it reads the pages (which must not
   // be reused or unmapped, rule 5) and writes the block. The event also marks the end of the
@@ -155,32 +285,39 @@ bool OffloadPipeline::issue_chunk(Allocation& allocation, bool whole) {
     for (Chunk& queued : chunks_) {
       if (queued.allocation == &allocation) queued.allocation = nullptr;
     }
-    if (!allocation.copy_end_unknown) core.host_pool->free(*allocation.host);
-    allocation.host.reset();
-    keep_resident(allocation);
+    if (allocation.early == EarlyCopy::copying) {
+      drop_early(allocation);  // still where it was: its offload copies it again
+    } else {
+      if (!allocation.copy_end_unknown) core.host_pool->free(*allocation.host);
+      allocation.host.reset();
+      keep_resident(allocation);
+    }
     if (allocation.freed) parts_.allocations.dispose(allocation);
     return false;
   }
+  const bool early = allocation.early == EarlyCopy::copying;
   if (!status.ok()) {
     // Nothing more goes out; when the chunks already enqueued have ended, the data stays.
     allocation.copy_failed = true;
     allocation.copy_issued = allocation.bytes;
-    chunks_.push_back(Chunk{&allocation, done, true});
+    chunks_.push_back(Chunk{&allocation, done, true, early});
     return false;
   }
   allocation.copy_issued = offset + bytes;
-  chunks_.push_back(Chunk{&allocation, done, last});
+  chunks_.push_back(Chunk{&allocation, done, last, early});
   return true;
 }
 
 void OffloadPipeline::copy_ended(Allocation& allocation, const Status& status, std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
   std::erase(inflight_, &allocation);
+  allocation.release_wait_after_copy = false;
   if (!status.ok() || allocation.copy_failed) {
     // The copy failed: the device pages were never touched. Keep them, drop the host copy.
     if (!status.ok()) core.note_failure("an offload copy", status);
     if (allocation.host) core.host_pool->free(*allocation.host);
     allocation.host.reset();
+    allocation.early = EarlyCopy::none;
     parts_.safety.drop_staged_copy(allocation, lock);
     keep_resident(allocation);
     if (allocation.freed) parts_.allocations.dispose(allocation);
@@ -201,6 +338,7 @@ void OffloadPipeline::finish_offload(Allocation& allocation, std::unique_lock<st
     // Backward came for it while the copy ran: the pages still hold the data, keep them.
     if (allocation.host) core.host_pool->free(*allocation.host);
     allocation.host.reset();
+    allocation.early = EarlyCopy::none;
     allocation.wanted_back = false;
     keep_resident(allocation);
     ++core.stats.offloads_cancelled;
@@ -217,6 +355,7 @@ void OffloadPipeline::finish_offload(Allocation& allocation, std::unique_lock<st
     return;
   }
   // Fault mode: the copy is done (rule 2); the pages go back with the rest of the window's.
+  allocation.early = EarlyCopy::none;
   allocation.state = PageState::unmapping;
   ++window.copied;
   parts_.pages.queue_unmap(window);
@@ -252,7 +391,14 @@ bool OffloadPipeline::can_issue() const {
   for (const Allocation* allocation : inflight_) {
     if (allocation->copy_issued < allocation->bytes) return true;
   }
-  return !queue_.empty() && inflight_.size() < std::max<std::uint64_t>(1, options_.max_inflight_copies);
+  if (inflight_.size() >= std::max<std::uint64_t>(1, options_.max_inflight_copies)) return false;
+  return next_offload() != nullptr || !early_queue_.empty();
+}
+
+Allocation* OffloadPipeline::next_offload() const {
+  // Oldest first; one whose early copy still runs waits for it (its release marker goes after it).
+  if (queue_.empty() || queue_.front()->early == EarlyCopy::copying) return nullptr;
+  return queue_.front();
 }
 
 void OffloadPipeline::hold_copies(std::unique_lock<std::mutex>& lock) {
@@ -312,15 +458,22 @@ void OffloadPipeline::run() {
         issue_chunk(*copying, /*whole=*/false);
         continue;
       }
-      if (queue_.empty() || inflight_.size() >= cap) break;
-      Allocation* allocation = queue_.front();
-      queue_.pop_front();
-      if (allocation->state != PageState::pending) continue;
-      if (parts_.safety.host_mapped()) {
-        parts_.safety.issue_offload(*allocation, lock);
-      } else {
-        start_offload(*allocation);
+      if (inflight_.size() >= cap) break;
+      if (Allocation* allocation = next_offload(); allocation != nullptr) {
+        queue_.pop_front();
+        if (allocation->state != PageState::pending) continue;
+        if (parts_.safety.host_mapped()) {
+          parts_.safety.issue_offload(*allocation, lock);
+        } else {
+          start_offload(*allocation);
+        }
+        continue;
       }
+      // Then the copies begun at packs, behind every offload whose release point has come.
+      if (early_queue_.empty()) break;
+      Allocation* allocation = early_queue_.front();
+      early_queue_.pop_front();
+      start_early(*allocation);  // popped: a drop leaves nothing queued to erase
     }
     if (!chunks_.empty()) {
       const Chunk chunk = chunks_.front();
@@ -329,7 +482,9 @@ void OffloadPipeline::run() {
       lock.lock();
       chunks_.pop_front();
       core.recycle_event(chunk.done);
-      if (chunk.last) {
+      if (chunk.last && chunk.early) {
+        early_copy_ended(*chunk.allocation, status);
+      } else if (chunk.last) {
         copy_ended(*chunk.allocation, status, lock);
       } else if (!status.ok() && chunk.allocation != nullptr) {
         chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends

@@ -13,6 +13,16 @@
 //   vmm.grant_when_idle a thread that must grant holds new chunks back and lets the queue drain
 //   first (hold_copies / release_copies, grant_with_copies_held), and new chunks also wait while
 //   recycled pages the job's next allocation needs are waiting for a grant.
+// - Copies at the pack (copy_at_pack: auto_copy_at_pack, experimental; auto mode, fault): a served
+//   allocation autograd saves while its group is open is copied from its pack on (the copy stream
+//   waits for a point recorded on its stream at the pack), after the queue's offloads, while its
+//   pages stay. At its release point its offload then copies nothing: the copy stream waits for
+//   the release point and the event after that wait says the pages may go. Released before that
+//   copy began (a host far ahead), its offload copies from the pack point all the same and waits
+//   for the release point before its last chunk's event. Either way rule 2 holds: the GPU is past
+//   every reader of the pages when they go. A free, a failed copy or backward's claim throws the
+//   host copy away. A pack says that autograd saved the tensor: an op that wrote it afterwards
+//   would fail the job's backward (autograd's version check), with or without actpage.
 // - The job's threads wait here for the backlog (offload_backlog_bytes, the drains) to fall.
 // - Everything with the engine's lock held; it is released around waits and driver calls.
 #pragma once
@@ -34,6 +44,7 @@ struct OffloadOptions {
   std::uint64_t copy_chunk_bytes = 0;   // 0: each allocation in one copy
   std::uint64_t copy_chunks_queued = 2;
   bool grant_when_idle = true;          // vmm.grant_when_idle
+  bool copy_at_pack = false;            // auto mode, stray_access fault
 };
 
 class OffloadPipeline {
@@ -50,13 +61,20 @@ class OffloadPipeline {
   // Whether the worker has work now (its wait's condition, stopping aside).
   bool has_work() const;
   // Nothing queued, copying or under way (quiesce()).
-  bool idle() const { return queue_.empty() && inflight_.empty() && chunks_.empty(); }
+  bool idle() const { return queue_.empty() && early_queue_.empty() && inflight_.empty() && chunks_.empty(); }
   // Whether a copy is on the copy stream now (a grant would wait for it).
   bool copying() const { return !chunks_.empty(); }
 
   // The group's released allocations go in the queue (pending).
   void queue(Group& group);
-  // A pending allocation leaves the queue (backward or a free came first).
+  // A pack of `allocation` (resident, its group open, forward): with copy_at_pack its copy may
+  // begin now (queued behind the offloads). Job's thread.
+  void copy_at_pack(Allocation& allocation);
+  // The job frees an allocation whose early copy is queued: it leaves the queue (the copy never
+  // began). One being copied is marked freed and disposed of when the copy ends.
+  void cancel_early(Allocation& allocation);
+  // A pending or released allocation stays (backward or a free came first): it leaves the queue,
+  // and a copy queued or made at its pack is thrown away (one still copying ends first).
   void cancel(Allocation& allocation);
   // poison, on the job's thread at the seal: copies the group's pending allocations whole, fills
   // them, and makes the job's stream wait for the fill.
@@ -92,11 +110,24 @@ class OffloadPipeline {
     Allocation* allocation;
     EventHandle done;
     bool last;
+    bool early = false;  // of a copy begun at the pack
   };
 
   // Takes a pinned block and orders the copy stream after the release point; the copy itself goes
   // out in chunks (issue_chunk). false: the allocation stays resident.
   bool start_offload(Allocation& allocation);
+  // Takes a pinned block and orders the copy stream after the pack point. false: no early copy.
+  bool start_early(Allocation& allocation);
+  // The early copy's last chunk ended: its host copy is kept, or thrown away on failure or a free.
+  void early_copy_ended(Allocation& allocation, const Status& status);
+  // The early copy is thrown away (host block and pack point given back).
+  void drop_early(Allocation& allocation);
+  // start_offload() of an allocation copied at its pack: the copy stream waits for the release
+  // point, and its one "chunk" is the event after that wait (issue_release_marker).
+  bool start_copied_offload(Allocation& allocation);
+  bool issue_release_marker(Allocation& allocation);
+  // The queue's oldest offload, unless its early copy still runs; nullptr: none to start now.
+  Allocation* next_offload() const;
   // Enqueues the next chunk (at most copy_chunk_bytes; all of it when `whole`) of an offload being
   // copied, with an event after it. false when nothing could be enqueued.
   bool issue_chunk(Allocation& allocation, bool whole);
@@ -111,7 +142,8 @@ class OffloadPipeline {
   const OffloadOptions options_;
   StreamHandle stream_;
   std::deque<Allocation*> queue_;     // pending, oldest first
-  std::deque<Allocation*> inflight_;  // being copied, in stream order
+  std::deque<Allocation*> early_queue_;  // early copies to begin (EarlyCopy::queued), oldest first
+  std::deque<Allocation*> inflight_;  // being copied (early copies too), in stream order
   std::deque<Chunk> chunks_;          // on the copy stream, oldest first
   std::uint32_t grant_waiters_ = 0;   // threads waiting for the copy queue to drain to grant
 };

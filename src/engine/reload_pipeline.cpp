@@ -110,6 +110,7 @@ void ReloadPipeline::request(Allocation& allocation, bool urgent) {
     case PageState::reloading:
       return;
     case PageState::released:
+      parts_.offload.cancel(allocation);  // its copy made at the pack, if any, goes
       keep_resident(allocation);
       return;
     case PageState::pending:

@@ -46,6 +46,9 @@ bool SavedTensors::saved(DevPtr address, std::unique_lock<std::mutex>& lock) {
   ++core.stats.saved_tensors_reported;
   allocation->saved.saved = true;
   const Group* group = allocation->group;
+  if (group != nullptr && !group->sealed && allocation->state == PageState::resident && !parts_.groups.in_backward()) {
+    parts_.offload.copy_at_pack(*allocation);  // its pages stay until the release point
+  }
   // Before the seal the release point has not been given yet: it comes after this module's reads.
   if (group == nullptr || !group->sealed) return false;
   if (parts_.groups.in_backward() || pages_left(*allocation)) {

@@ -109,6 +109,7 @@ class LayerJob {
       job_.write(act);
       if (layer == 0 && during_forward) during_forward();
       if (!no_grad && hooks_on_) rig_.engine.tensor_saved(act.va);
+      if (layer == 0 && after_activation_saved) after_activation_saved(act);
       const Tensor temporary = job_.allocate(kBytes);
       job_.write(temporary);
       job_.free(temporary);
@@ -187,8 +188,13 @@ class LayerJob {
   bool keep_extra_until_backward = false;  // ... which the job holds (nothing saves it) until backward's end
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
+  // Runs in forward right after layer 0's activation was saved (its layer still runs), when set.
+  std::function<void(const Tensor&)> after_activation_saved;
   // Runs in forward after the last layer, before the head, when set.
   std::function<void()> before_head;
+
+  // Reads `tensor` on the job's stream and checks its bytes (a forward op of the test's).
+  void check(const Tensor& tensor) { job_.check(tensor); }
 
  private:
   void read(const Tensor& tensor) {

@@ -96,6 +96,73 @@ TEST(AutoMode, EachPagedLayersTensorsShareOneSlabFromTheSecondPagedPassOn) {
   expect_every_read_right(rig);
 }
 
+// auto_copy_at_pack: a chosen layer's saved activation is copied from its pack on, while its layer
+// still runs (the copy stream waits for the point the job's stream had reached at the pack), and
+// its pages stay until the layer's end: its offload there copies nothing more. The layer's output,
+// saved by the next layer after its own group was sealed, is copied at its moved release point.
+TEST(AutoMode, ASavedActivationIsCopiedFromItsPackWhileItsLayerRunsAndLeavesAtItsEnd) {
+  Options options = auto_options();
+  options.auto_copy_at_pack = true;
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EngineStats at_pack{};
+  bool checked = false;
+  job.after_activation_saved = [&](const Tensor& act) {
+    rig.engine.quiesce();  // every copy there is to make now has ended
+    at_pack = rig.engine.stats();
+    job.check(act);        // still on the device: its layer runs on
+    checked = true;
+  };
+  const EngineStats before = rig.engine.stats();
+  const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
+  job.pass();
+  ASSERT_TRUE(checked);
+  EXPECT_EQ(at_pack.early_copies - before.early_copies, 1u) << "layer 0's activation, copied within its layer";
+  EXPECT_EQ(at_pack.early_copy_bytes - before.early_copy_bytes, kBytes);
+  EXPECT_EQ(at_pack.offloads_started, before.offloads_started) << "nothing leaves before its release point";
+  const EngineStats after = rig.engine.stats();
+  EXPECT_EQ(after.early_copies - before.early_copies, 3u) << "each chosen layer's activation";
+  EXPECT_EQ(after.offloads_completed - before.offloads_completed, 3u * 2) << "activations and outputs left";
+  EXPECT_EQ(after.early_copies_dropped, before.early_copies_dropped);
+  // One copy to the host an offload (a 2 MiB tensor is one chunk): none made twice.
+  EXPECT_EQ(rig.device.call_count(device::SimOp::copy_to_host) - copies_before, 3u * 2);
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  expect_every_read_right(rig);
+}
+
+// A host ahead of the GPU reaches a layer's seal before the worker has begun the copies queued at
+// its packs (here: the copy stream holds one chunk, held at the device, so the packs of layers 1
+// and 2 find no room): those offloads still copy from the pack's point, and only their end waits
+// for the release point. Every byte reads right, and each activation is copied once.
+TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
+  Options options = auto_options();
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  options.copy_chunks_queued = 1;
+  options.auto_copy_at_pack = true;
+  Rig rig(options, budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  const EngineStats before = rig.engine.stats();
+  const std::uint64_t copies_before = rig.device.call_count(device::SimOp::copy_to_host);
+  rig.device.hold_copies_to_host();
+  job.before_head = [&] {  // every layer sealed, their offloads queued behind the held copy
+    rig.device.release_copies_to_host();
+    rig.engine.quiesce();
+  };
+  job.pass();
+  const EngineStats after = rig.engine.stats();
+  EXPECT_EQ(after.early_copies - before.early_copies, 3u) << "each chosen layer's activation, from its pack";
+  EXPECT_EQ(after.early_copy_bytes - before.early_copy_bytes, 3 * kBytes);
+  EXPECT_EQ(after.early_copies_dropped, before.early_copies_dropped);
+  EXPECT_EQ(after.offloads_completed - before.offloads_completed, 3u * 2);
+  EXPECT_EQ(rig.device.call_count(device::SimOp::copy_to_host) - copies_before, 3u * 2);
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  job.before_head = nullptr;
+  job.pass();  // and the next pass as usual
+  expect_every_read_right(rig);
+}
+
 // Layer slabs' known cost: an allocation served by a key autograd saved when auto mode watched, but
 // which nothing saves in this pass (an extra allocation shifts the mlp's ordinals) and the job holds
 // until backward's end, stays resident; its slab stays mapped with it, and the layer's output, copied
