@@ -8,7 +8,7 @@
 #
 # Run on the GPU machine from the repository root with the bundle in .gpu/ (scripts/gpu-bundle.sh):
 #   scripts/bench.sh                          # every job of the manifest
-#   scripts/bench.sh gpu-bound-llama resnet   # a subset; results accumulate in out/bench/JOB/
+#   scripts/bench.sh gpu_bound_llama resnet   # a subset; results accumulate in out/bench/JOB/
 #   scripts/bench.sh --list [JOB...]          # what would run, and how many runs, without running
 #   scripts/bench.sh --report                 # only rebuild the report from what out/bench holds
 # A device command runs at most 10 minutes: give each call jobs worth at most ~8 minutes (below),
