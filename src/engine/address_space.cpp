@@ -187,6 +187,7 @@ void AddressSpace::close_slab(std::uint32_t group_id) {
   if (track.window == nullptr) return;
   Window& slab = *track.window;
   slab.slab_open = false;
+  parts_.core.stats.slab_tail_bytes += slab.bytes - std::min<std::size_t>(track.used, slab.bytes);
   if (slab.allocations.empty()) {
     retire_window(slab);
   } else {

@@ -105,7 +105,7 @@ class LayerJob {
           job_.free(extra);
         }
       }
-      const Tensor act = job_.allocate(kBytes);
+      const Tensor act = job_.allocate(act_bytes);
       job_.write(act);
       if (layer == 0 && during_forward) during_forward();
       if (!no_grad && hooks_on_) rig_.engine.tensor_saved(act.va);
@@ -186,6 +186,7 @@ class LayerJob {
   int forwards_unhooked = 0;
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   bool keep_extra_until_backward = false;  // ... which the job holds (nothing saves it) until backward's end
+  std::size_t act_bytes = kBytes;  // each mlp's activation (an MoE's expert tensors vary with routing)
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;
   // Runs in forward right after layer 0's activation was saved (its layer still runs), when set.

@@ -163,6 +163,25 @@ TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
   expect_every_read_right(rig);
 }
 
+// A slab is sized by what its layer was served the call before: in a pass whose activations are
+// smaller (an MoE's expert tensors shrink and grow with the routing) each chosen layer's slab keeps
+// a tail mapped with nothing in it, counted in slab_tail_bytes; passes that serve what the one
+// before served fill their slabs.
+TEST(AutoMode, ASlabSizedForMoreThanThisPassServesCountsItsTail) {
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 5; ++pass) job.pass();
+  EXPECT_GT(rig.engine.stats().slabs_opened, 0u);
+  EXPECT_EQ(rig.engine.stats().slab_tail_bytes, 0u);
+  job.act_bytes = kBytes / 2;
+  job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  // The slab of 4 MiB (a 2 MiB activation and output the pass before) holds 1 + 2 MiB.
+  EXPECT_EQ(stats.slab_tail_bytes, 3 * kBytes / 2);
+  expect_every_read_right(rig);
+}
+
 // Layer slabs' known cost: an allocation served by a key autograd saved when auto mode watched, but
 // which nothing saves in this pass (an extra allocation shifts the mlp's ordinals) and the job holds
 // until backward's end, stays resident; its slab stays mapped with it, and the layer's output, copied
