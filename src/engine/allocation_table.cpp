@@ -80,23 +80,17 @@ void AllocationTable::free(DevPtr ptr, StreamHandle stream, std::unique_lock<std
                         "cannot wait for the free of {:#x} on its stream; its range may be reused early", ptr);
     }
   }
-  // A copy begun at its pack (resident, released or pending) still reads its pages: disposed of
-  // when it ends. One queued or done goes with it.
-  const bool copying_early = allocation.early == EarlyCopy::copying;
-  if (allocation.early == EarlyCopy::queued) parts_.offload.cancel_early(allocation);
   switch (allocation.state) {
-    case PageState::resident:
-    case PageState::released:
-      if (copying_early) {
-        allocation.freed = true;
-      } else {
-        dispose(allocation);
-      }
-      break;
     case PageState::pending:
       parts_.offload.cancel(allocation);
       ++core.stats.offloads_cancelled;
-      if (copying_early) {
+      [[fallthrough]];
+    case PageState::resident:
+    case PageState::released:
+      // A copy begun at its pack still reads its pages: disposed of when it ends. One queued or
+      // done goes with it.
+      parts_.offload.discard_early_copy(allocation);
+      if (allocation.early == EarlyCopy::copying) {
         allocation.freed = true;
       } else {
         dispose(allocation);

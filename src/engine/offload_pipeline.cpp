@@ -27,7 +27,10 @@ void OffloadPipeline::destroy_stream() { (void)parts_.core.device.destroy_stream
 
 void OffloadPipeline::cancel(Allocation& allocation) {
   std::erase(queue_, &allocation);
-  // Backward or a free came first: a copy queued or made at its pack is not wanted either.
+  discard_early_copy(allocation);  // backward or a free came first: not wanted either
+}
+
+void OffloadPipeline::discard_early_copy(Allocation& allocation) {
   if (allocation.early == EarlyCopy::queued || allocation.early == EarlyCopy::done) drop_early(allocation);
 }
 
@@ -69,10 +72,6 @@ void OffloadPipeline::copy_at_pack(Allocation& allocation) {
   allocation.early = EarlyCopy::queued;
   early_queue_.push_back(&allocation);
   core.work_cv.notify_all();
-}
-
-void OffloadPipeline::cancel_early(Allocation& allocation) {
-  if (allocation.early == EarlyCopy::queued) drop_early(allocation);
 }
 
 void OffloadPipeline::drop_early(Allocation& allocation) {
@@ -201,13 +200,17 @@ bool OffloadPipeline::start_offload(Allocation& allocation) {
   allocation.copy_issued = 0;
   allocation.copy_failed = false;
   allocation.copy_end_unknown = false;
+  offload_began(allocation);
+  return true;
+}
+
+void OffloadPipeline::offload_began(Allocation& allocation) {
+  EngineCore& core = parts_.core;
   allocation.copy_started_ns = monotonic_ns();
   allocation.state = PageState::offloading;
   inflight_.push_back(&allocation);
   ++core.stats.offloads_started;
-  core.events.offload_began(allocation.va, allocation.bytes,
-             allocation.group->selected, allocation.group->id);
-  return true;
+  core.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected, allocation.group->id);
 }
 
 bool OffloadPipeline::start_copied_offload(Allocation& allocation) {
@@ -220,11 +223,7 @@ bool OffloadPipeline::start_copied_offload(Allocation& allocation) {
     keep_resident(allocation);
     return false;
   }
-  allocation.copy_started_ns = monotonic_ns();
-  allocation.state = PageState::offloading;
-  inflight_.push_back(&allocation);
-  ++core.stats.offloads_started;
-  core.events.offload_began(allocation.va, allocation.bytes, allocation.group->selected, allocation.group->id);
+  offload_began(allocation);
   return issue_release_marker(allocation);
 }
 

@@ -70,11 +70,11 @@ class OffloadPipeline {
   // A pack of `allocation` (resident, its group open, forward): with copy_at_pack its copy may
   // begin now (queued behind the offloads). Job's thread.
   void copy_at_pack(Allocation& allocation);
-  // The job frees an allocation whose early copy is queued: it leaves the queue (the copy never
-  // began). One being copied is marked freed and disposed of when the copy ends.
-  void cancel_early(Allocation& allocation);
-  // A pending or released allocation stays (backward or a free came first): it leaves the queue,
-  // and a copy queued or made at its pack is thrown away (one still copying ends first).
+  // Its copy queued or made at its pack is not wanted (the allocation stays resident, or the job
+  // frees it): thrown away. One still being copied ends first (a free marks it freed).
+  void discard_early_copy(Allocation& allocation);
+  // A pending allocation stays (backward or a free came first): it leaves the queue, and its copy
+  // from the pack goes too (discard_early_copy).
   void cancel(Allocation& allocation);
   // poison, on the job's thread at the seal: copies the group's pending allocations whole, fills
   // them, and makes the job's stream wait for the fill.
@@ -125,6 +125,8 @@ class OffloadPipeline {
   // start_offload() of an allocation copied at its pack: the copy stream waits for the release
   // point, and its one "chunk" is the event after that wait (issue_release_marker).
   bool start_copied_offload(Allocation& allocation);
+  // An offload's copy (or release marker) is on its way: offloading, in flight, counted, traced.
+  void offload_began(Allocation& allocation);
   bool issue_release_marker(Allocation& allocation);
   // The queue's oldest offload, unless its early copy still runs; nullptr: none to start now.
   Allocation* next_offload() const;

@@ -110,7 +110,7 @@ void ReloadPipeline::request(Allocation& allocation, bool urgent) {
     case PageState::reloading:
       return;
     case PageState::released:
-      parts_.offload.cancel(allocation);  // its copy made at the pack, if any, goes
+      parts_.offload.discard_early_copy(allocation);  // not queued: only its copy from the pack goes
       keep_resident(allocation);
       return;
     case PageState::pending:
