@@ -15,6 +15,20 @@ def _storage_ptr(tensor):
         return tensor.storage().data_ptr()
 
 
+def _parameter_storages(model):
+    """The data pointers of the model's parameters' storages. A sharded parameter (FSDP2's DTensor)
+    has no storage of its own to read: its local shard's is taken, and one that still has none is
+    left out (the parameter FSDP2 gathers for the forward is an nn.Parameter, kept by `wants`)."""
+    storages = set()
+    for parameter in model.parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        try:
+            storages.add(_storage_ptr(local))
+        except RuntimeError:  # "invalid python storage": a wrapper subclass without data
+            pass
+    return storages
+
+
 def _dense_strides(tensor):
     """The tensor's strides when it covers its elements densely without overlap (a permuted
     contiguous layout), else the contiguous strides: the layout of its host copy."""
@@ -170,7 +184,7 @@ class StreamOffload:
         self._depth = max(0, self._depth - 1)
 
     def __enter__(self):
-        self._param_storages = {_storage_ptr(p) for p in self.model.parameters()}
+        self._param_storages = _parameter_storages(self.model)
         self._saved_hooks = self._torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._saved_hooks.__enter__()
         return self
@@ -198,6 +212,10 @@ class StreamOffload:
         if self._depth == 0 or tensor.device != self.device:
             return False
         if tensor.numel() * tensor.element_size() < self.min_bytes:
+            return False
+        # A parameter the job swaps in during the forward (FSDP2's gathered weights) is not one of
+        # model.parameters() at __enter__: it is a weight all the same, never an activation.
+        if isinstance(tensor, self._torch.nn.Parameter):
             return False
         return _storage_ptr(tensor) not in self._param_storages
 

@@ -278,6 +278,27 @@ class StreamOffloadTest(unittest.TestCase):
         self.assertIs(offload.unpack(small), small)
         self.assertEqual(offload.offloaded_tensors, 2)
 
+    def test_weights_swapped_in_during_the_forward_and_sharded_parameters_are_not_activations(self):
+        # FSDP2: the model's parameters are DTensors whose own storage cannot be read, and the forward
+        # runs on gathered nn.Parameters that model.parameters() did not list at __enter__.
+        class Sharded:
+            def to_local(self):
+                return self
+
+            def untyped_storage(self):
+                raise RuntimeError("Attempted to access the data pointer on an invalid python storage.")
+
+        real = list(self.model.parameters())
+        self.model.parameters = lambda: iter([Sharded()] + real)
+        offload = self.offload
+        with offload:
+            offload._depth = 1
+            gathered = torch.nn.Parameter(torch.randn(64, 64))
+            activation = torch.randn(64, 64)
+            packed = [offload.pack(gathered), offload.pack(activation)]
+        self.assertIs(packed[0], gathered)
+        self.assertIsInstance(packed[1], stream_offload._Offloaded)
+
     def test_a_tensor_saved_twice_is_copied_once_unless_modified_between(self):
         offload = self.offload
         with offload:
