@@ -124,6 +124,16 @@ namespace {
 // Where the next allocation in a slab may begin: what cudaMalloc promises (256 bytes), doubled.
 constexpr std::size_t kSlabAlignment = 512;
 
+// The slab bytes a group's allocations still live take one after another: what leaves the device
+// with the group. One the job freed while a copy of ours still reads it is gone for the job.
+std::uint64_t live_slab_bytes(const Group& group) {
+  std::uint64_t bytes = 0;
+  for (const Allocation* allocation : group.allocations) {
+    if (!allocation->freed) bytes += round_up(allocation->bytes, kSlabAlignment);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected,
@@ -183,7 +193,13 @@ void AddressSpace::close_slab(std::uint32_t group_id) {
   if (found == slabs_.end()) return;
   const SlabTrack track = found->second;
   slabs_.erase(found);
-  slab_bytes_learned_[track.selected] = track.served_bytes;
+  // What the group still holds, not all it was served: temporaries served and freed before the
+  // seal (policy mode's first pass, an MoE's routing) would size the next call's slab for bytes
+  // that never stay, and that tail would stay mapped. The group's own list of its live allocations:
+  // no scan of the engine's. A group goes only once sealed, after this: it is found.
+  if (Group* group = parts_.groups.find(group_id); group != nullptr) {
+    slab_bytes_learned_[track.selected] = live_slab_bytes(*group);
+  }
   if (track.window == nullptr) return;
   Window& slab = *track.window;
   slab.slab_open = false;

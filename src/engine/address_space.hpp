@@ -12,11 +12,15 @@
 //   vmm.cache_bytes. A change to the cache or the demand marks it dirty, and the VMM worker
 //   (PageReturn) trims it then.
 // - Layer slabs (AddressSpaceOptions::layer_slabs: auto mode, stray_access fault): place() puts a
-//   group's allocations one after another in one window, sized by what the same selected range's
-//   group was served last time, so that a layer's pages leave in one unmap and come back in one
-//   map. The slab stays open (mapped, never retired while empty) until its group is sealed
-//   (close_slab()); an allocation that does not fit, is on another stream, or comes before anything
-//   was learned gets a window of its own.
+//   group's allocations one after another in one window, so that a layer's pages leave in one
+//   unmap and come back in one map. A slab is sized by the bytes (512-byte aligned) of the
+//   allocations the same selected range's last group still held at its seal: what left the device
+//   with it. Not by all that group was served: temporaries served and freed before the seal
+//   (policy mode's first pass, before TemporaryKeys knew them; an MoE's routing) would size the
+//   slab for bytes that never stay, and its unused tail stays mapped on the device with it
+//   (slab_tail_bytes). The slab stays open (mapped, never retired while empty) until its group is
+//   sealed (close_slab()); an allocation that does not fit, is on another stream, or comes before
+//   anything was learned gets a window of its own.
 // - Everything with the engine's lock held; new_window() and place() release it around the driver
 //   calls.
 #pragma once
@@ -78,14 +82,15 @@ class AddressSpace {
   Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
   // Where an allocation of `bytes` for the open group `group_id` (of selected range `selected`)
   // goes: its group's layer slab where it fits (`may_slab`), else a window of its own
-  // (new_window(); unlocks). Its bytes count to what the group is served either way.
+  // (new_window(); unlocks).
   Placement place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected, StreamHandle stream,
                   bool may_slab, std::unique_lock<std::mutex>& lock);
   // The allocation place() found room for in `group_id`'s call was not made after all (its group
   // went meanwhile): a window left empty goes (an empty slab closed first).
   void abandon(const Placement& placement, std::uint32_t group_id);
-  // The group is sealed: what it was served is learned for its selected range's next call, and its
-  // slab closes (retired when empty, else its pages may go once every allocation is copied).
+  // The group is sealed: the bytes of its allocations still live are learned for its selected
+  // range's next call, and its slab closes (retired when empty, else its pages may go once every
+  // allocation is copied).
   void close_slab(std::uint32_t group_id);
   // No allocation lives in it any more: its pages go to the cache, its address back to the arena.
   void retire_window(Window& window);
@@ -147,12 +152,14 @@ class AddressSpace {
   struct SlabTrack {
     ranges::PathId selected = ranges::kNoPath;
     std::uint64_t served_bytes = 0;  // aligned sizes of all its allocations, in the slab or not
+                                     // (place() knows the first by it; sizes are learned at the seal)
     Window* window = nullptr;
     std::size_t used = 0;            // bytes of the slab placed so far
     StreamHandle stream;
   };
   std::unordered_map<std::uint32_t, SlabTrack> slabs_;                 // by group id
-  std::unordered_map<ranges::PathId, std::uint64_t> slab_bytes_learned_;  // by selected range
+  // By selected range: its last group's live bytes at the seal (close_slab()).
+  std::unordered_map<ranges::PathId, std::uint64_t> slab_bytes_learned_;
   bool dirty_ = false;                              // cache or demand changed: the worker trims
 };
 

@@ -34,8 +34,8 @@ namespace actpage::engine {
 //   offload_unmaps: cuMemUnmap calls that gave offloaded pages back (each waits for the device)
 //   slabs_opened, slab_allocations: layer slabs made (AddressSpace::place) and the allocations
 //     placed in them (the rest had windows of their own); slab_tail_bytes: of the slabs closed, the
-//     mapped bytes nothing was placed in (a slab is sized by what its group was served the call
-//     before: an allocation served then and not now leaves its bytes mapped and unused)
+//     mapped bytes nothing was placed in (a slab is sized by what its group held at its seal the
+//     call before: an allocation held then and not served now leaves its bytes mapped and unused)
 //   ranges_recycled: copied pages mapped at a new address for the cache instead of given back
 //   recycle_grants: access grants for them (one per run of adjacent ranges; each may wait ~1 ms)
 //   ranges_taken_back: ranges given back but still waiting for the device to run their frees, taken

@@ -97,7 +97,7 @@ class LayerJob {
       job_.check(previous);
       if (extra_allocation) {
         // One more temporary than in the watched passes: every later ordinal of this module shifts.
-        const Tensor extra = job_.allocate(kBytes);
+        const Tensor extra = job_.allocate(extra_bytes);
         job_.write(extra);
         if (keep_extra_until_backward) {
           extras_.push_back(extra);
@@ -186,6 +186,7 @@ class LayerJob {
   int forwards_unhooked = 0;
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   bool keep_extra_until_backward = false;  // ... which the job holds (nothing saves it) until backward's end
+  std::size_t extra_bytes = kBytes;  // ... of this size
   std::size_t act_bytes = kBytes;  // each mlp's activation (an MoE's expert tensors vary with routing)
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;

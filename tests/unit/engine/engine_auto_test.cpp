@@ -74,8 +74,8 @@ TEST(AutoMode, PassOneObservesThenTheChosenLayersArePagedBitForBit) {
   EXPECT_SAYS(summary, "auto (near-free): paged model.layers.0-2 (12 MiB a pass");
 }
 
-// Auto mode serves a layer's saved tensors in one slab, sized by what the layer was served in the
-// pass before: from the second paged pass on, each chosen layer's two tensors share one window,
+// Auto mode serves a layer's saved tensors in one slab, sized by what the layer still held at its
+// end in the pass before: from the second paged pass on, each chosen layer's two tensors share one window,
 // whose pages leave once both are copied and come back in one map for both.
 TEST(AutoMode, EachPagedLayersTensorsShareOneSlabFromTheSecondPagedPassOn) {
   Rig rig(auto_options(), budget_of(13 * kMiB));
@@ -161,10 +161,10 @@ TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
   expect_every_read_right(rig);
 }
 
-// A slab is sized by what its layer was served the call before: in a pass whose activations are
-// smaller (an MoE's expert tensors shrink and grow with the routing) each chosen layer's slab keeps
-// a tail mapped with nothing in it, counted in slab_tail_bytes; passes that serve what the one
-// before served fill their slabs.
+// A slab is sized by what its layer held at its end the call before: in a pass whose activations
+// are smaller (an MoE's expert tensors shrink and grow with the routing) each chosen layer's slab
+// keeps a tail mapped with nothing in it, counted in slab_tail_bytes; passes that serve what the
+// one before held fill their slabs.
 TEST(AutoMode, ASlabSizedForMoreThanThisPassServesCountsItsTail) {
   Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
@@ -177,6 +177,31 @@ TEST(AutoMode, ASlabSizedForMoreThanThisPassServesCountsItsTail) {
   EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
   // The slab of 4 MiB (a 2 MiB activation and output the pass before) holds 1 + 2 MiB.
   EXPECT_EQ(stats.slab_tail_bytes, 3 * kBytes / 2);
+  expect_every_read_right(rig);
+}
+
+// A slab is sized by what its layer still held at its end the call before, not by all it was
+// served then: a temporary served and freed inside the layer (here, for one pass, one more 4 MiB
+// allocation takes the activation's saved key as the mlp's ordinals shift; policy mode's first
+// pass serves temporaries so before it learns them) would size the next pass's slab for bytes
+// that never stay (4 + 2 MiB where 2 + 2 come), and its tail would stay mapped on the device.
+TEST(AutoMode, ATemporaryFreedBeforeItsLayersSealDoesNotSizeTheNextSlab) {
+  Rig rig(auto_options(), budget_of(13 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 5; ++pass) job.pass();
+  ASSERT_GT(rig.engine.stats().slabs_opened, 0u);
+  ASSERT_EQ(rig.engine.stats().slab_tail_bytes, 0u);
+  job.extra_allocation = true;  // served in each chosen layer (the activation's is not), freed in it
+  job.extra_bytes = 2 * kBytes;
+  job.pass();
+  const EngineStats with_temporary = rig.engine.stats();
+  job.extra_allocation = false;
+  job.pass();
+  const EngineStats after = rig.engine.stats();
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false}));
+  EXPECT_EQ(after.slabs_opened - with_temporary.slabs_opened, 3u);
+  EXPECT_EQ(with_temporary.slab_tail_bytes, 0u);
+  EXPECT_EQ(after.slab_tail_bytes, 0u) << "the slabs after the pass with temporaries were sized for them too";
   expect_every_read_right(rig);
 }
 

@@ -343,7 +343,7 @@ NodeVerdict selected_layer(const char* name) {
 }
 
 // Auto mode's layer slabs (no module rule: auto mode, stray_access fault). A selected range's first
-// call learns what its group is served; the next call's group gets one slab of that size, its
+// call learns what its group holds where its slab closes; the next call's group gets one slab of that size, its
 // allocations one after another; what does not fit or comes on another stream gets its own window.
 // A slab whose allocations were all freed stays while its group is open, and goes at its seal.
 TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOnceSealed) {
@@ -356,20 +356,23 @@ TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOn
   ASSERT_TRUE(parts.groups.enter_forward(thread));
   Group* group = parts.groups.open_group_for(verdict, thread);
   // First call: nothing learned, windows of their own (3 MiB rounds up to the 2 MiB granularity).
-  const Placement a = parts.space.place(3 * kMiB, 1, layer, parts.job_stream, true, lock);
-  const Placement b = parts.space.place(kMiB, 1, layer, parts.job_stream, true, lock);
+  const Placement a = parts.space.place(3 * kMiB, group->id, layer, parts.job_stream, true, lock);
+  const Placement b = parts.space.place(kMiB, group->id, layer, parts.job_stream, true, lock);
   ASSERT_NE(a.window, nullptr);
   ASSERT_NE(b.window, nullptr);
   EXPECT_NE(a.window, b.window);
   EXPECT_EQ(a.va, a.window->va);
   EXPECT_EQ(a.window->bytes, 4 * kMiB);
   EXPECT_FALSE(a.window->slab_open);
-  parts.space.close_slab(1);
-  parts.space.retire_window(*a.window);
-  parts.space.retire_window(*b.window);
+  // Both still live where the group's slab closes: the next call's slab holds both.
+  const DevPtr first_a = parts.allocations.add(3 * kMiB, parts.job_stream, a, *group).va;
+  const DevPtr first_b = parts.allocations.add(kMiB, parts.job_stream, b, *group).va;
+  parts.space.close_slab(group->id);
+  parts.allocations.free(first_a, parts.job_stream, lock);
+  parts.allocations.free(first_b, parts.job_stream, lock);
   EXPECT_EQ(parts.core.stats.slabs_opened, 0u);
 
-  // Second call: one 4 MiB slab (what the first was served) for both, one after the other.
+  // Second call: one 4 MiB slab (what the first held at its close) for both, one after the other.
   const Placement c = parts.space.place(3 * kMiB, 2, layer, parts.job_stream, true, lock);
   const Placement d = parts.space.place(kMiB, 2, layer, parts.job_stream, true, lock);
   ASSERT_NE(c.window, nullptr);
@@ -408,12 +411,47 @@ TEST(AddressSpace, AGroupsAllocationsShareASlabSizedByTheLastCallAndItGoesOnlyOn
 Group* second_call(Parts& parts, const NodeVerdict& verdict, std::size_t learned, std::unique_lock<std::mutex>& lock) {
   const auto thread = std::this_thread::get_id();
   EXPECT_TRUE(parts.groups.enter_forward(thread));
-  const Group* first = parts.groups.open_group_for(verdict, thread);
+  Group* first = parts.groups.open_group_for(verdict, thread);
   const Placement learn = parts.space.place(learned, first->id, verdict.selected, parts.job_stream, true, lock);
   EXPECT_NE(learn.window, nullptr);
-  if (learn.window != nullptr) parts.space.retire_window(*learn.window);
+  if (learn.window == nullptr) return nullptr;
+  // Live at the seal (what sizes the next slab), freed after it.
+  const DevPtr va = parts.allocations.add(learned, parts.job_stream, learn, *first).va;
   EXPECT_TRUE(parts.groups.seal_at(verdict.selected, thread));
+  parts.allocations.free(va, parts.job_stream, lock);
   return parts.groups.open_group_for(verdict, thread);
+}
+
+// A slab is sized by the bytes its group's last call still held at its seal: a temporary that call
+// was served and freed before the seal (policy mode's first pass, before TemporaryKeys learnt it;
+// an MoE's routing) would leave that much of the next slab mapped with nothing in it.
+TEST(AddressSpace, ASlabIsSizedByWhatItsGroupsLastCallHeldAtItsSealNotByItsTemporaries) {
+  Parts parts(auto_mode_options());
+  const NodeVerdict verdict = selected_layer("temporary_slab_model.layers.0");
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  const auto thread = std::this_thread::get_id();
+  ASSERT_TRUE(parts.groups.enter_forward(thread));
+  // First call: a 3 MiB temporary freed inside it, and a 1 MiB activation still live at its seal.
+  Group* first = parts.groups.open_group_for(verdict, thread);
+  const Placement temporary = parts.space.place(3 * kMiB, first->id, verdict.selected, parts.job_stream, true, lock);
+  const Placement activation = parts.space.place(kMiB, first->id, verdict.selected, parts.job_stream, true, lock);
+  ASSERT_NE(temporary.window, nullptr);
+  ASSERT_NE(activation.window, nullptr);
+  const DevPtr temporary_va = parts.allocations.add(3 * kMiB, parts.job_stream, temporary, *first).va;
+  const DevPtr activation_va = parts.allocations.add(kMiB, parts.job_stream, activation, *first).va;
+  parts.allocations.free(temporary_va, parts.job_stream, lock);
+  ASSERT_TRUE(parts.groups.seal_at(verdict.selected, thread));
+  parts.allocations.free(activation_va, parts.job_stream, lock);
+  // Second call: a slab for the 1 MiB (the 2 MiB granularity), not for the 4 MiB served.
+  Group* second = parts.groups.open_group_for(verdict, thread);
+  const Placement placed = parts.space.place(kMiB, second->id, verdict.selected, parts.job_stream, true, lock);
+  ASSERT_NE(placed.window, nullptr);
+  EXPECT_TRUE(placed.window->slab_open);
+  EXPECT_EQ(placed.window->bytes, 2 * kMiB) << "the slab was sized for the freed temporary too";
+  const DevPtr second_va = parts.allocations.add(kMiB, parts.job_stream, placed, *second).va;
+  ASSERT_TRUE(parts.groups.seal_at(verdict.selected, thread));
+  EXPECT_EQ(parts.core.stats.slab_tail_bytes, kMiB);  // the granularity's rounding, nothing more
+  parts.allocations.free(second_va, parts.job_stream, lock);
 }
 
 // A group still open where backward begins (another job thread's, in its forward) is sealed as
@@ -425,6 +463,7 @@ TEST(AddressSpace, AGroupStillOpenWhereBackwardBeginsClosesItsSlab) {
   std::unique_lock<std::mutex> lock(parts.core.mutex);
   // The second call's group gets a slab, and backward begins before its range closes.
   Group* open = second_call(parts, verdict, 3 * kMiB, lock);
+  ASSERT_NE(open, nullptr);
   const Placement placed = parts.space.place(3 * kMiB, open->id, verdict.selected, parts.job_stream, true, lock);
   ASSERT_NE(placed.window, nullptr);
   ASSERT_TRUE(placed.window->slab_open);
@@ -446,6 +485,7 @@ TEST(OffloadPipeline, TheBacklogLeavesOutCopiedPagesThatANeighbourInTheirSlabHol
   std::unique_lock<std::mutex> lock(parts.core.mutex);
   // The second call: two 1 MiB allocations in one slab, the group sealed.
   Group* group = second_call(parts, verdict, 2 * kMiB, lock);
+  ASSERT_NE(group, nullptr);
   const Placement a = parts.space.place(kMiB, group->id, verdict.selected, parts.job_stream, true, lock);
   const Placement b = parts.space.place(kMiB, group->id, verdict.selected, parts.job_stream, true, lock);
   ASSERT_EQ(a.window, b.window);
