@@ -20,7 +20,10 @@
 //   slab for bytes that never stay, and its unused tail stays mapped on the device with it
 //   (slab_tail_bytes). The slab stays open (mapped, never retired while empty) until its group is
 //   sealed (close_slab()); an allocation that does not fit, is on another stream, or comes before
-//   anything was learned gets a window of its own.
+//   anything was learned gets a window of its own. When less of each layer will be served (auto
+//   mode's choice after its watched passes, a governor's cut), the sizes are forgotten
+//   (forget_slab_sizes()): a slab learnt under more would keep the difference mapped, unused, in
+//   the pass where the job's pool still holds its unpaged reserve.
 // - Everything with the engine's lock held; new_window() and place() release it around the driver
 //   calls.
 #pragma once
@@ -138,6 +141,10 @@ class AddressSpace {
   // Nothing more will be served (auto mode's governor ended paging): no demand, so that the VMM
   // worker's next trim gives every cached range back.
   void forget_demand();
+  // Less of each layer will be served than before (auto mode's choice begins after the watched
+  // passes, or its governor's cap fell): the slab sizes learnt are forgotten, so that the next call
+  // of each group serves windows of their own and learns its size anew at its seal.
+  void forget_slab_sizes() { slab_bytes_learned_.clear(); }
 
  private:
   EngineParts& parts_;

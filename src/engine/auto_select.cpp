@@ -352,6 +352,8 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   }
   capped_bytes_ = kept;
   raise_trim_bytes_ = kept > paged_before ? kept - paged_before : 0;
+  // A layer the cap leaves in part would find its slab sized for its share before the cut.
+  if (kept < paged_before) parts_.space.forget_slab_sizes();
   governor_->cap_kept(kept);
   if (kept == 0) {
     // Paging ended (or paused for the governor's unpaged passes): the range cache's pages would
@@ -532,6 +534,9 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   reported_pass_ = pass_;
   // This push begins a forward pass: the observed backward is over for the groups.
   parts_.groups.paging_begins();
+  // What the watched passes served of a layer (pass 2: all pass 1 saved) is not what the choice
+  // serves of the layer it takes in part.
+  parts_.space.forget_slab_sizes();
   grow_host_pool(chosen_bytes_);
   if (memory_goal) {
     parts_.clock.limit_bound(reload_room);

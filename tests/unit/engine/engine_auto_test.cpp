@@ -338,6 +338,21 @@ TEST(AutoMode, PagingWhileWatchingPagesTheEarliestLayersFromPassOneWithinThePrea
   EXPECT_SAYS(summary, "watched, 8 MiB paged (passes 1-2)");
 }
 
+// The watched passes served all of layers 0 and 1 (pass 2: what pass 1 saved); the choice takes
+// layer 1 in part (its activation, not its output). Its first slab is not sized by the watched
+// pass, which would leave the output's share mapped with nothing in it.
+TEST(AutoMode, ALayerTheChoiceTakesInPartGetsNoSlabSizedByTheWatchedPasses) {
+  Rig rig(watching_options(8 * kMiB), budget_of(6 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 5; ++pass) job.pass();
+  EXPECT_EQ(job.act_owned(), (std::vector<bool>{true, true, false, false, false, false}));
+  EXPECT_EQ(job.output_owned(), (std::vector<bool>{true, false, false, false, false, false}));
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_GT(stats.slabs_opened, 0u);
+  EXPECT_EQ(stats.slab_tail_bytes, 0u);
+  expect_every_read_right(rig);
+}
+
 TEST(AutoMode, PagingWhileWatchingLeavesWhatRulesProtectAndPassTwoTheLastLayer) {
   // Room for everything: pass 1 does not know yet which layer is the last, pass 2 does.
   Options options = watching_options(64 * kMiB);
