@@ -42,6 +42,21 @@ Result<StreamHandle> EngineCore::create_stream(int priority, const char* what) {
   return *stream;
 }
 
+Status EngineCore::wait_for_copy(EventHandle done, const char* what, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  Status status = device.synchronize_event(done);
+  for (int attempt = 1; !status.ok() && attempt < kCopyWaitAttempts; ++attempt) {
+    if (attempt == 1) {
+      lock.lock();
+      note_failure(what, status);
+      lock.unlock();
+    }
+    status = device.synchronize_event(done);
+  }
+  lock.lock();
+  return status;
+}
+
 void EngineCore::note_failure(const char* what, const Status& status) {
   ++stats.failures;
   if (status.code() == ErrorCode::context_lost) {

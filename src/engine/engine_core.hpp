@@ -56,6 +56,13 @@ class EngineCore {
   Result<StreamHandle> create_stream(int priority, const char* what);
   // Lock held. Counts a failure and warns once per `what`; a lost context stops the engine.
   void note_failure(const char* what, const Status& status);
+  // Waits (lock released) for the event recorded after one of the engine's copies. A failed wait
+  // says nothing of the copy, which may still read its source (an offload's device pages, a
+  // reload's pinned block): it is noted (`what`) and retried, up to kCopyWaitAttempts, so that
+  // those are given back only once the copy has ended. Only a device whose every wait fails (its
+  // context lost: the job fails anyway) returns the failure.
+  Status wait_for_copy(EventHandle done, const char* what, std::unique_lock<std::mutex>& lock);
+  static constexpr int kCopyWaitAttempts = 64;
   // Notifies every worker's and the job threads' condition variables: after a change any of them
   // may be waiting for (a turn's end, stopping).
   void wake_everyone();

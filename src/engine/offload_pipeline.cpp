@@ -476,9 +476,8 @@ void OffloadPipeline::run() {
     }
     if (!chunks_.empty()) {
       const Chunk chunk = chunks_.front();
-      lock.unlock();
-      Status status = core.device.synchronize_event(chunk.done);
-      lock.lock();
+      // Retried when it fails: the copy may still be reading the pages, which must stay mapped.
+      const Status status = core.wait_for_copy(chunk.done, "waiting for an offload copy", lock);
       chunks_.pop_front();
       core.recycle_event(chunk.done);
       if (chunk.last && chunk.early) {

@@ -8,7 +8,9 @@
 //   orders each after its release point; the copy engine never idles behind a VMM call, as the
 //   worker waits on nothing but copies). When the last chunk of one ends, its pages go back
 //   (PageReturn; rule 2), its host copy becomes the only one, or in host_mapped mode SafetyModes
-//   swaps it in. A failed copy leaves the data where it was: resident.
+//   swaps it in. A failed copy leaves the data where it was: resident. A failed wait for a copy is
+//   retried (EngineCore::wait_for_copy): the copy may still be reading the pages, which must stay
+//   mapped.
 // - Granting access to a new mapping waits for every copy on the stream (~1 ms on the H100): with
 //   vmm.grant_when_idle a thread that must grant holds new chunks back and lets the queue drain
 //   first (hold_copies / release_copies, grant_with_copies_held), and new chunks also wait while

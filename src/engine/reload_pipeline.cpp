@@ -370,10 +370,9 @@ void ReloadPipeline::run_completion() {
     }
     const Turns::Scope turn(parts_.turns, Turns::Turn::reload_completion);
     Allocation* allocation = inflight_.front();
-    const EventHandle done = allocation->copy_event;
-    lock.unlock();
-    Status status = core.device.synchronize_event(done);
-    lock.lock();
+    // Retried when it fails: the copy may still be reading the pinned block, which finish() frees
+    // for the next offload to fill.
+    const Status status = core.wait_for_copy(allocation->copy_event, "waiting for a reload copy", lock);
     inflight_.pop_front();
     if (!status.ok()) core.note_failure("a reload copy", status);  // nothing better to do: the job's stream waited on it
     finish(*allocation);

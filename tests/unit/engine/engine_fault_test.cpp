@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <random>
@@ -378,6 +379,34 @@ TEST(EngineFault, WaitingForAnOffloadCopyFailsTheActivationStaysResident) {
   rig.device.set_fault_plan({});
   rig.backward(saved);
   EXPECT_GE(rig.engine.stats().failures, 1u);
+  rig.expect_intact_and_clean();
+}
+
+// A failed wait for an offload copy says nothing of the copy: here it is still queued (held at the
+// device) when the wait fails, and backward then frees its activations. Concluded as a failed copy,
+// the activation was the job's to free and its pages were unmapped under the copy, which then read
+// unmapped memory (1 run in ~150 of WaitingForAnOffloadCopyFailsTheActivationStaysResident, under
+// load). The wait is retried instead.
+TEST(EngineFault, AFailedWaitForAnOffloadCopyStillRunningLeavesItsPagesMappedUntilItEnds) {
+  Options options = fault_options();
+  options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
+  FaultRig rig(options);
+  rig.step();
+  rig.device.hold_copies_to_host();
+  // The next 16 waits fail: each offload's (a wait that blocked would hold the page worker's turn).
+  SimFaultPlan plan;
+  const std::uint64_t next = rig.device.call_count(SimOp::synchronize_event) + 1;
+  for (std::uint64_t k = 0; k < 16; ++k) plan.fail_nth(SimOp::synchronize_event, next + k, ErrorCode::device_error);
+  rig.device.set_fault_plan(plan);
+  auto saved = rig.forward(4, 2, 3 * kMiB);
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (rig.engine.stats().failures == 0 && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ASSERT_GE(rig.engine.stats().failures, 1u) << "the offload worker's wait for a held copy failed";
+  rig.backward(saved);  // reads and frees every activation, the first copy still held
+  rig.device.release_copies_to_host();
+  rig.device.set_fault_plan({});
   rig.expect_intact_and_clean();
 }
 
