@@ -189,6 +189,71 @@ TEST(Turns, SerializedAJobsCallWaitsForIdleWorkersAndTheWorkersGoInTheirOrder) {
   EXPECT_FALSE(turns.may_run(Turns::Turn::reload));  // the job's call holds the turn
 }
 
+// A failed wait for a copy's event says nothing of the copy (here held at the device): the wait is
+// retried, the failure noted once, and it returns only once the copy has ended. A device whose
+// every wait fails (a lost context) gets the failure back.
+TEST(EngineCore, AFailedWaitForACopyIsRetriedUntilTheCopyHasEnded) {
+  SimDevice device(quiet_device());
+  EngineCore core(device);
+  ASSERT_TRUE(device.bind_thread().ok());
+  const std::size_t bytes = device.granularity();
+  const DevPtr va = *device.reserve(bytes);
+  const PhysicalHandle pages = *device.create_physical(bytes, MemoryLocation::device);
+  ASSERT_TRUE(device.map(va, bytes, pages).ok());
+  void* host = *device.alloc_pinned(bytes);
+  const StreamHandle stream = *device.create_stream(0);
+  const EventHandle done = *device.create_event();
+  device.hold_copies_to_host();
+  ASSERT_TRUE(device.copy_to_host(host, va, bytes, stream).ok());
+  ASSERT_TRUE(device.record_event(done, stream).ok());
+  const std::uint64_t first = device.call_count(device::SimOp::synchronize_event) + 1;
+  device::SimFaultPlan plan;
+  for (std::uint64_t k = 0; k < 3; ++k) plan.fail_nth(device::SimOp::synchronize_event, first + k, ErrorCode::device_error);
+  device.set_fault_plan(plan);
+  std::optional<Status> waited;
+  std::mutex waited_mutex;
+  std::thread worker([&] {
+    std::unique_lock<std::mutex> lock(core.mutex);
+    Status status = core.wait_for_copy(done, "waiting for a copy", lock);
+    std::lock_guard<std::mutex> guard(waited_mutex);
+    waited = std::move(status);
+  });
+  // The fourth wait has begun: three failed, and it waits for the held copy.
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (device.call_count(device::SimOp::synchronize_event) < first + 3 && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  {
+    std::lock_guard<std::mutex> guard(waited_mutex);
+    EXPECT_FALSE(waited.has_value()) << "returned while the copy was still held";
+  }
+  device.release_copies_to_host();
+  worker.join();
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_TRUE(waited->ok()) << waited->message();
+  EXPECT_EQ(core.stats.failures, 1u);
+  // Every wait fails: the failure comes back, after kCopyWaitAttempts tries.
+  device::SimFaultPlan every;
+  const std::uint64_t next = device.call_count(device::SimOp::synchronize_event) + 1;
+  for (int k = 0; k < EngineCore::kCopyWaitAttempts; ++k) {
+    every.fail_nth(device::SimOp::synchronize_event, next + static_cast<std::uint64_t>(k), ErrorCode::device_error);
+  }
+  device.set_fault_plan(every);
+  {
+    std::unique_lock<std::mutex> lock(core.mutex);
+    EXPECT_FALSE(core.wait_for_copy(done, "waiting for a copy", lock).ok());
+  }
+  EXPECT_EQ(device.call_count(device::SimOp::synchronize_event) - next + 1,
+            static_cast<std::uint64_t>(EngineCore::kCopyWaitAttempts));
+  device.set_fault_plan({});
+  ASSERT_TRUE(device.destroy_event(done).ok());
+  ASSERT_TRUE(device.destroy_stream(stream).ok());
+  ASSERT_TRUE(device.free_pinned(host).ok());
+  ASSERT_TRUE(device.unmap(va, bytes).ok());
+  ASSERT_TRUE(device.release_physical(pages).ok());
+  ASSERT_TRUE(device.unreserve(va, bytes).ok());
+}
+
 TEST(JobPool, ACatchUpTrimsWhatAReloadsTrimCouldNotGiveBackAndNoMore) {
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = true;
