@@ -194,8 +194,8 @@ void AddressSpace::close_slab(std::uint32_t group_id) {
   const SlabTrack track = found->second;
   slabs_.erase(found);
   // What the group still holds, not all it was served: temporaries served and freed before the
-  // seal (policy mode's first pass, an MoE's routing) would size the next call's slab for bytes
-  // that never stay, and that tail would stay mapped. The group's own list of its live allocations:
+  // seal (a key saved once, its ordinals shifted since; an MoE's routing) would size the next
+  // call's slab for bytes that never stay, and that tail would stay mapped. The group's own list:
   // no scan of the engine's. A group goes only once sealed, after this: it is found.
   if (Group* group = parts_.groups.find(group_id); group != nullptr) {
     slab_bytes_learned_[track.selected] = live_slab_bytes(*group);

@@ -15,8 +15,8 @@
 //   group's allocations one after another in one window, so that a layer's pages leave in one
 //   unmap and come back in one map. A slab is sized by the bytes (512-byte aligned) of the
 //   allocations the same selected range's last group still held at its seal: what left the device
-//   with it. Not by all that group was served: temporaries served and freed before the seal
-//   (policy mode's first pass, before TemporaryKeys knew them; an MoE's routing) would size the
+//   with it. Not by all that group was served: temporaries served and freed before the seal (a
+//   key autograd saved once, its module's ordinals shifted since; an MoE's routing) would size the
 //   slab for bytes that never stay, and its unused tail stays mapped on the device with it
 //   (slab_tail_bytes). The slab stays open (mapped, never retired while empty) until its group is
 //   sealed (close_slab()); an allocation that does not fit, is on another stream, or comes before

@@ -163,6 +163,13 @@ TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
   expect_every_read_right(rig);
 }
 
+// Five passes of the same job: from the second paged one on, the chosen layers' slabs are full.
+void pass_until_slabs_fill(Rig& rig, LayerJob& job) {
+  for (int pass = 1; pass <= 5; ++pass) job.pass();
+  ASSERT_GT(rig.engine.stats().slabs_opened, 0u);
+  ASSERT_EQ(rig.engine.stats().slab_tail_bytes, 0u);
+}
+
 // A slab is sized by what its layer held at its end the call before: in a pass whose activations
 // are smaller (an MoE's expert tensors shrink and grow with the routing) each chosen layer's slab
 // keeps a tail mapped with nothing in it, counted in slab_tail_bytes; passes that serve what the
@@ -170,9 +177,7 @@ TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
 TEST(AutoMode, ASlabSizedForMoreThanThisPassServesCountsItsTail) {
   Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
-  for (int pass = 1; pass <= 5; ++pass) job.pass();
-  EXPECT_GT(rig.engine.stats().slabs_opened, 0u);
-  EXPECT_EQ(rig.engine.stats().slab_tail_bytes, 0u);
+  pass_until_slabs_fill(rig, job);
   job.act_bytes = kBytes / 2;
   job.pass();
   const EngineStats stats = rig.engine.stats();
@@ -184,15 +189,13 @@ TEST(AutoMode, ASlabSizedForMoreThanThisPassServesCountsItsTail) {
 
 // A slab is sized by what its layer still held at its end the call before, not by all it was
 // served then: a temporary served and freed inside the layer (here, for one pass, one more 4 MiB
-// allocation takes the activation's saved key as the mlp's ordinals shift; policy mode's first
-// pass serves temporaries so before it learns them) would size the next pass's slab for bytes
-// that never stay (4 + 2 MiB where 2 + 2 come), and its tail would stay mapped on the device.
+// allocation takes the activation's saved key as the mlp's ordinals shift) would size the next
+// pass's slab for bytes that never stay (4 + 2 MiB where 2 + 2 come), and its tail would stay
+// mapped on the device.
 TEST(AutoMode, ATemporaryFreedBeforeItsLayersSealDoesNotSizeTheNextSlab) {
   Rig rig(auto_options(), budget_of(13 * kMiB));
   LayerJob job(rig);
-  for (int pass = 1; pass <= 5; ++pass) job.pass();
-  ASSERT_GT(rig.engine.stats().slabs_opened, 0u);
-  ASSERT_EQ(rig.engine.stats().slab_tail_bytes, 0u);
+  pass_until_slabs_fill(rig, job);
   job.extra_allocation = true;  // served in each chosen layer (the activation's is not), freed in it
   job.extra_bytes = 2 * kBytes;
   job.pass();

@@ -488,8 +488,8 @@ Group* second_call(Parts& parts, const NodeVerdict& verdict, std::size_t learned
 }
 
 // A slab is sized by the bytes its group's last call still held at its seal: a temporary that call
-// was served and freed before the seal (policy mode's first pass, before TemporaryKeys learnt it;
-// an MoE's routing) would leave that much of the next slab mapped with nothing in it.
+// was served and freed before the seal (a key saved once, its module's ordinals shifted since; an
+// MoE's routing) would leave that much of the next slab mapped with nothing in it.
 TEST(AddressSpace, ASlabIsSizedByWhatItsGroupsLastCallHeldAtItsSealNotByItsTemporaries) {
   Parts parts(auto_mode_options());
   const NodeVerdict verdict = selected_layer("temporary_slab_model.layers.0");
