@@ -268,6 +268,7 @@ void AutoSelect::trim_pool_for_raise(std::unique_lock<std::mutex>& lock) {
 
 void AutoSelect::forward_began(std::thread::id thread) {
   if (phase_ != Phase::paging || thread != forward_thread_ || !stream_) return;
+  if (pending_cap_) cap_changed(*std::exchange(pending_cap_, std::nullopt));  // before this pass serves
   ++forwards_begun_;
   // The governor's cycles run from one forward's start to the next's (pass_start_reached):
   // near-free only (the device-memory goal pages what its target needs, whatever it costs), and on
@@ -286,8 +287,8 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
   // A switch's cycle, which carries the decision's wait or a cap's change, is not judged.
   if (!last_start_) {
     governor_.emplace(chosen_bytes_, options_.min_bytes);
-  } else if (governor_ && start.forward == last_start_->forward + 1 && start.generation == last_start_->generation &&
-             start.generation == generation_) {
+  } else if (governor_ && !pending_cap_ && start.forward == last_start_->forward + 1 &&
+             start.generation == last_start_->generation && start.generation == generation_) {
     // A whole cycle under the cap in force (a forward the host began before a change is the old cap's).
     std::uint64_t cycle = 0;
     if (injected_.paged_cycle_ns) {
@@ -306,7 +307,7 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
         ACTPAGE_LOG_INFO("{}", line);
         parts_.core.events.message(line);
       } else {
-        cap_changed(*cap);
+        pending_cap_ = *cap;  // in force from the host's next forward on
       }
     }
   }
@@ -319,7 +320,7 @@ bool AutoSelect::room_for_unpaged() const {
   return peak_watched_ + watched_peak_bytes_ <= device_total_ - device_total_ / 32;
 }
 
-void AutoSelect::cap_switched() {
+void AutoSelect::cap_switched(bool at_pass_start) {
   if (serves_nothing() && peak_paged_ != 0) {
     // The passes that ran with nothing paged were the job's own: their peak is what paging is
     // measured against in the end-of-run line.
@@ -330,9 +331,10 @@ void AutoSelect::cap_switched() {
   }
   ++generation_;
   cap_pass_ = pass_;
-  // The paged figures are the new cap's: from the pass after its switch (the host's next pass is
-  // the switch's, the job's pool grown or trimmed to the cap during it).
-  reported_pass_ = pass_ + 2;
+  // The paged figures are the new cap's: from the pass after the switch's, the job's pool grown or
+  // trimmed to the cap during it. A governor's cap comes into force at this pass's start, the
+  // device-memory goal's raise (on the clock's worker, the host mid-pass) at the next.
+  reported_pass_ = pass_ + (at_pass_start ? 1 : 2);
   peak_paged_ = 0;
   peak_paged_place_ = PeakPlace{};
   used_paged_ = 0;
@@ -341,7 +343,7 @@ void AutoSelect::cap_switched() {
 
 void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
   const std::uint64_t paged_before = capped() ? capped_bytes_ : chosen_bytes_;
-  cap_switched();
+  cap_switched(/*at_pass_start=*/true);
   allowed_keys_.clear();
   // Earliest first, as the decision took them: what leaves early has the most forward to hide in.
   std::uint64_t kept = 0;
@@ -683,7 +685,7 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   short_bytes_ = added < excess ? excess - added : 0;
   raised_reading_ = used_bytes;
   goal_readings_ = 0;
-  cap_switched();
+  cap_switched(/*at_pass_start=*/false);
   // What backward's start should read now is the reading less what leaves besides: the reloads'
   // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
   parts_.clock.limit_bound(room_under_target(used_bytes, added));

@@ -45,7 +45,9 @@
 //   measures the job's own with nothing paged, and when paging costs more than kNearFreeAllowance
 //   the cap falls: from then on only the chosen keys whose bytes, earliest first, fit in it are
 //   served (pages_key()); the rest go to the job's allocator. Within it, the cap returns to the
-//   chosen bytes. Each change is logged (info), and the last judgement said at the end.
+//   chosen bytes. A change, judged on the clock's worker, comes into force where the host's next
+//   forward begins (pending_cap_), so that no host pass runs under two caps. Each change is logged
+//   (info), and the last judgement said at the end.
 // - Device memory in use (cudaMemGetInfo) is read on the GPU clock's worker when the GPU reaches
 //   each backward's start: the observed passes' is the unpaged figure (for the device-memory goal,
 //   with what a watched pass had off the device then added), the largest of the paged passes' the
@@ -336,8 +338,13 @@ class AutoSelect {
   void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
   // A new cap is in force (the governor's change, or the device-memory goal's raise): its
   // generation, the pass it came at, and the paged figures begun again from the pass after it.
-  void cap_switched();
+  void cap_switched(bool at_pass_start);
   void cap_changed(std::uint64_t cap_bytes);
+  // The governor's new cap, decided on the GPU clock's worker as the GPU reaches a pass's start,
+  // put in force at the host's next forward_began(): a host pass then runs under one cap from its
+  // first layer on, never part under one and part under the next (a layer slab opened under more
+  // would keep the rest mapped with nothing in it). No cycle is judged while one waits.
+  std::optional<std::uint64_t> pending_cap_;
   // Whether the job's unpaged passes fit on the device: the watched passes' sampled peak plus what a
   // watched pass paged, within all but 1/32 of the device (true when nothing was sampled).
   bool room_for_unpaged() const;
