@@ -146,7 +146,8 @@ Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges:
   const std::size_t aligned = round_up(bytes, kSlabAlignment);
   SlabTrack& track = slabs_[group_id];
   track.selected = selected;
-  track.served_bytes += aligned;
+  const bool first = !track.served;
+  track.served = true;
   if (track.window != nullptr) {
     Window& slab = *track.window;
     if (track.stream == stream && track.used + aligned <= slab.bytes) {
@@ -155,9 +156,9 @@ Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges:
       ++parts_.core.stats.slab_allocations;
       return Placement{&slab, va};
     }
-  } else if (may_slab && track.served_bytes == aligned) {
-    // The group's first allocation: a slab as large as the last call of its selected range was
-    // served, when that holds this one.
+  } else if (may_slab && first) {
+    // The group's first allocation: a slab as large as the last call of its selected range held
+    // at its seal, when that holds this one.
     auto learned = slab_bytes_learned_.find(selected);
     if (learned != slab_bytes_learned_.end() && learned->second >= aligned) {
       const std::size_t slab_bytes = round_up(learned->second, parts_.core.granularity);

@@ -155,11 +155,10 @@ class AddressSpace {
   std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
   std::vector<std::size_t> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // windows served so far this iteration
-  // The open groups' slabs (layer_slabs): what each was served so far, and its slab if it has one.
+  // The open groups' slabs (layer_slabs): whether each was served yet, and its slab if it has one.
   struct SlabTrack {
     ranges::PathId selected = ranges::kNoPath;
-    std::uint64_t served_bytes = 0;  // aligned sizes of all its allocations, in the slab or not
-                                     // (place() knows the first by it; sizes are learned at the seal)
+    bool served = false;             // the group was served before: not its first allocation
     Window* window = nullptr;
     std::size_t used = 0;            // bytes of the slab placed so far
     StreamHandle stream;
