@@ -61,7 +61,8 @@ DeviceEngineOptions device_engine_options(const Options& options) {
     // to leave within the forward: their copies may begin at the packs, while the layer still
     // runs, so that the first chosen layer's time carries copies too (with copies begun at each
     // layer's end, a budget of the whole link bound saved less: docs/findings.md, section 8).
-    // Experimental: not yet measured better. The other stray_access modes copy at the release point.
+    // Experimental: measured better on a GPU-bound job, not yet on the launch-bound ones (findings
+    // section 9). The other stray_access modes copy at the release point.
     parts.offload.copy_at_pack = options.auto_copy_at_pack && options.stray_access == StrayAccess::fault;
     if (options.auto_device_memory != 0) {
       // The device-memory goal pages more than the link copies within the forward pass: the

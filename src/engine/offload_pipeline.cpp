@@ -114,8 +114,8 @@ void OffloadPipeline::early_copy_ended(Allocation& allocation, const Status& sta
   EngineCore& core = parts_.core;
   std::erase(inflight_, &allocation);
   if (!status.ok() || allocation.copy_failed) {
-    // The pages were only read: the data is where it was, and its offload copies it again.
-    if (!status.ok()) core.note_failure("an early offload copy", status);
+    // The pages were only read: the data is where it was, and its offload copies it again. (A
+    // failed wait was noted by wait_for_copy.)
     allocation.copy_end_unknown = false;  // it ended: the block may be handed out again
     drop_early(allocation);
   } else {
@@ -313,7 +313,6 @@ void OffloadPipeline::copy_ended(Allocation& allocation, const Status& status, s
   allocation.release_wait_after_copy = false;
   if (!status.ok() || allocation.copy_failed) {
     // The copy failed: the device pages were never touched. Keep them, drop the host copy.
-    if (!status.ok()) core.note_failure("an offload copy", status);
     if (allocation.host) core.host_pool->free(*allocation.host);
     allocation.host.reset();
     allocation.early = EarlyCopy::none;
@@ -486,7 +485,6 @@ void OffloadPipeline::run() {
         copy_ended(*chunk.allocation, status, lock);
       } else if (!status.ok() && chunk.allocation != nullptr) {
         chunk.allocation->copy_failed = true;  // the data stays where it is when the last chunk ends
-        core.note_failure("an offload copy", status);
       }
       // The VMM worker may be waiting for the queue to drain (a recycle).
       core.work_cv.notify_all();
