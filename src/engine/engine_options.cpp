@@ -58,12 +58,11 @@ DeviceEngineOptions device_engine_options(const Options& options) {
     // fill one allocation's window at a time.
     parts.space.layer_slabs = options.stray_access == StrayAccess::fault;
     // What auto mode serves is what autograd saves (the packs say so), and its layers are chosen
-    // to leave within the forward: their copies may begin at the packs, while the layer still
-    // runs, so that the first chosen layer's time carries copies too (with copies begun at each
-    // layer's end, a budget of the whole link bound saved less: docs/findings.md, section 8).
-    // Experimental: measured better on a GPU-bound job, not yet on the launch-bound ones (findings
-    // section 9). The other stray_access modes copy at the release point.
-    parts.offload.copy_at_pack = options.auto_copy_at_pack && options.stray_access == StrayAccess::fault;
+    // to leave within the forward: their copies begin at the packs, while the layer still runs,
+    // so that the first chosen layer's time carries copies too and a budget of the whole link
+    // bound leaves by the forward's end (with copies begun at each layer's end it saved less:
+    // docs/findings.md, section 8). The other stray_access modes copy at the release point.
+    parts.offload.copy_at_pack = options.stray_access == StrayAccess::fault;
     if (options.auto_device_memory != 0) {
       // The device-memory goal pages more than the link copies within the forward pass: the
       // copies still queued where the layers end would be on the device at the step's peak (or be

@@ -158,7 +158,11 @@ std::string near_free_budget_text(std::uint64_t budget_bytes, double d2h_bytes_p
     std::snprintf(rate, sizeof rate, "%.1f MB/s", d2h_bytes_per_s / 1e6);
   }
   char rest[64];
-  std::snprintf(rest, sizeof rest, " x %.1f ms x %.2g", static_cast<double>(forward_gpu_ns) / 1e6, margin);
+  if (margin == 1.0) {  // the whole link: no factor to show
+    std::snprintf(rest, sizeof rest, " x %.1f ms", static_cast<double>(forward_gpu_ns) / 1e6);
+  } else {
+    std::snprintf(rest, sizeof rest, " x %.1f ms x %.2g", static_cast<double>(forward_gpu_ns) / 1e6, margin);
+  }
   return format_bytes(budget_bytes) + " = " + rate + rest;
 }
 

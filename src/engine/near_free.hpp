@@ -33,11 +33,12 @@
 
 namespace actpage::engine {
 
-// The share of the link's measured rate the decision counts on. The copies do not run back to
-// back from the forward's start: each layer's may begin only at the layer's end (its release
-// point), they go in chunks the offload worker feeds, and an access grant holds them; the job may
-// copy to the host too. 0.8 leaves a fifth of the forward for that.
-inline constexpr double kNearFreeMargin = 0.8;
+// The share of the link's measured rate the decision counts on: all of it. Auto mode's copies
+// begin at each saved tensor's pack, while its layer still runs (OffloadPipeline::copy_at_pack),
+// so the whole forward carries copies and a whole bound's worth has left by the forward's end.
+// When copies began only at each layer's end, 0.8 saved more than 1.0: the last chosen layer was
+// still copying at the step's peak (docs/findings.md, section 8).
+inline constexpr double kNearFreeMargin = 1.0;
 
 struct LayerSaved {
   std::string name;        // the layer's range ("model.layers.3")

@@ -15,7 +15,7 @@
 //   vmm.grant_when_idle a thread that must grant holds new chunks back and lets the queue drain
 //   first (hold_copies / release_copies, grant_with_copies_held), and new chunks also wait while
 //   recycled pages the job's next allocation needs are waiting for a grant.
-// - Copies at the pack (copy_at_pack: auto_copy_at_pack, experimental; auto mode, fault): a served
+// - Copies at the pack (copy_at_pack: auto mode, stray_access fault): a served
 //   allocation autograd saves while its group is open is copied from its pack on (the copy stream
 //   waits for a point recorded on its stream at the pack), after the queue's offloads, while its
 //   pages stay. At its release point its offload then copies nothing: the copy stream waits for

@@ -96,13 +96,12 @@ TEST(AutoMode, EachPagedLayersTensorsShareOneSlabFromTheSecondPagedPassOn) {
   expect_every_read_right(rig);
 }
 
-// auto_copy_at_pack: a chosen layer's saved activation is copied from its pack on, while its layer
+// Auto mode copies a chosen layer's saved activation from its pack on, while its layer
 // still runs (the copy stream waits for the point the job's stream had reached at the pack), and
 // its pages stay until the layer's end: its offload there copies nothing more. The layer's output,
 // saved by the next layer after its own group was sealed, is copied at its moved release point.
 TEST(AutoMode, ASavedActivationIsCopiedFromItsPackWhileItsLayerRunsAndLeavesAtItsEnd) {
   Options options = auto_options();
-  options.auto_copy_at_pack = true;
   Rig rig(options, budget_of(13 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
@@ -139,7 +138,6 @@ TEST(AutoMode, ACopyQueuedAtThePackButReleasedFirstStillCopiesFromThePack) {
   Options options = auto_options();
   options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
   options.copy_chunks_queued = 1;
-  options.auto_copy_at_pack = true;
   Rig rig(options, budget_of(13 * kMiB));
   LayerJob job(rig);
   for (int pass = 1; pass <= 3; ++pass) job.pass();
