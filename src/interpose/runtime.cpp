@@ -200,6 +200,11 @@ void open_trace(ProcessState& state) {
   config.path = policy::expand_path_pattern(state.options.trace_path, static_cast<long>(getpid()), state.rank);
   config.buffer_bytes = static_cast<std::size_t>(state.options.trace_buffer_bytes);
   config.rank = state.rank;
+  // The file comes with the process's first device allocation: a process of the job that never
+  // allocates (torchrun's agent, a spawned worker importing torch) starts up too, resolves the same
+  // path (rank 0 without RANK) and must leave the rank's file alone (the writer also refuses a path
+  // another live process holds).
+  config.defer_file = true;
   Result<std::unique_ptr<trace::Writer>> opened = trace::Writer::open(config);
   if (!opened.ok()) {
     ACTPAGE_LOG_WARN("no trace: {}", opened.status().message());
@@ -213,7 +218,7 @@ void open_trace(ProcessState& state) {
   ranges::define_in_trace([matcher](std::string_view name) {
     return matcher != nullptr && matcher->backward_module(name).has_value();
   });
-  ACTPAGE_LOG_INFO("tracing to {}", config.path);
+  ACTPAGE_LOG_INFO("tracing to {} (made at the first device allocation)", config.path);
 }
 
 // ---- ENGINE WIRING -----------------------------------------------------------------------------

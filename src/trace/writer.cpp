@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "common/clock.hpp"
@@ -178,6 +181,73 @@ struct ThreadRings {
 thread_local ThreadRings t_rings;
 
 std::atomic<std::uint64_t> g_next_writer_id{1};
+
+// PATH with ".PID" (".PID-N" past the first) before its extension: the name a writer takes when
+// another live writer holds PATH.
+std::string path_with_pid(const std::string& path, int attempt) {
+  const std::size_t slash = path.rfind('/');
+  std::size_t dot = path.rfind('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) dot = path.size();
+  std::string mark = "." + std::to_string(::getpid());
+  if (attempt > 1) mark += "-" + std::to_string(attempt);
+  return path.substr(0, dot) + mark + path.substr(dot);
+}
+
+struct MadeFile {
+  int fd = -1;
+  std::string path;
+};
+
+// Makes the trace file for this writer alone: opens PATH, takes an exclusive flock(2) on it, and only
+// then truncates it and writes the header. A PATH another live writer holds (another process of the
+// job that resolved the same name) is left untouched: the file is PATH with this pid instead.
+Result<MadeFile> make_trace_file(const std::string& path, const FileHeader& header) {
+  constexpr int kAttempts = 16;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const std::string candidate = attempt == 0 ? path : path_with_pid(path, attempt);
+    const int fd = ::open(candidate.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return Status(ErrorCode::io_error,
+                    "open('" + candidate + "'): " + errno_text(errno) + " while creating the trace file");
+    }
+    // Only a regular file is anyone's alone, and emptied: /dev/null and the like are written as they
+    // are.
+    struct stat status{};
+    const bool regular = ::fstat(fd, &status) == 0 && S_ISREG(status.st_mode);
+    if (regular && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(fd);
+      continue;
+    }
+    // (Another flock failure is a file system without locks: the file is written as before.)
+    if (regular && ::ftruncate(fd, 0) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return Status(ErrorCode::io_error,
+                    "ftruncate('" + candidate + "'): " + errno_text(error) + " while creating the trace file");
+    }
+    const auto* bytes = reinterpret_cast<const std::byte*>(&header);
+    std::size_t done = 0;
+    while (done < sizeof header) {
+      const ssize_t wrote = ::write(fd, bytes + done, sizeof header - done);
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0) {
+        const int error = wrote < 0 ? errno : EIO;
+        ::close(fd);
+        return Status(ErrorCode::io_error,
+                      "write('" + candidate + "'): " + errno_text(error) + " while writing the trace header");
+      }
+      done += static_cast<std::size_t>(wrote);
+    }
+    if (attempt != 0) {
+      ACTPAGE_LOG_WARN("trace: '{}' is being written by another process (the same rank, and trace.path has no %p): "
+                       "process {} traces to '{}'",
+                       path, static_cast<long>(::getpid()), candidate);
+    }
+    return MadeFile{fd, candidate};
+  }
+  return Status(ErrorCode::io_error, "trace: '" + path + "' and the " + std::to_string(kAttempts - 1) +
+                                         " names made from it with this pid are held by other writers");
+}
 constinit std::atomic<Writer*> g_active{nullptr};
 
 // Everything a writer holds. Lock order: close_mutex, drain_mutex, rings_mutex, shared_mutex,
@@ -189,6 +259,14 @@ struct WriterState {
   std::size_t ring_capacity = 0;
   std::size_t max_record_bytes = 0;
   int fd = -1;  // under drain_mutex once the thread runs
+  FileHeader file_header{};  // written when the file is made
+  // A deferred file is made by the writer's thread once an ALLOC record asked for it (set by the
+  // producers, read by the drain); file_made says it exists (path() and file_made() read it).
+  std::atomic<bool> file_wanted{true};
+  std::atomic<bool> file_made{false};
+  bool file_failed = false;  // under drain_mutex
+  bool finished = false;     // under drain_mutex: close() drained for the last time
+  std::string file_path;     // under drain_mutex
   std::atomic<bool> accepting{true};
   std::atomic<bool> in_child{false};
 
@@ -226,6 +304,9 @@ struct WriterState {
   void append(RecordType type, const void* first, std::size_t first_bytes, const void* second,
               std::size_t second_bytes, std::uint64_t mono_ns = 0) noexcept {
     if (!accepting.load(std::memory_order_relaxed)) return;
+    if (type == RecordType::alloc && !file_wanted.load(std::memory_order_relaxed)) {
+      file_wanted.store(true, std::memory_order_release);  // the drain makes the file
+    }
     const std::size_t total = sizeof(RecordHeader) + ((first_bytes + second_bytes + 7) & ~std::size_t{7});
     if (total > max_record_bytes) {
       dropped.fetch_add(1, std::memory_order_relaxed);
@@ -377,7 +458,30 @@ struct WriterState {
     release_ring(ring);
   }
 
+  // A deferred file, once wanted: made here. False while there is no file to drain into (the
+  // records wait in the buffers).
+  bool make_file_if_wanted() noexcept {
+    if (fd >= 0) return true;
+    if (file_failed || finished || !file_wanted.load(std::memory_order_acquire)) return false;
+    try {
+      Result<MadeFile> made = make_trace_file(config.path, file_header);
+      if (!made.ok()) {
+        file_failed = true;
+        ACTPAGE_LOG_ERROR("trace: {}: this process is not traced", made.status().message());
+        return false;
+      }
+      fd = made.value().fd;
+      file_path = std::move(made.value().path);
+    } catch (...) {
+      file_failed = true;
+      return false;
+    }
+    file_made.store(true, std::memory_order_release);
+    return true;
+  }
+
   void drain_all() noexcept {
+    if (!make_file_if_wanted()) return;
     {
       std::lock_guard<std::mutex> lock(rings_mutex);
       drain_list.assign(rings.begin(), rings.end());
@@ -501,27 +605,19 @@ Result<std::unique_ptr<Writer>> Writer::open(const WriterConfig& config) {
   if (config.path.empty()) {
     return Status(ErrorCode::invalid_argument, "trace: no path given for the trace file");
   }
-  const int fd = ::open(config.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Status(ErrorCode::io_error,
-                  "open('" + config.path + "'): " + errno_text(errno) + " while creating the trace file");
-  }
-
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->id = g_next_writer_id.fetch_add(1, std::memory_order_relaxed);
-  impl->fd = fd;
   impl->ring_capacity = ring_capacity_for(config.buffer_bytes);
   impl->max_record_bytes = std::min(kMaxRecordBytes, impl->ring_capacity);
   impl->stage.resize(impl->ring_capacity + 4096);
   impl->shared_ring = make_ring(impl->ring_capacity, impl->id, 0, 1);
   if (impl->shared_ring == nullptr) {
-    ::close(fd);
     return Status(ErrorCode::out_of_memory, "trace: could not allocate a " + std::to_string(impl->ring_capacity) +
                                                 " byte buffer for '" + config.path + "'");
   }
 
-  FileHeader header{};
+  FileHeader& header = impl->file_header;
   std::memcpy(header.magic, kMagic, sizeof header.magic);
   header.version = kFormatVersion;
   header.header_bytes = sizeof header;
@@ -534,20 +630,19 @@ Result<std::unique_ptr<Writer>> Writer::open(const WriterConfig& config) {
   header.hostname[sizeof header.hostname - 1] = '\0';
   impl->start_mono_ns = header.start_mono_ns;
 
-  const auto* bytes = reinterpret_cast<const std::byte*>(&header);
-  std::size_t done = 0;
-  while (done < sizeof header) {
-    const ssize_t wrote = ::write(fd, bytes + done, sizeof header - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      const int error = wrote < 0 ? errno : EIO;
-      ::close(fd);
+  if (config.defer_file) {
+    impl->file_wanted.store(false, std::memory_order_relaxed);
+  } else {
+    Result<MadeFile> made = make_trace_file(config.path, header);
+    if (!made.ok()) {
       release_ring(impl->shared_ring);
-      return Status(ErrorCode::io_error,
-                    "write('" + config.path + "'): " + errno_text(error) + " while writing the trace header");
+      return made.status();
     }
-    done += static_cast<std::size_t>(wrote);
+    impl->fd = made.value().fd;
+    impl->file_path = std::move(made.value().path);
+    impl->file_made.store(true, std::memory_order_relaxed);
   }
+  const int fd = impl->fd;
 
   // The writer thread must never run the job's signal handlers: start it with every signal blocked.
   sigset_t all_signals;
@@ -557,7 +652,7 @@ Result<std::unique_ptr<Writer>> Writer::open(const WriterConfig& config) {
   const int created = pthread_create(&impl->thread, nullptr, &WriterState::thread_main, impl.get());
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (created != 0) {
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     release_ring(impl->shared_ring);
     return Status(ErrorCode::io_error, "pthread_create: " + errno_text(created) +
                                            " while starting the trace writer thread for '" + config.path + "'");
@@ -604,8 +699,7 @@ void Writer::flush() {
   Impl& state = *impl_;
   if (state.in_child.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(state.drain_mutex);
-  if (state.fd < 0) return;
-  state.drain_all();
+  state.drain_all();  // makes a deferred file first, once wanted
 }
 
 void Writer::close() {
@@ -631,6 +725,7 @@ void Writer::close() {
 
   std::lock_guard<std::mutex> drain_lock(state.drain_mutex);
   if (!state.in_child.load(std::memory_order_relaxed)) state.drain_all();
+  state.finished = true;
   {
     std::lock_guard<std::mutex> lock(state.rings_mutex);
     state.release_rings_locked();
@@ -648,7 +743,12 @@ std::uint64_t Writer::records_written() const noexcept {
   return impl_->written.load(std::memory_order_relaxed);
 }
 
-const std::string& Writer::path() const noexcept { return impl_->config.path; }
+std::string Writer::path() const {
+  std::lock_guard<std::mutex> lock(impl_->drain_mutex);
+  return impl_->file_path.empty() ? impl_->config.path : impl_->file_path;
+}
+
+bool Writer::file_made() const noexcept { return impl_->file_made.load(std::memory_order_acquire); }
 
 std::size_t Writer::live_buffers() const noexcept {
   try {

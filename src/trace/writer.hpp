@@ -11,8 +11,14 @@
 //   flush()/close(). Buffers of exited threads are drained, then freed. A thread that records after
 //   its own thread-local storage was torn down (static destructors at exit) goes through a shared
 //   buffer under a mutex: slower, but nothing is lost.
-// - The file starts with a FileHeader (actpage/trace_format.hpp), written by open(). Each write(2)
-//   holds whole records, so a killed process leaves a file that reads up to its last whole record.
+// - The file starts with a FileHeader (actpage/trace_format.hpp), written when the file is made:
+//   by open(), or with `defer_file` by the writer's thread once the first ALLOC record came (records
+//   before it wait in the buffers; a writer closed before any leaves no file). Each write(2) holds
+//   whole records, so a killed process leaves a file that reads up to its last whole record.
+// - A file belongs to one live process: its writer holds an exclusive flock(2) on it. A writer whose
+//   path another live writer holds (a second process that resolved the same path: the same rank,
+//   no %p) writes PATH with ".PID" before its extension instead (".PID-N" past the first), with a
+//   warning, and never truncates the other's file. path() says which file it is.
 // - close() (also run by the destructor) drains everything and joins the thread; after it, record()
 //   is a no-op. close() is idempotent and safe to call from an atexit handler. A process that exits
 //   without close() loses what was recorded since the last drain.
@@ -41,6 +47,10 @@ struct WriterConfig {
   unsigned flush_interval_ms = 20;
   std::int32_t rank = 0;
   std::int32_t device = -1;
+  // Make the file only once the process records a device allocation (the first ALLOC record): a
+  // process that never allocates (a launcher such as torchrun's agent, a spawned data-loader worker
+  // that imports torch) then leaves no file, where it would have taken a rank's name.
+  bool defer_file = false;
 };
 
 // Longest text a NAME or MESSAGE record carries; longer texts are cut.
@@ -48,8 +58,9 @@ inline constexpr std::size_t kMaxTextBytes = 2048;
 
 class Writer {
  public:
-  // Creates (truncates) the file, writes its header and starts the background thread. The error
-  // names the path and the failing call.
+  // Creates (truncates) the file, writes its header and starts the background thread (with
+  // `defer_file`, only the thread: the file comes with the first ALLOC record). The error names the
+  // path and the failing call.
   static Result<std::unique_ptr<Writer>> open(const WriterConfig& config);
   ~Writer();
   Writer(const Writer&) = delete;
@@ -78,7 +89,11 @@ class Writer {
   std::uint64_t records_lost() const noexcept;
   // Records in the file after its header, LOST records included.
   std::uint64_t records_written() const noexcept;
-  const std::string& path() const noexcept;
+  // The file written: the configured path, or the one taken instead when another live writer held
+  // it; the configured path while a deferred file is not made yet.
+  std::string path() const;
+  // Whether the file exists yet (always after open() without `defer_file`).
+  bool file_made() const noexcept;
   // Per-thread buffers currently registered (diagnostics and tests: an exited thread's buffer is
   // freed by the next drain).
   std::size_t live_buffers() const noexcept;

@@ -60,14 +60,16 @@ class TorchrunJob : public ::testing::Test {
 
   // `actpage run [options] -- fake_torchrun --nproc-per-node 2 sh -c WORKER`: each worker writes
   // its environment to env-rank$RANK.txt, then becomes the hooks program.
-  testing::Outcome run_job(const std::vector<std::string>& options, std::map<std::string, std::string> env = {}) {
+  testing::Outcome run_job(const std::vector<std::string>& options, std::map<std::string, std::string> env = {},
+                           const std::vector<std::string>& launcher_options = {}) {
     std::vector<std::string> argv = {kBinary.string(), "run"};
     argv.insert(argv.end(), options.begin(), options.end());
     // run_process() does not change the directory: every path the job writes is absolute.
     const std::string worker = "env > " + dir_.string() + "/env-rank$RANK.txt && exec " + kProgram.string() +
                                " calls " + dir_.string() + "/calls-rank$RANK.manifest preloaded";
-    for (const std::string& arg : {std::string("--"), kPython.string(), kFakeTorchrun.string(),
-                                   std::string("--nproc-per-node"), std::string("2"), std::string("/bin/sh"),
+    for (const std::string& arg : {std::string("--"), kPython.string(), kFakeTorchrun.string()}) argv.push_back(arg);
+    argv.insert(argv.end(), launcher_options.begin(), launcher_options.end());
+    for (const std::string& arg : {std::string("--nproc-per-node"), std::string("2"), std::string("/bin/sh"),
                                    std::string("-c"), worker}) {
       argv.push_back(arg);
     }
@@ -134,6 +136,32 @@ TEST_F(TorchrunJob, EachRankWritesItsOwnTraceAndLogsWithItsRank) {
   EXPECT_EQ(count_lines_with(outcome.err, "[actpage rank 0]", "tracing to"), 1u) << outcome.err;
   EXPECT_EQ(count_lines_with(outcome.err, "[actpage rank 1]", "tracing to"), 1u) << outcome.err;
   EXPECT_NE(outcome.err.find("job-rank1-"), std::string::npos) << outcome.err;
+}
+
+// torchrun's agent starts actpage too (torch's import under the hook package), without RANK: a trace
+// path with %r and no %p names rank 0's file for it. It allocates nothing, so it makes no file; it
+// used to make it at start-up (truncating it), and rank 0's trace could not be read past its start.
+// Here the agent starts after its workers have run, so a file made at start-up would be empty.
+TEST_F(TorchrunJob, ALauncherThatStartsActpageLeavesEachRanksTraceWhole) {
+  const testing::Outcome outcome = run_job({"--policy", (fs::path(ACTPAGE_SOURCE_DIR) / "config/observe.json").string(),
+                                            "--trace", (dir_ / "job-rank%r.trace").string()},
+                                           {}, {"--start-actpage-after"});
+  ASSERT_EQ(outcome.code, 0) << outcome.err;
+  // The agent started (its log line has no rank) and wrote no file.
+  EXPECT_EQ(count_lines_with(outcome.err, "[actpage] info", "tracing to"), 1u) << outcome.err;
+  const std::vector<fs::path> traces = testing::trace_files_in(dir_);
+  ASSERT_EQ(traces.size(), 2u) << outcome.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    auto file = trace::read_trace_file((dir_ / ("job-rank" + std::to_string(rank) + ".trace")).string());
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_FALSE(file->truncated);
+    EXPECT_EQ(file->header.rank, rank);
+    auto manifest = testing::read_manifest((dir_ / ("calls-rank" + std::to_string(rank) + ".manifest")).string());
+    ASSERT_TRUE(manifest.ok()) << manifest.status().message();
+    EXPECT_FALSE(manifest->empty());
+    for (const std::string& problem : testing::compare_trace_with_manifest(*file, *manifest)) ADD_FAILURE() << problem;
+  }
 }
 
 TEST_F(TorchrunJob, AJobWithoutRankLogsWithoutOne) {

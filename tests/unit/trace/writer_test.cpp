@@ -504,6 +504,100 @@ TEST(TraceWriter, OpenFailureNamesThePathAndTheError) {
   EXPECT_EQ(Writer::open(config).status().code(), ErrorCode::invalid_argument);
 }
 
+std::vector<std::uint64_t> alloc_ptrs(const TraceFile& file) {
+  std::vector<std::uint64_t> ptrs;
+  for (const auto& alloc : file.allocs) ptrs.push_back(alloc.data.ptr);
+  return ptrs;
+}
+
+// Two processes of one job that resolve the same trace path (torchrun's agent and rank 0, both rank
+// 0 to `%r`) wrote into one file: the second truncated it under the first, which went on writing at
+// its own offset, and rank 0's trace could not be read past its first record.
+TEST(TraceWriter, ASecondWriterOfAPathInUseWritesItsOwnFileAndLeavesTheFirstIntact) {
+  TempDir dir;
+  const std::string path = dir.file("job.rank0.trace");
+  auto first = open_writer(path);
+  ASSERT_NE(first, nullptr);
+  first->record(RecordType::alloc, alloc_payload(0x1000, 64));
+  first->flush();
+
+  auto second = open_writer(path);
+  ASSERT_NE(second, nullptr);
+  const std::string second_path = dir.file("job.rank0." + std::to_string(::getpid()) + ".trace");
+  EXPECT_EQ(second->path(), second_path);
+  EXPECT_EQ(first->path(), path);
+  second->record(RecordType::alloc, alloc_payload(0x2000, 64));
+  second->flush();
+  auto third = open_writer(path);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(third->path(), dir.file("job.rank0." + std::to_string(::getpid()) + "-2.trace"));
+  first->record(RecordType::alloc, alloc_payload(0x3000, 64));
+  first->close();
+  second->close();
+  third->close();
+
+  const TraceFile first_file = read_back(path);
+  EXPECT_FALSE(first_file.truncated);
+  EXPECT_EQ(alloc_ptrs(first_file), (std::vector<std::uint64_t>{0x1000, 0x3000}));
+  const TraceFile second_file = read_back(second_path);
+  EXPECT_FALSE(second_file.truncated);
+  EXPECT_EQ(alloc_ptrs(second_file), (std::vector<std::uint64_t>{0x2000}));
+
+  // Closed, the path is free again: the next run's writer takes it and starts it afresh.
+  auto next = open_writer(path);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->path(), path);
+  next->close();
+  EXPECT_TRUE(alloc_ptrs(read_back(path)).empty());
+}
+
+std::unique_ptr<Writer> open_deferred(const std::string& path) {
+  WriterConfig config;
+  config.path = path;
+  config.flush_interval_ms = kNeverByTimer;
+  config.defer_file = true;
+  auto writer = Writer::open(config);
+  EXPECT_TRUE(writer.ok()) << writer.status().message();
+  return writer.ok() ? std::move(writer).value() : nullptr;
+}
+
+TEST(TraceWriter, ADeferredFileIsNotMadeByAProcessThatRecordsNoAllocation) {
+  TempDir dir;
+  const std::string path = dir.file("launcher.rank0.trace");
+  auto writer = open_deferred(path);
+  ASSERT_NE(writer, nullptr);
+  writer->record_text(RecordType::name, 1, "torch.distributed.run");
+  writer->record(RecordType::range_push, RangePayload{1, 1});
+  writer->flush();
+  EXPECT_FALSE(writer->file_made());
+  EXPECT_FALSE(std::filesystem::exists(path));
+  writer->record_text(RecordType::message, 0, "engine {}");
+  writer->close();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(TraceWriter, ADeferredFileIsMadeAtTheFirstAllocationWithTheRecordsBeforeIt) {
+  TempDir dir;
+  const std::string path = dir.file("worker.rank0.trace");
+  auto writer = open_deferred(path);
+  ASSERT_NE(writer, nullptr);
+  writer->record_text(RecordType::name, 7, "model.layers.0");
+  writer->flush();
+  EXPECT_FALSE(std::filesystem::exists(path));
+  writer->record(RecordType::alloc, alloc_payload(0x4000, 128));
+  writer->flush();
+  EXPECT_TRUE(writer->file_made());
+  EXPECT_TRUE(std::filesystem::exists(path));
+  writer->record(RecordType::alloc, alloc_payload(0x5000, 128));
+  writer->close();
+
+  const TraceFile file = read_back(path);
+  EXPECT_FALSE(file.truncated);
+  EXPECT_EQ(file.name(7), "model.layers.0");
+  EXPECT_EQ(alloc_ptrs(file), (std::vector<std::uint64_t>{0x4000, 0x5000}));
+  EXPECT_EQ(file.header.pid, static_cast<std::uint64_t>(::getpid()));
+}
+
 TEST(TraceWriter, LongTextIsCutOnACharacterBoundary) {
   TempDir dir;
   const std::string path = dir.file("text.trace");
