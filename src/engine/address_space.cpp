@@ -42,7 +42,8 @@ void AddressSpace::release_arena() {
   if (Status status = arena_.shutdown(); !status.ok()) ACTPAGE_LOG_WARN("{}", status.message());
 }
 
-Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock) {
+Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock,
+                                 ranges::PathId unlearnt_of) {
   EngineCore& core = parts_.core;
   auto window = std::make_unique<Window>();
   // The oldest cached range of the best size, else one given back whose frees the device has not
@@ -111,7 +112,7 @@ Window* AddressSpace::new_window(std::size_t mapped_bytes, StreamHandle stream, 
     window->physical = *physical;
   }
   window->mapped = true;
-  sizes_this_iteration_.push_back(window->bytes);
+  sizes_this_iteration_.push_back(DemandEntry{window->bytes, unlearnt_of});
   ++cursor_;
   core.stats.live_owned_bytes += window->bytes;
   Window* raw = window.get();
@@ -138,11 +139,11 @@ std::uint64_t live_slab_bytes(const Group& group) {
 
 Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges::PathId selected,
                               StreamHandle stream, bool may_slab, std::unique_lock<std::mutex>& lock) {
-  auto own_window = [&] {
-    Window* window = new_window(round_up(bytes, parts_.core.granularity), stream, lock);
+  auto own_window = [&](ranges::PathId unlearnt_of) {
+    Window* window = new_window(round_up(bytes, parts_.core.granularity), stream, lock, unlearnt_of);
     return Placement{window, window != nullptr ? window->va : 0};
   };
-  if (!options_.layer_slabs) return own_window();
+  if (!options_.layer_slabs) return own_window(ranges::kNoPath);
   const std::size_t aligned = round_up(bytes, kSlabAlignment);
   SlabTrack& track = slabs_[group_id];
   track.selected = selected;
@@ -175,8 +176,9 @@ Placement AddressSpace::place(std::size_t bytes, std::uint32_t group_id, ranges:
       ++parts_.core.stats.slab_allocations;
       return Placement{slab, slab->va};
     }
+    track.unlearnt = learned == slab_bytes_learned_.end();
   }
-  return own_window();
+  return own_window(track.unlearnt ? selected : ranges::kNoPath);
 }
 
 void AddressSpace::abandon(const Placement& placement, std::uint32_t group_id) {
@@ -199,7 +201,8 @@ void AddressSpace::close_slab(std::uint32_t group_id) {
   // call's slab for bytes that never stay, and that tail would stay mapped. The group's own list:
   // no scan of the engine's. A group goes only once sealed, after this: it is found.
   if (Group* group = parts_.groups.find(group_id); group != nullptr) {
-    slab_bytes_learned_[track.selected] = live_slab_bytes(*group);
+    // A range's first size: its windows of this pass leave the demand (DemandEntry).
+    if (slab_bytes_learned_.insert_or_assign(track.selected, live_slab_bytes(*group)).second) mark_dirty();
   }
   if (track.window == nullptr) return;
   Window& slab = *track.window;
@@ -307,12 +310,14 @@ bool AddressSpace::keep_for_cache(std::size_t bytes, const RangeCache::Demand& w
 std::vector<std::size_t> AddressSpace::demanded_sizes() const {
   const bool in_backward = parts_.groups.in_backward();
   std::vector<std::size_t> sizes;
-  const std::vector<std::size_t>& sequence = in_backward ? sizes_this_iteration_ : sizes_last_iteration_;
+  const std::vector<DemandEntry>& sequence = in_backward ? sizes_this_iteration_ : sizes_last_iteration_;
   std::uint64_t bytes = 0;
   for (std::size_t at = in_backward ? 0 : cursor_; at < sequence.size(); ++at) {
-    if (bytes + sequence[at] > options_.cache_bytes) break;
-    bytes += sequence[at];
-    sizes.push_back(sequence[at]);
+    const DemandEntry& entry = sequence[at];
+    if (entry.unlearnt_of != ranges::kNoPath && slab_bytes_learned_.contains(entry.unlearnt_of)) continue;
+    if (bytes + entry.bytes > options_.cache_bytes) break;
+    bytes += entry.bytes;
+    sizes.push_back(entry.bytes);
   }
   return sizes;
 }
@@ -324,7 +329,7 @@ RangeCache::Demand AddressSpace::demand() const {
 }
 
 bool AddressSpace::next_allocation_misses() const {
-  return cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_]);
+  return cursor_ < sizes_last_iteration_.size() && !cache_.has(sizes_last_iteration_[cursor_].bytes);
 }
 
 void AddressSpace::forward_begins() {

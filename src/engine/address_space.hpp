@@ -9,7 +9,8 @@
 //   go to the cache; unmapped ones give only their address back.
 // - How much the cache keeps is set by demand(): the sizes the rest of this forward pass will ask
 //   for, learned from the last one (in backward: the next forward's first ones), within
-//   vmm.cache_bytes. A change to the cache or the demand marks it dirty, and the VMM worker
+//   vmm.cache_bytes; without the windows a range got for want of a slab size it has learnt since
+//   (its next call comes as a slab). A change to the cache or the demand marks it dirty, and the VMM worker
 //   (PageReturn) trims it then.
 // - Layer slabs (AddressSpaceOptions::layer_slabs: auto mode, stray_access fault): place() puts a
 //   group's allocations one after another in one window, so that a layer's pages leave in one
@@ -82,7 +83,9 @@ class AddressSpace {
 
   // A mapped window for `mapped_bytes` (from the cache, else created and mapped on this thread;
   // unlocks meanwhile). nullptr: none (arena full, out of memory): the caller passes the request on.
-  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock);
+  // `unlearnt_of`: the selected range it serves for want of a slab size learnt (DemandEntry).
+  Window* new_window(std::size_t mapped_bytes, StreamHandle stream, std::unique_lock<std::mutex>& lock,
+                     ranges::PathId unlearnt_of = ranges::kNoPath);
   // Where an allocation of `bytes` for the open group `group_id` (of selected range `selected`)
   // goes: its group's layer slab where it fits (`may_slab`), else a window of its own
   // (new_window(); unlocks).
@@ -152,13 +155,23 @@ class AddressSpace {
   VaArena arena_;
   std::map<DevPtr, std::unique_ptr<Window>> windows_;
   RangeCache cache_;
-  std::vector<std::size_t> sizes_this_iteration_;  // mapped sizes of this forward's candidates
-  std::vector<std::size_t> sizes_last_iteration_;
+  // A window a forward pass asked for: its mapped size, and the selected range it served while
+  // that range had no slab size learnt (else kNoPath). Such a window is not asked for again once
+  // the range has learnt one: its next call comes as a slab (the first paged pass after auto mode's
+  // choice or a cut serves windows, the next slabs), so the demand leaves it out and the cache does
+  // not keep its pages beside the new slabs.
+  struct DemandEntry {
+    std::size_t bytes = 0;
+    ranges::PathId unlearnt_of = ranges::kNoPath;
+  };
+  std::vector<DemandEntry> sizes_this_iteration_;  // this forward's candidates' windows
+  std::vector<DemandEntry> sizes_last_iteration_;
   std::size_t cursor_ = 0;                          // windows served so far this iteration
   // The open groups' slabs (layer_slabs): whether each was served yet, and its slab if it has one.
   struct SlabTrack {
     ranges::PathId selected = ranges::kNoPath;
     bool served = false;             // the group was served before: not its first allocation
+    bool unlearnt = false;           // its first allocation found no slab size learnt for its range
     Window* window = nullptr;
     std::size_t used = 0;            // bytes of the slab placed so far
     StreamHandle stream;
