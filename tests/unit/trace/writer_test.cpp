@@ -33,6 +33,12 @@ constexpr unsigned kNeverByTimer = 600000;  // ms: only flush()/close() drain
 
 std::uint32_t this_tid() { return static_cast<std::uint32_t>(::syscall(SYS_gettid)); }
 
+std::unique_ptr<Writer> open_with(const WriterConfig& config) {
+  auto writer = Writer::open(config);
+  EXPECT_TRUE(writer.ok()) << writer.status().message();
+  return writer.ok() ? std::move(writer).value() : nullptr;
+}
+
 std::unique_ptr<Writer> open_writer(const std::string& path, std::size_t buffer_bytes = 1u << 20,
                                     unsigned flush_interval_ms = kNeverByTimer) {
   WriterConfig config;
@@ -41,9 +47,7 @@ std::unique_ptr<Writer> open_writer(const std::string& path, std::size_t buffer_
   config.flush_interval_ms = flush_interval_ms;
   config.rank = 3;
   config.device = 1;
-  auto writer = Writer::open(config);
-  EXPECT_TRUE(writer.ok()) << writer.status().message();
-  return writer.ok() ? std::move(writer).value() : nullptr;
+  return open_with(config);
 }
 
 TraceFile read_back(const std::string& path) {
@@ -556,9 +560,7 @@ std::unique_ptr<Writer> open_deferred(const std::string& path) {
   config.path = path;
   config.flush_interval_ms = kNeverByTimer;
   config.defer_file = true;
-  auto writer = Writer::open(config);
-  EXPECT_TRUE(writer.ok()) << writer.status().message();
-  return writer.ok() ? std::move(writer).value() : nullptr;
+  return open_with(config);
 }
 
 TEST(TraceWriter, ADeferredFileIsNotMadeByAProcessThatRecordsNoAllocation) {
