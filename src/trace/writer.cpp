@@ -248,6 +248,7 @@ Result<MadeFile> make_trace_file(const std::string& path, const FileHeader& head
   return Status(ErrorCode::io_error, "trace: '" + path + "' and the " + std::to_string(kAttempts - 1) +
                                          " names made from it with this pid are held by other writers");
 }
+
 constinit std::atomic<Writer*> g_active{nullptr};
 
 // Everything a writer holds. Lock order: close_mutex, drain_mutex, rings_mutex, shared_mutex,
