@@ -563,6 +563,75 @@ TEST(GpuClock, TheScheduleAsksBackWhatTheLastBackwardsTimesSayIsDueBeforeTheHost
   EXPECT_EQ(rig.device.fault_count(), 0u);
 }
 
+// prefetch.just_in_time: from the second backward on (the schedule has the first's times), a host
+// far ahead asks for a layer's reloads only once the GPU has reached the marker before its own,
+// and prefetches nothing. With every layer allowed back at once (a bound as high as what is paged:
+// auto mode's), the host that reaches backward while the GPU is held at its start asks every layer
+// back at its first marker without it; with it, only that marker's layer, then a layer at a time as
+// the GPU moves. The link is fast and the first backward slow: the schedule finds nothing due early.
+TEST(GpuClock, JustInTimeAHostFarAheadAsksForEachLayerOneMarkerBeforeTheGpuNeedsIt) {
+  for (const bool just_in_time : {false, true}) {
+    const std::string where = just_in_time ? "just in time" : "by the bound";
+    ActiveTraceFile trace_file(just_in_time ? "gpu-clock-jit" : "gpu-clock-bound");
+    {
+      Options options = every_mlp(kUnbounded);
+      options.prefetch_just_in_time = just_in_time;
+      Rig rig(options);
+      AutoMeasurements fast_link;
+      fast_link.d2h_bytes_per_s = 1e15;
+      rig.engine.set_auto_measurements(fast_link);
+      // The first backward, paced: the GPU spends at least 20 ms on each layer's backward (a slower
+      // host only makes that longer), so the schedule finds no copy due before the marker ahead of
+      // the one that needs it.
+      rig.gpu.allow_through(kBackwardPoint);
+      Saved first = forward(rig);
+      constexpr int kFirstLayerPoint = kBackwardPoint + 10;
+      std::thread first_backward = backward(rig, first, [&rig](int layer) { rig.hold(kFirstLayerPoint + layer); });
+      for (int layer = kLayers; layer-- > 0;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        rig.gpu.allow_through(kFirstLayerPoint + layer);
+      }
+      first_backward.join();
+      rig.engine.quiesce();
+      rig.device.synchronize();
+      const EngineStats after_first = rig.engine.stats();
+
+      Saved second = forward(rig);
+      ASSERT_TRUE(until(rig.engine, [](const EngineStats& s) { return s.offloaded_bytes_now == kLayers * kLayerBytes; }))
+          << where;
+      constexpr int kSecondBackwardPoint = kFirstLayerPoint + kLayers;
+      rig.hold(kSecondBackwardPoint);  // the GPU waits at backward's start; the host goes on
+      // Past its first layer the host has asked for all it will before the GPU moves (a later reload
+      // may wait for the GPU to run a free whose range it reuses: the GPU is let go before the join).
+      std::promise<void> first_layer_done;
+      std::thread autograd = backward(rig, second, [&first_layer_done](int layer) {
+        if (layer == kLayers - 1) first_layer_done.set_value();
+      });
+      if (just_in_time) {
+        ASSERT_TRUE(until(rig.engine, [&](const EngineStats& s) { return s.gpu_waits > after_first.gpu_waits; }))
+            << where << ": the host was not held at a layer's marker";
+      } else {
+        first_layer_done.get_future().wait();  // nothing holds the host there
+      }
+      rig.gpu.open_all();
+      if (autograd.joinable()) autograd.join();
+      rig.engine.quiesce();
+      rig.device.synchronize();
+      EXPECT_EQ(rig.engine.stats().reloads_completed, after_first.reloads_completed + kLayers * kPerModule) << where;
+      EXPECT_EQ(rig.job->checks(), static_cast<std::uint64_t>(2 * kLayers * kPerModule)) << where;
+      EXPECT_EQ(rig.job->mismatches(), 0u) << where;
+      EXPECT_EQ(rig.job->failed(), 0u) << where;
+      EXPECT_EQ(rig.device.fault_count(), 0u) << where;
+    }
+    // Where the GPU began the second backward: without, the host had asked every layer back; with,
+    // backward's first marker's layer alone (that marker is never held), the host waiting at the next.
+    auto file = trace_file.read();
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    ASSERT_EQ(file->gpu_leads.size(), 2u) << where;
+    EXPECT_EQ(file->gpu_leads[1].data.bytes_ahead, just_in_time ? kLayerBytes : kLayers * kLayerBytes) << where;
+  }
+}
+
 // The gate's wait ends when the engine stops: here the CUDA context is lost (a marker's event cannot
 // be recorded: a sticky error) while the host waits at the gate for a GPU that is held.
 TEST(GpuClock, ALostContextEndsTheWaitAtTheGate) {
