@@ -20,10 +20,11 @@
 //   the GPU has not reached some marker older than this one. Never this marker itself: its reloads
 //   go at the latest when the GPU is one marker before it, so the GPU never idles for them. A
 //   prefetch goes only when it fits (room()).
-// - Just in time (prefetch.just_in_time, experimental), once the schedule knows a backward's times:
-//   a marker's own reloads wait instead until the GPU has reached every older marker
-//   (wait_until_next()), and the host prefetches nothing ahead of its marker. The schedule's
-//   prefetches, which the GPU's progress triggers, ask each group back when its copy must start.
+// - Just in time (prefetch.just_in_time, experimental), from the host's second backward on once the
+//   GPU has begun the first (whose times the schedule then has): a marker's own reloads wait
+//   instead until the GPU has reached every older marker (wait_until_next()), and the host
+//   prefetches nothing ahead of its marker. The schedule's prefetches, which the GPU's progress
+//   triggers, ask each group back when its copy must start.
 // - Serialized (a replay): no events are recorded and every marker counts as reached when made:
 //   the replay's job streams run no kernels, so its GPU is never behind the host. The bound still
 //   limits prefetches.
@@ -115,9 +116,7 @@ class GpuClock {
   // prefetch.just_in_time, from the host's second backward on once the GPU has begun the first (its
   // times are the schedule's by the time the GPU begins the host's): markers' reloads go by
   // wait_until_next() and the host prefetches nothing (the schedule asks for what must start early).
-  bool just_in_time() const {
-    return just_in_time_ && (schedule_.known() || (gpu_backwards_ >= 1 && host_backwards_ >= 2));
-  }
+  bool just_in_time() const { return just_in_time_ && gpu_backwards_ >= 1 && host_backwards_ >= 2; }
   // The just-in-time gate: waits until the GPU has reached every marker older than `marker` (or the
   // engine stops). Returns whether it waited (the lock was released: look the groups up again).
   bool wait_until_next(std::uint64_t marker, std::unique_lock<std::mutex>& lock);
