@@ -332,12 +332,9 @@ void DeviceEngine::on_backward_marker(ranges::NameId module_name, std::uint64_t 
   if (!asked.first_position) return;
   // The reload gate: in a GPU-bound job this marker comes while the GPU is far behind it (still in
   // forward, at first). Its reloads wait until the GPU is near enough that they fit ahead of it.
-  // Just in time, once the schedule knows a backward's times: the schedule asks back, as the GPU
-  // moves on, what must start early; the host asks for the rest when the GPU is one marker before.
-  const bool waited = clock_.just_in_time()
-                          ? clock_.uncounted_bytes(asked.groups) != 0 && clock_.wait_until_next(marker, lock)
-                          : clock_.wait_for_room(marker, clock_.uncounted_bytes(asked.groups), lock);
-  if (waited) asked = groups_.asked_for(module_name, forward_pass);  // the lock was released
+  if (clock_.wait_for_room(marker, clock_.uncounted_bytes(asked.groups), lock)) {
+    asked = groups_.asked_for(module_name, forward_pass);  // the lock was released
+  }
   // And until the job's pool has made room for their pages (or the GPU is one marker before).
   const std::uint64_t gate_start = monotonic_ns();
   const bool unlocked =
@@ -362,16 +359,14 @@ void DeviceEngine::request_groups(const std::vector<Group*>& asked, std::uint64_
       needed.emplace_back(allocation->va, allocation);
     }
   }
-  // Just in time, the host prefetches nothing: the schedule asks for each group when it is due.
-  const bool host_prefetches = !clock_.just_in_time();
   if (needed.empty()) {
-    if (host_prefetches) reload_.prefetch_before(marker, first_position, forward_pass, lock);
+    reload_.prefetch_before(marker, first_position, forward_pass, lock);
     return;
   }
   // For the STALL record: the module waited for (`actpage dump` charges the stall to it).
   const ranges::PathId waited_for = needed.front().second->group->selected;
   const std::uint32_t waited_group = needed.front().second->group->id;
-  if (host_prefetches) reload_.prefetch_before(marker, first_position, forward_pass, lock);
+  reload_.prefetch_before(marker, first_position, forward_pass, lock);
   reload_.bring_back(needed, waited_for, waited_group, lock);
 }
 

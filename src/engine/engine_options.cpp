@@ -27,7 +27,6 @@ DeviceEngineOptions device_engine_options(const Options& options) {
   parts.offload.grant_when_idle = options.vmm_grant_when_idle;
   parts.reload.max_inflight_copies = options.max_inflight_copies;
   parts.clock.ahead_bytes = options.prefetch_ahead_bytes;
-  parts.clock.just_in_time = options.prefetch_just_in_time;
   parts.pages.grant_when_idle = options.vmm_grant_when_idle;
   parts.pages.prefill_cache = options.vmm_prefill_cache;
   parts.pages.cache_bytes = options.vmm_cache_bytes;

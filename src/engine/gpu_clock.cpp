@@ -79,7 +79,6 @@ std::uint64_t GpuClock::mark(std::optional<StreamHandle> stream, bool backward_b
   marker.event = event;
   marker.pushed_ns = monotonic_ns();
   marker.backward_begins = backward_begins;
-  if (backward_begins) ++host_backwards_;
   marker.point = point;
   marker.module = module;
   marker.forward_pass = forward_pass;
@@ -174,24 +173,15 @@ bool GpuClock::pending(std::uint64_t marker) const {
 
 bool GpuClock::wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
-  return hold_marker_until(lock, [&] {
-    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= bound_ || !older_marker_ahead(marker);
-  });
-}
-
-bool GpuClock::wait_until_next(std::uint64_t marker, std::unique_lock<std::mutex>& lock) {
-  EngineCore& core = parts_.core;
-  return hold_marker_until(lock, [&] { return core.stopping || !older_marker_ahead(marker); });
-}
-
-bool GpuClock::hold_marker_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
-  EngineCore& core = parts_.core;
   // The GPU still has the older markers' work queued: holding the job's thread until it has run
   // some of it costs no GPU time, and keeps these pages off the device until they are near.
-  if (ready()) return false;
+  auto fits = [&] {
+    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= bound_ || !older_marker_ahead(marker);
+  };
+  if (fits()) return false;
   const std::uint64_t start = monotonic_ns();
   ++core.stats.gpu_waits;
-  parts_.turns.wait_yielding(lock, core.issued_cv, ready);  // the clock worker notifies it
+  parts_.turns.wait_yielding(lock, core.issued_cv, fits);  // the clock worker notifies it
   const std::uint64_t waited = monotonic_ns() - start;
   core.stats.gpu_wait_ns += waited;
   core.events.waited_for_gpu(waited);
@@ -201,10 +191,7 @@ bool GpuClock::hold_marker_until(std::unique_lock<std::mutex>& lock, const std::
 void GpuClock::reached_oldest(std::uint64_t now_ns) {
   EngineCore& core = parts_.core;
   const Marker marker = markers_.front();
-  if (marker.backward_begins) {
-    ++gpu_backwards_;
-    note_lead(marker, now_ns);
-  }
+  if (marker.backward_begins) note_lead(marker, now_ns);
   // Backward's kernels after this point wait on the reloads it asked for: one still copying makes
   // the GPU wait, though the host did not (not a stall).
   for (const auto& [group_id, counted] : counted_) {

@@ -20,11 +20,6 @@
 //   the GPU has not reached some marker older than this one. Never this marker itself: its reloads
 //   go at the latest when the GPU is one marker before it, so the GPU never idles for them. A
 //   prefetch goes only when it fits (room()).
-// - Just in time (prefetch.just_in_time, experimental), from the host's second backward on once the
-//   GPU has begun the first (whose times the schedule then has): a marker's own reloads wait
-//   instead until the GPU has reached every older marker (wait_until_next()), and the host
-//   prefetches nothing ahead of its marker. The schedule's prefetches, which the GPU's progress
-//   triggers, ask each group back when its copy must start.
 // - Serialized (a replay): no events are recorded and every marker counts as reached when made:
 //   the replay's job streams run no kernels, so its GPU is never behind the host. The bound still
 //   limits prefetches.
@@ -40,7 +35,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -57,13 +51,11 @@ namespace actpage::engine {
 
 struct GpuClockOptions {
   std::uint64_t ahead_bytes = 0;  // prefetch.ahead_bytes: bytes that may come back ahead of the GPU
-  bool just_in_time = false;      // prefetch.just_in_time
 };
 
 class GpuClock {
  public:
-  GpuClock(EngineParts& parts, GpuClockOptions options)
-      : parts_(parts), bound_(options.ahead_bytes), just_in_time_(options.just_in_time) {}
+  GpuClock(EngineParts& parts, GpuClockOptions options) : parts_(parts), bound_(options.ahead_bytes) {}
 
   // The clock worker's loop, until the engine stops (not started when serialized).
   void run();
@@ -113,13 +105,6 @@ class GpuClock {
   // would not fit and a marker older than `marker` is still ahead of the GPU. Returns whether it
   // waited (the lock was released: look the groups up again).
   bool wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::unique_lock<std::mutex>& lock);
-  // prefetch.just_in_time, from the host's second backward on once the GPU has begun the first (its
-  // times are the schedule's by the time the GPU begins the host's): markers' reloads go by
-  // wait_until_next() and the host prefetches nothing (the schedule asks for what must start early).
-  bool just_in_time() const { return just_in_time_ && gpu_backwards_ >= 1 && host_backwards_ >= 2; }
-  // The just-in-time gate: waits until the GPU has reached every marker older than `marker` (or the
-  // engine stops). Returns whether it waited (the lock was released: look the groups up again).
-  bool wait_until_next(std::uint64_t marker, std::unique_lock<std::mutex>& lock);
   // Whether the GPU has reached `marker` (one never recorded, 0, counts as reached).
   bool reached(std::uint64_t marker) const { return !pending(marker); }
   // Whether the GPU has not yet reached a marker made before `marker` (0: before now).
@@ -135,10 +120,6 @@ class GpuClock {
   const GpuPlace& place() const { return place_; }
 
  private:
-  // Holds a marker's thread until `ready` (the clock worker notifies issued_cv as the GPU moves on);
-  // counted in gpu_waits. Returns whether it waited.
-  bool hold_marker_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);
-
   struct Marker {
     std::uint64_t id = 0;
     EventHandle event;
@@ -173,9 +154,6 @@ class GpuClock {
 
   EngineParts& parts_;
   std::uint64_t bound_;  // prefetch.ahead_bytes, or what auto mode pages if more
-  const bool just_in_time_;
-  std::uint64_t host_backwards_ = 0;  // backwards whose first marker the host pushed (recorded)
-  std::uint64_t gpu_backwards_ = 0;   // ... and the GPU reached
   std::optional<StreamHandle> stream_;  // of the newest served allocation
   std::uint64_t next_id_ = 1;
   std::uint64_t reached_count_ = 0;
