@@ -113,6 +113,9 @@ class AddressSpace {
 
   // The oldest cached range of the best size (whoever takes it orders after its free points).
   std::optional<CachedRange> take_cached(std::size_t mapped_bytes);
+  // take_cached(), among the ranges whose frees the device has run (a query: never waits): pages a
+  // reload may move to its window's address at once.
+  std::optional<CachedRange> take_cached_freed(std::size_t mapped_bytes);
   void put_cached(const CachedRange& range);
   // Everything cached (backward begins; a reload that found no memory).
   std::vector<CachedRange> take_all_cached();

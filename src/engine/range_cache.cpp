@@ -6,15 +6,6 @@ namespace actpage::engine {
 
 bool RangeCache::has(std::size_t mapped_bytes) const { return best_fit(ranges_, mapped_bytes) != ranges_.end(); }
 
-std::optional<RangeCache::Range> RangeCache::take(std::size_t mapped_bytes) {
-  auto best = best_fit(ranges_, mapped_bytes);
-  if (best == ranges_.end()) return std::nullopt;
-  Range range = *best;
-  ranges_.erase(best);
-  bytes_ -= range.mapped_bytes;
-  return range;
-}
-
 void RangeCache::put(const Range& range) {
   ranges_.push_back(range);
   bytes_ += range.mapped_bytes;

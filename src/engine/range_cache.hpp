@@ -39,25 +39,40 @@ class RangeCache {
     std::vector<FreePoint> free_points;
     bool host_pages = false;  // stray_access host_mapped: the host copy's pages, never reused
   };
+  struct AnyRange {
+    bool operator()(const Range&) const { return true; }
+  };
   // The range of `ranges` that best serves `mapped_bytes` (ranges.end(): none): at least that and
   // at most an eighth more, as one layer's sizes repeat exactly from step to step and MoE expert
-  // batches vary a little; the smallest, the oldest among equals; never host pages. take()'s, and
+  // batches vary a little; the smallest, the oldest among equals; never host pages; only ranges
+  // `usable` accepts (asked only of those that would be the best so far). take()'s, and
   // PageReturn's for the ranges it has given back.
-  template <class Ranges>
-  static auto best_fit(Ranges& ranges, std::size_t mapped_bytes) {
+  template <class Ranges, class Usable = AnyRange>
+  static auto best_fit(Ranges& ranges, std::size_t mapped_bytes, const Usable& usable = {}) {
     auto best = ranges.end();
     for (auto it = ranges.begin(); it != ranges.end(); ++it) {
       if (it->host_pages || it->mapped_bytes < mapped_bytes || it->mapped_bytes > mapped_bytes + mapped_bytes / 8) {
         continue;
       }
       if (best != ranges.end() && it->mapped_bytes >= best->mapped_bytes) continue;
+      if (!usable(*it)) continue;
       best = it;
     }
     return best;
   }
   using Demand = std::map<std::size_t, std::size_t>;  // mapped size -> how many
 
-  std::optional<Range> take(std::size_t mapped_bytes);
+  std::optional<Range> take(std::size_t mapped_bytes) { return take_if(mapped_bytes, AnyRange{}); }
+  // take(), among the ranges `usable` accepts.
+  template <class Usable>
+  std::optional<Range> take_if(std::size_t mapped_bytes, const Usable& usable) {
+    auto best = best_fit(ranges_, mapped_bytes, usable);
+    if (best == ranges_.end()) return std::nullopt;
+    Range range = *best;
+    ranges_.erase(best);
+    bytes_ -= range.mapped_bytes;
+    return range;
+  }
   bool has(std::size_t mapped_bytes) const;  // whether take(mapped_bytes) would find a range
   void put(const Range& range);
   std::vector<Range> surplus(const Demand& demand, std::uint64_t limit);

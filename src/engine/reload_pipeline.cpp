@@ -273,10 +273,15 @@ void ReloadPipeline::run() {
       allocation->state = PageState::reloading;  // no one else touches it meanwhile
       const DevPtr va = window.va;
       const std::size_t bytes = window.bytes;
-      // Pages the job freed in this backward are the first choice (this worker waits for the device
-      // to run their frees): no new memory while backward gives memory back (the job's own
-      // allocator cannot reuse what sits in our cache).
-      std::optional<CachedRange> recycled = parts_.space.take_cached(bytes);
+      // Pages the job freed in this backward are the first choice: no new memory while backward
+      // gives memory back (the job's own allocator cannot reuse what sits in our cache). Only those
+      // whose frees the device has run: pages the GPU still reads (in a job whose host is ahead,
+      // the layer it is in) would hold this reload until that layer ends, and the GPU would wait
+      // for its copy at the next (long_context: 95-150 ms a reload on this worker and the job's
+      // thread stalled as long, every layer, 2026-11-29). Fresh pages instead; those stay cached
+      // for the next reload. A replay takes the best size and waits, as it always has.
+      std::optional<CachedRange> recycled =
+          parts_.turns.serialized() ? parts_.space.take_cached(bytes) : parts_.space.take_cached_freed(bytes);
       lock.unlock();
       const std::uint64_t started = monotonic_ns();
       Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};

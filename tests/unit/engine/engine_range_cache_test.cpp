@@ -399,49 +399,85 @@ TEST(Engine, AHostAheadOfTheGpuReusesTheRangesItFreedBeforeTheDeviceRanTheirFree
   EXPECT_EQ(rig.device.stats().mapped_bytes, 0u) << "given back once the frees ran";
 }
 
-TEST(Engine, AReloadTakesFreedPagesOnceTheDeviceHasRunTheirFree) {
-  // Two layers offloaded. Backward reloads layer 1, reads and frees it while the job's stream is
-  // held (the device has not reached the free: in a real backward it runs 10-15 ms behind the job's
-  // thread), then reaches layer 0. The reload takes layer 1's pages from the cache and waits for
-  // their free (rule 5) instead of creating pages: the stream moves on a little later.
-  Options options = testing::small_offload_options();
-  options.prefetch_ahead_bytes = 0;  // each layer's reload is asked for by its own marker
-  options.vmm_trim_job_pool = false;
-  Rig rig(options);
+// Two layers offloaded. Backward reloads layer 1, reads and frees it while the job's stream is held
+// (the device has not reached the free: in a job whose host is ahead it is still in that layer),
+// then reaches layer 0. `free_runs_first`: the stream is let go and the device runs the free before
+// layer 0's marker. Returns the stats when layer 0's reload was issued, and whether the stream was
+// still held then.
+struct SecondReload {
+  EngineStats issued;
+  bool stream_held = false;
+};
+SecondReload reload_after_a_held_free(Rig& rig, bool free_runs_first) {
+  SecondReload result;
   Forward forward = run_forward(*rig.job, 2, 1, 4 * kMiB);
   rig.engine.quiesce();
-  ASSERT_EQ(rig.engine.stats().offloaded_bytes_now, 2 * 4 * kMiB);
+  EXPECT_EQ(rig.engine.stats().offloaded_bytes_now, 2 * 4 * kMiB);
   const std::vector<Tensor>& layer1 = forward.saved["model.layers.1.mlp"];
   const std::vector<Tensor>& layer0 = forward.saved["model.layers.0.mlp"];
-  GateHandle gate{};
   std::thread autograd([&] {
     rig.job->marker("model.layers.1.mlp.backward");
     for (const Tensor& tensor : layer1) rig.job->check(tensor);
     rig.engine.quiesce();  // layer 1's reload is done and its pages are the job's again
     auto held = rig.device.hold_stream(rig.stream);
     ASSERT_TRUE(held.ok());
-    gate = *held;
     for (const Tensor& tensor : layer1) rig.job->free(tensor);  // a free behind the gate
-    // The reload waits for the free: let the stream move on a little later.
+    std::atomic<bool> marker_returned{false};
+    std::atomic<bool> released{false};
     std::thread opener([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      (void)rig.device.release_stream(gate);
+      // Let go at once, or when the marker has returned (at the latest after 20 s: a reload
+      // that waited for the free would hold the marker that long, and the test fails).
+      const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!free_runs_first && !marker_returned && std::chrono::steady_clock::now() < limit) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      released = true;
+      (void)rig.device.release_stream(*held);
     });
+    if (free_runs_first) {
+      opener.join();
+      rig.device.synchronize();
+    }
     rig.job->marker("model.layers.0.mlp.backward");  // returns once layer 0's reload is issued
-    const EngineStats issued = rig.engine.stats();
-    opener.join();
-    EXPECT_EQ(issued.reload_creates, 1u);  // layer 0 reused layer 1's pages, after the free ran
+    result.stream_held = !released;
+    result.issued = rig.engine.stats();
+    marker_returned = true;
+    if (!free_runs_first) opener.join();
     for (const Tensor& tensor : layer0) rig.job->check(tensor);
     for (const Tensor& tensor : layer0) rig.job->free(tensor);
   });
   autograd.join();
   rig.engine.quiesce();
   rig.device.synchronize();
-  const EngineStats stats = rig.engine.stats();
-  EXPECT_EQ(stats.reloads_completed, 2u);
+  EXPECT_EQ(rig.engine.stats().reloads_completed, 2u);
+  EXPECT_GT(rig.job->checks(), 0u);
   EXPECT_EQ(rig.job->mismatches(), 0u);
   EXPECT_EQ(rig.job->failed(), 0u);
   EXPECT_EQ(rig.device.fault_count(), 0u) << (rig.device.faults().empty() ? "" : rig.device.faults()[0]);
+  return result;
+}
+
+Options one_reload_a_marker() {
+  Options options = testing::small_offload_options();
+  options.prefetch_ahead_bytes = 0;  // each layer's reload is asked for by its own marker
+  options.vmm_trim_job_pool = false;
+  return options;
+}
+
+TEST(Engine, AReloadTakesFreedPagesOnceTheDeviceHasRunTheirFree) {
+  Rig rig(one_reload_a_marker());
+  const SecondReload second = reload_after_a_held_free(rig, /*free_runs_first=*/true);
+  EXPECT_EQ(second.issued.reload_creates, 1u) << "layer 0 reuses layer 1's pages";
+}
+
+TEST(Engine, AReloadDoesNotWaitForAFreeTheDeviceHasNotRun) {
+  // Layer 1's pages are still the GPU's (its free not run): waiting for them would begin layer 0's
+  // copy only once the GPU had left layer 1, and the GPU would then wait for it. Layer 0's reload
+  // creates its pages and is issued with the stream still held; layer 1's stay cached.
+  Rig rig(one_reload_a_marker());
+  const SecondReload second = reload_after_a_held_free(rig, /*free_runs_first=*/false);
+  EXPECT_TRUE(second.stream_held) << "the reload waited for the device";
+  EXPECT_EQ(second.issued.reload_creates, 2u);
 }
 
 TEST(Engine, BackwardsFirstReloadTakesThePagesOfTheKeptLayerFreedBeforeIt) {
