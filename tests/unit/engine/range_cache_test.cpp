@@ -37,6 +37,25 @@ TEST(RangeCache, AmongEqualSizesTheOldestComesFirst) {
   EXPECT_EQ(order, (std::vector<DevPtr>{0x5000000, 0x1000000, 0x3000000}));
 }
 
+TEST(RangeCache, TakeIfPassesOverTheRangesItRefusesAndTakesTheBestOfTheRest) {
+  // A reload takes only ranges whose frees have run: the best fit still in use by the GPU is left.
+  RangeCache cache;
+  cache.put(range_at(0x1000000, 8 * kMiB));  // the best fit, refused
+  cache.put(range_at(0x2000000, 9 * kMiB));
+  cache.put(range_at(0x3000000, 8 * kMiB));  // as good as the first, and accepted
+  auto refuse_first = [](const RangeCache::Range& range) { return range.va != 0x1000000; };
+  auto taken = cache.take_if(8 * kMiB, refuse_first);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->va, DevPtr{0x3000000});
+  taken = cache.take_if(8 * kMiB, refuse_first);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->va, DevPtr{0x2000000});
+  EXPECT_FALSE(cache.take_if(8 * kMiB, refuse_first).has_value());
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.bytes(), 8 * kMiB);
+  EXPECT_EQ(cache.take(8 * kMiB)->va, DevPtr{0x1000000});  // take() refuses nothing
+}
+
 TEST(RangeCache, SurplusKeepsTheNewest) {
   // The demand wants two 4 MiB ranges of the three held: the first put goes.
   RangeCache cache;
