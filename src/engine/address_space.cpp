@@ -1,7 +1,5 @@
 #include "engine/address_space.hpp"
 
-#include <algorithm>
-
 #include "common/clock.hpp"
 #include "common/log.hpp"
 #include "common/units.hpp"
@@ -285,13 +283,8 @@ std::optional<CachedRange> AddressSpace::take_cached(std::size_t mapped_bytes) {
 }
 
 std::optional<CachedRange> AddressSpace::take_cached_freed(std::size_t mapped_bytes) {
-  Device& device = parts_.core.device;
-  auto range = cache_.take_if(mapped_bytes, [&](const CachedRange& candidate) {
-    // Not ready: the GPU has not got there. Any other answer: the taker's wait finds it out.
-    return std::none_of(candidate.free_points.begin(), candidate.free_points.end(), [&](const FreePoint& point) {
-      return device.query_event(point.event).code() == ErrorCode::not_ready;
-    });
-  });
+  auto range = cache_.take_if(
+      mapped_bytes, [&](const CachedRange& candidate) { return parts_.pages.frees_run(candidate.free_points); });
   parts_.core.stats.cached_bytes = cache_.bytes();
   return range;
 }

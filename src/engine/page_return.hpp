@@ -68,6 +68,9 @@ class PageReturn {
   // yet (long_context under a policy that serves its MLPs' temporaries: its first pass 3.5-6.3 GiB
   // over the job's own, H200). Never host_mapped's host pages.
   std::optional<CachedRange> take_back_deferred(std::size_t mapped_bytes);
+  // Whether the device has run every one of the frees (a query: never waits; an answer other than
+  // not-ready counts as run, and whoever waits for it finds it out).
+  bool frees_run(const std::vector<FreePoint>& free_points) const;
   // The address of a freed window whose pages had left: the worker gives it back to the arena once
   // the job's frees (`free_points`) have passed on the device. Until then nothing is mapped there,
   // so a read the job enqueued before its free faults instead of seeing a newer allocation's pages.
@@ -128,8 +131,6 @@ class PageReturn {
   void release_addresses(std::unique_lock<std::mutex>& lock);
   // Releases the deferred ranges whose frees the device has run; the others wait. Unlocks.
   void release_deferred(std::unique_lock<std::mutex>& lock);
-  // Whether the device has run every one of the frees (a query: never waits).
-  bool frees_run(const std::vector<FreePoint>& free_points) const;
   // When the worker wakes by itself: JobPool's next look, or the next look at waiting frees.
   std::optional<std::uint64_t> next_wake_ns() const;
 
