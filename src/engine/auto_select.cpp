@@ -291,12 +291,20 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
              start.generation == last_start_->generation && start.generation == generation_) {
     // A whole cycle under the cap in force (a forward the host began before a change is the old cap's).
     std::uint64_t cycle = 0;
+    // With the peak of this cap's passes so far: paging must lower it, or it ends (the governor's
+    // contract).
+    std::uint64_t peak = peak_paged_;
+    // The cycle's forward: its start to its backward's first marker, where the GPU reached both.
+    std::uint64_t forward = 0;
+    if (backward_reached_ns_ > last_start_ns_ && backward_reached_ns_ < now_ns) forward = backward_reached_ns_ - last_start_ns_;
     if (injected_.paged_cycle_ns) {
       cycle = injected_.paged_cycle_ns(governor_->cap_bytes());
+      peak = injected_.paged_peak_bytes ? injected_.paged_peak_bytes(governor_->cap_bytes()) : 0;
+      forward = 0;  // an injected cycle has no forward of its own
     } else if (now_ns > last_start_ns_) {
       cycle = now_ns - last_start_ns_;
     }
-    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle)) {
+    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle, peak, forward)) {
       if (governor_->stage() == NearFreeGovernor::Stage::unpaged && !room_for_unpaged()) {
         // A job made larger than fits unpaged: its unpaged passes would fail its allocations.
         governor_->unpaged_refused();
@@ -378,7 +386,7 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
       break;
     case NearFreeGovernor::Stage::whole:
     case NearFreeGovernor::Stage::cut:
-      line += governor_->judgement_text() + ": pages " +
+      line += governor_->judgement_text() + peak_end_text() + ": pages " +
               (kept == chosen_bytes_ ? "all " + format_bytes(kept) + " chosen"
                : kept != 0           ? format_bytes(kept) + " a pass of the " + format_bytes(chosen_bytes_) + " chosen"
                                      : "nothing more");
@@ -611,6 +619,7 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   if (found == backward_markers_.end()) return;
   const std::uint64_t pass = found->second;
   backward_markers_.erase(backward_markers_.begin(), std::next(found));
+  backward_reached_ns_ = now_ns;  // the governor's cycle splits here (pass_start_reached)
   if (pass > kObservedPasses && paged_start_ns_ != 0) {
     paged_forward_ns_.push_back(now_ns > paged_start_ns_ ? now_ns - paged_start_ns_ : 0);
     paged_start_ns_ = 0;

@@ -97,6 +97,10 @@ struct AutoMeasurements {
   // The governor's cycles (NearFreeGovernor) instead of the GPU's: a pass's as a function of the cap
   // in force (a test's GPU whose cost grows with what it pages; 0 bytes is the job's own cycle).
   std::function<std::uint64_t(std::uint64_t cap_bytes)> paged_cycle_ns;
+  // With injected cycles, the peak of device memory in use the governor judges a cap's passes by,
+  // as a function of the cap (unset: none, the peaks not judged; a simulated device's sampled
+  // peaks depend on when the sampler ran).
+  std::function<std::uint64_t(std::uint64_t cap_bytes)> paged_peak_bytes;
 };
 
 struct AutoOptions {
@@ -222,6 +226,9 @@ class AutoSelect {
   bool protected_by_rule(ranges::PathId node) const;
   // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people; for the device-memory goal, the target.
   std::string budget_text() const;
+  // ", but its passes peaked at ... unpaged: no saving at the peak" when the governor ended paging
+  // for that (NearFreeGovernor::ended_at_peak), else empty.
+  std::string peak_end_text() const;
   // "model.layers.0-1 and the first 5 of 12 saved tensors of model.layers.2", for people.
   std::string chosen_text() const;
   // Whether an observed pass's device memory in use is still to be read (the goal waits for it).
@@ -355,6 +362,7 @@ class AutoSelect {
   std::uint64_t forwards_begun_ = 0;  // forward_began()'s on the forward thread since the decision
   std::optional<PassStart> last_start_;
   std::uint64_t last_start_ns_ = 0;
+  std::uint64_t backward_reached_ns_ = 0;  // when the GPU last reached a backward's first marker
   std::uint32_t generation_ = 0;  // the cap's: one more at each change
   bool capped() const { return generation_ != 0; }
   // The governor's cap lets nothing be served: its unpaged passes, or paging ended.

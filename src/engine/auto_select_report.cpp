@@ -67,6 +67,13 @@ std::string auto_goal_text(std::uint64_t device_memory_target) {
   return "device memory <= " + format_bytes(device_memory_target);
 }
 
+std::string AutoSelect::peak_end_text() const {
+  if (!governor_ || !governor_->ended_at_peak()) return "";
+  const NearFreeGovernor::PeakEnd& end = *governor_->ended_at_peak();
+  return ", but its passes peaked at " + format_bytes(end.paged_bytes) + " against " + format_bytes(end.unpaged_bytes) +
+         " unpaged: no saving at the peak";
+}
+
 std::string AutoSelect::budget_text() const {
   return near_free_budget_text(budget_bytes_, link_bytes_per_s_, forward_gpu_ns_);
 }
@@ -90,6 +97,8 @@ void AutoSelect::add_stats(EngineStats& stats) const {
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
     stats.auto_cycle_whole_ns = governor_->whole_cycle_ns();
     stats.auto_cycle_settled_ns = governor_->settled_cycle_ns();
+    stats.auto_cycle_forward_base_ns = governor_->base_forward_ns();
+    stats.auto_cycle_forward_judged_ns = governor_->judged_forward_ns();
   }
 }
 
@@ -110,7 +119,17 @@ std::optional<std::string> AutoSelect::summary() const {
   if (governor_ && !governor_->judgement_text().empty()) {
     // What the paged passes cost the GPU, and what the governor made of it.
     line += "; " + governor_->judgement_text();
-    if (governor_->sheds() != 0) {
+    if (governor_->judged_forward_ns() != 0 && governor_->base_forward_ns() != 0) {
+      // Where the cost lands: the forward's share of those cycles (the rest is backward's and the
+      // optimizer's step).
+      char text[120];
+      std::snprintf(text, sizeof text, ", of which forward %.1f ms against %.1f ms",
+                    static_cast<double>(governor_->judged_forward_ns()) / 1e6,
+                    static_cast<double>(governor_->base_forward_ns()) / 1e6);
+      line += text;
+    }
+    line += peak_end_text();
+    if (governor_->sheds() != 0 || governor_->ended_at_peak()) {
       line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
                                        std::to_string(cap_pass_)
                                  : ": paging ended at the job's pass " + std::to_string(cap_pass_);

@@ -142,7 +142,10 @@ namespace actpage::engine {
 //     takes its reserve), auto_cycle_base_ns / auto_cycle_judged_ns /
 //     auto_cycle_whole_ns: a pass's cycle on the GPU (its start to the next's) with nothing paged
 //     (measured), as last judged paged, and with the chosen bytes paged; auto_cycle_settled_ns: the
-//     median cycle since the governor settled (what a benchmark's median step measures); auto_key_capped: chosen-key
+//     median cycle since the governor settled (what a benchmark's median step measures);
+//     auto_cycle_forward_base_ns / auto_cycle_forward_judged_ns: of the unpaged and the last judged
+//     cycles, the forward's share (the GPU from the pass's start to backward's first marker);
+//     auto_key_capped: chosen-key
 //     allocations the cap (the governor's, or the device-memory goal's reserve) left to the job's
 //     allocator
 // Every counter, once: the struct, the sum over devices and the report are made from this list.
@@ -254,6 +257,8 @@ namespace actpage::engine {
   X(auto_cycle_judged_ns) \
   X(auto_cycle_whole_ns) \
   X(auto_cycle_settled_ns) \
+  X(auto_cycle_forward_base_ns) \
+  X(auto_cycle_forward_judged_ns) \
   X(auto_key_capped) \
   X(job_thread_ns) \
   X(job_thread_allocate_ns) \

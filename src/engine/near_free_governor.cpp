@@ -12,7 +12,8 @@ NearFreeGovernor::NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min
   settled_ = chosen_bytes == 0;
 }
 
-std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycle_ns) {
+std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycle_ns, std::uint64_t peak_bytes,
+                                                              std::uint64_t forward_ns) {
   if (cycle_ns == 0) return std::nullopt;
   if (switching_) {
     switching_ = false;
@@ -21,32 +22,53 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
   if (settled_) {
     if (settled_cycles_.size() == kSettledCyclesKept) settled_cycles_.erase(settled_cycles_.begin());
     settled_cycles_.push_back(cycle_ns);
+    // The watch: no hysteresis below the floor here, only a peak that reached the job's own (a
+    // pass or two a little under the floor is still a saving).
+    if (cap_bytes_ != 0 && unpaged_peak_ != 0 && peak_bytes >= unpaged_peak_) {
+      end_at_peak(peak_bytes);
+      switching_ = true;
+      return cap_bytes_;
+    }
     return std::nullopt;
   }
   cycles_.push_back(cycle_ns);
+  if (forward_ns != 0) forwards_.push_back(forward_ns);
   if (cycles_.size() < kJudgedCycles) return std::nullopt;
   const std::uint64_t before = cap_bytes_;
-  judge();
+  const bool ended_before = ended_at_peak_.has_value();
+  judge(peak_bytes);
   cycles_.clear();
-  if (cap_bytes_ == before) return std::nullopt;
+  forwards_.clear();
+  // An end at the unpaged stage's judgement keeps its cap, 0, but is a change all the same: the
+  // caller puts it in force (the unpaged passes' figures kept, the line logged).
+  if (cap_bytes_ == before && ended_at_peak_.has_value() == ended_before) return std::nullopt;
   switching_ = true;
   return cap_bytes_;
 }
 
-void NearFreeGovernor::judge() {
+void NearFreeGovernor::judge(std::uint64_t peak_bytes) {
   const std::uint64_t median = lower_median(cycles_);
+  const std::uint64_t forward = forwards_.empty() ? 0 : lower_median(forwards_);
   const auto within = [&](std::uint64_t paged_ns) {
     return static_cast<double>(paged_ns) <= static_cast<double>(base_ns_) * (1.0 + allowance_);
   };
   switch (stage_) {
     case Stage::whole:
       whole_ns_ = judged_ns_ = median;
+      judged_forward_ns_ = forward;
+      whole_peak_ = peak_bytes;
       stage_ = Stage::unpaged;
       cap_bytes_ = 0;
       return;
     case Stage::unpaged:
       base_ns_ = std::max<std::uint64_t>(1, median);
+      base_forward_ns_ = forward;
+      unpaged_peak_ = peak_bytes;
       stage_ = Stage::cut;
+      if (!saves_at_peak(whole_peak_, chosen_bytes_)) {
+        end_at_peak(whole_peak_);
+        return;
+      }
       if (within(whole_ns_)) {
         cap_bytes_ = chosen_bytes_;
         settled_ = true;
@@ -56,6 +78,11 @@ void NearFreeGovernor::judge() {
       return;
     case Stage::cut:
       judged_ns_ = median;
+      judged_forward_ns_ = forward;
+      if (!saves_at_peak(peak_bytes, cap_bytes_)) {
+        end_at_peak(peak_bytes);
+        return;
+      }
       if (within(median)) {
         settled_ = true;
       } else {
@@ -63,6 +90,17 @@ void NearFreeGovernor::judge() {
       }
       return;
   }
+}
+
+bool NearFreeGovernor::saves_at_peak(std::uint64_t paged_peak, std::uint64_t paged_bytes) const {
+  if (paged_peak == 0 || unpaged_peak_ == 0) return true;
+  return paged_peak + paged_bytes / kPeakSavingShare <= unpaged_peak_;
+}
+
+void NearFreeGovernor::end_at_peak(std::uint64_t paged_peak) {
+  ended_at_peak_ = PeakEnd{paged_peak, unpaged_peak_};
+  cap_bytes_ = 0;
+  settled_ = true;
 }
 
 void NearFreeGovernor::shed(std::uint64_t judged_bytes, std::uint64_t most) {

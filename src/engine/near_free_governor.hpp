@@ -30,6 +30,15 @@
 //   to half; within: settled (a run's later cycles are not re-judged: noise would only ever shed).
 //   At 0: paging ends, settled. A cost that does not fall with the bytes so ends paging within a
 //   few judgements: each one prices every byte at the whole cost.
+// - Paging must pay in bytes too: the caller gives each cycle the sampled peak of device memory in
+//   use over the passes of the cap in force (0: none sampled). A judgement whose paged passes' peak
+//   (the whole stage's at the unpaged stage's judgement, the cut cap's in the cut stage) is not
+//   below the unpaged passes' by an eighth of the bytes paged a pass (kPeakSavingShare) ends paging,
+//   whatever the time: the peak is elsewhere (an optimizer's step, a pool's reserve that grows back)
+//   and a smaller cap would not lower it either (long_context, H200, 2026-11-29: paged passes
+//   peaked 11.37 GiB against 11.31 unpaged, some at 13.3). Settled with bytes paged, a cycle whose
+//   passes' peak reaches the unpaged one ends paging too: the run's paged peak can no longer be
+//   lower than the job's own, and the copies would be paid for nothing.
 // - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
 //   the chosen bytes stay paged, unjudged (unpaged_refused()).
 // - Settled, each cycle after the switch is kept (the last kSettledCyclesKept): their median (from
@@ -54,13 +63,22 @@ class NearFreeGovernor {
   // A shed aims at this share of the allowance: the cost is a line through noisy medians.
   static constexpr double kAimShare = 0.67;
   static constexpr std::size_t kSettledCyclesKept = 256;
+  // The least share of the bytes paged a pass that the paged passes' peak must be below the
+  // unpaged passes' by: less is the peak elsewhere, or noise (a pool grows in chunks, a peak is
+  // sampled every few ms).
+  static constexpr std::uint64_t kPeakSavingShare = 8;  // an eighth
 
   enum class Stage { whole, unpaged, cut };
 
   NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double allowance = kNearFreeAllowance);
 
-  // A cycle under the cap in force. Returns the new cap when this cycle's judgement changed it.
-  std::optional<std::uint64_t> cycle_measured(std::uint64_t cycle_ns);
+  // A cycle under the cap in force, the sampled peak of device memory in use over that cap's
+  // passes so far (0: none sampled; the peaks are then not judged), and the cycle's forward on the
+  // GPU (its start to backward's first marker; 0: not seen), which says where a cost lands. Returns
+  // the new cap when this cycle's judgement changed it (or ended paging at the peak: 0, though it
+  // was 0 already).
+  std::optional<std::uint64_t> cycle_measured(std::uint64_t cycle_ns, std::uint64_t peak_bytes = 0,
+                                              std::uint64_t forward_ns = 0);
 
   // What the caller could page within the new cap (whole tensors, earliest first): the cap from now
   // on (at most the cap; 0 ends paging, but for the unpaged stage's).
@@ -80,7 +98,18 @@ class NearFreeGovernor {
   std::uint64_t whole_cycle_ns() const { return whole_ns_; }
   // The lower median of the paged cycles judged last (the whole's until a cut cap's; 0 before).
   std::uint64_t judged_cycle_ns() const { return judged_ns_; }
+  // The forward's share of the judged cycles (their lower median; 0: not seen): the unpaged
+  // passes' and the paged ones judged last.
+  std::uint64_t base_forward_ns() const { return base_forward_ns_; }
+  std::uint64_t judged_forward_ns() const { return judged_forward_ns_; }
   std::uint32_t sheds() const { return sheds_; }
+  // Paging ended because the paged passes' peak was not lower than the unpaged passes' (see the
+  // contract): the peaks compared (paged, unpaged), else nullopt.
+  struct PeakEnd {
+    std::uint64_t paged_bytes = 0;
+    std::uint64_t unpaged_bytes = 0;
+  };
+  const std::optional<PeakEnd>& ended_at_peak() const { return ended_at_peak_; }
   // The median of the cycles kept since it settled (0 while fewer than kJudgedCycles) and how many
   // there are.
   std::uint64_t settled_cycle_ns() const;
@@ -90,7 +119,11 @@ class NearFreeGovernor {
   std::string judgement_text() const;
 
  private:
-  void judge();
+  void judge(std::uint64_t peak_bytes);
+  // Whether a paged peak of `paged_peak` with `paged_bytes` paged a pass is a saving worth its
+  // copies against the unpaged passes' peak (true when either peak is unknown).
+  bool saves_at_peak(std::uint64_t paged_peak, std::uint64_t paged_bytes) const;
+  void end_at_peak(std::uint64_t paged_peak);
   // Over the allowance, `judged_ns_` with `judged_bytes` paged: the cap the cost per byte over the
   // base allows, at most `most`.
   void shed(std::uint64_t judged_bytes, std::uint64_t most);
@@ -106,9 +139,15 @@ class NearFreeGovernor {
   bool refused_ = false;
   bool switching_ = true;  // the next cycle is the switch's
   std::vector<std::uint64_t> cycles_;
+  std::vector<std::uint64_t> forwards_;  // the judged cycles' forwards that were seen
+  std::uint64_t base_forward_ns_ = 0;
+  std::uint64_t judged_forward_ns_ = 0;
   std::uint64_t judged_ns_ = 0;
   std::uint32_t sheds_ = 0;
   std::vector<std::uint64_t> settled_cycles_;  // since settling, the switch's left out
+  std::uint64_t whole_peak_ = 0;     // the whole stage's passes' sampled peak (0: unknown)
+  std::uint64_t unpaged_peak_ = 0;   // the unpaged stage's (0: unknown)
+  std::optional<PeakEnd> ended_at_peak_;
 };
 
 }  // namespace actpage::engine

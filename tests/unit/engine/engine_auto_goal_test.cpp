@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
@@ -446,6 +448,48 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAft
   passes_until(rig, job, [](const EngineStats& now) { return now.auto_cycle_settled_ns != 0; });
   EXPECT_EQ(rig.engine.stats().auto_cycle_settled_ns, 1'020'000'000u);
   EXPECT_SAYS(summary_line(rig), " passes since: median cycle 1020.0 ms (+2.0% against unpaged)");
+}
+
+// Paging must pay in bytes too (NearFreeGovernor): a choice within the allowance whose passes peak
+// as high as the job's own (long_context on the H200: 11.37 GiB against 11.31 unpaged) ends at the
+// governor's judgement, and one kept there ends when a later pass's peak reaches the job's own. The
+// test's peaks are injected (a simulated device's sampled ones depend on when the sampler ran).
+TEST(AutoMode, PagingThatDoesNotLowerThePeakEndsWhateverItCosts) {
+  AutoMeasurements measurements = governed(0.02);
+  measurements.paged_peak_bytes = [](std::uint64_t) { return 100 * kMiB; };
+  Rig rig(auto_options(), measurements);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_base_ns != 0; });
+  for (int pass = 0; pass < 3; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>(kLayers, false))) << "paging ended";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_sheds, 0u) << "not for time: 2% is within the allowance";
+  EXPECT_EQ(stats.auto_bytes_paged, 0u);
+  expect_every_read_right(rig);
+  EXPECT_SAYS(summary_line(rig), "(+2.0%, allowed +3.0%), but its passes peaked at 100 MiB against 100 MiB unpaged: "
+                                 "no saving at the peak: paging ended at the job's pass ");
+}
+
+TEST(AutoMode, KeptPagingEndsWhenALaterPassPeaksAsHighAsTheJobsOwn) {
+  auto risen = std::make_shared<std::atomic<bool>>(false);
+  AutoMeasurements measurements = governed(0.02);
+  measurements.paged_peak_bytes = [risen](std::uint64_t cap) {
+    return cap == 0 || risen->load() ? 100 * kMiB : 80 * kMiB;
+  };
+  Rig rig(auto_options(), measurements);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_base_ns != 0; });
+  for (int pass = 0; pass < 4; ++pass) job.pass();
+  ASSERT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "kept: 20 MiB off the peak";
+  EXPECT_EQ(summary_line(rig).find("no saving at the peak"), std::string::npos) << summary_line(rig);
+  risen->store(true);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_bytes_paged == 0; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  EXPECT_EQ(job.owned(), (std::vector<bool>(kLayers, false))) << "paging ended";
+  EXPECT_EQ(rig.engine.stats().auto_sheds, 0u);
+  expect_every_read_right(rig);
+  EXPECT_SAYS(summary_line(rig), ", but its passes peaked at 100 MiB against 100 MiB unpaged: no saving at the peak: "
+                                 "paging ended at the job's pass ");
 }
 
 // The end-of-run line measures paging against the governor's unpaged passes where it ran some: the

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace actpage::engine {
@@ -204,6 +206,124 @@ TEST(NearFreeGovernor, RefusedUnpagedPassesLeaveTheChoicePagedUnjudged) {
   whole.unpaged_refused();
   EXPECT_FALSE(whole.refused());
   EXPECT_FALSE(whole.settled());
+}
+
+// Feeds `governor` one stage: the switch's cycle and kJudgedCycles judged ones of `cycle_ms`, each
+// with the sampled peak `peak` of the cap's passes; returns the cap the last one asked for (the
+// caller keeps it).
+std::optional<std::uint64_t> stage(NearFreeGovernor& governor, std::uint64_t cycle_ms, std::uint64_t peak) {
+  std::optional<std::uint64_t> cap;
+  for (std::size_t cycle = 0; cycle <= NearFreeGovernor::kJudgedCycles; ++cycle) {
+    cap = governor.cycle_measured(cycle_ms * kMs, peak);
+    if (cap) governor.cap_kept(*cap);
+  }
+  return cap;
+}
+
+TEST(NearFreeGovernor, FreeButNoLowerAtThePeakPagingEnds) {
+  // long_context (H200, 2026-11-29): its paged passes +0.4%, their peak 11.37 GiB against 11.31
+  // unpaged. Within the allowance, but the copies buy nothing: paging ends, whatever the time.
+  const std::uint64_t unpaged = 11 * kGiB + 317 * kMiB;
+  const std::uint64_t paged = 11 * kGiB + 379 * kMiB;
+  NearFreeGovernor governor(1380 * kMiB, kMiB);
+  EXPECT_EQ(stage(governor, 1580, paged), 0u) << "the unpaged stage";
+  EXPECT_EQ(stage(governor, 1574, unpaged), 0u) << "paging ends";
+  EXPECT_TRUE(governor.settled());
+  EXPECT_EQ(governor.cap_bytes(), 0u);
+  EXPECT_EQ(governor.sheds(), 0u) << "no cut for time";
+  ASSERT_TRUE(governor.ended_at_peak());
+  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, paged);
+  EXPECT_EQ(governor.ended_at_peak()->unpaged_bytes, unpaged);
+  EXPECT_FALSE(stage(governor, 1574, unpaged)) << "settled: nothing more";
+}
+
+TEST(NearFreeGovernor, APeakLowerByAnEighthOfThePagedBytesKeepsTheChoice) {
+  // 2 GiB paged: the floor is 256 MiB (an eighth).
+  const std::uint64_t unpaged = 20 * kGiB;
+  for (const auto& [saved, kept] : {std::pair{256 * kMiB, true}, std::pair{255 * kMiB, false}}) {
+    NearFreeGovernor governor(2 * kGiB, kMiB);
+    stage(governor, 101, unpaged - saved);
+    EXPECT_EQ(stage(governor, 100, unpaged), kept ? 2 * kGiB : 0u) << saved / kMiB << " MiB saved";
+    EXPECT_TRUE(governor.settled());
+    EXPECT_EQ(governor.ended_at_peak().has_value(), !kept);
+  }
+  // 128 MiB paged: the floor is 16 MiB.
+  NearFreeGovernor small(128 * kMiB, kMiB);
+  stage(small, 101, unpaged - 16 * kMiB);
+  EXPECT_EQ(stage(small, 100, unpaged), 128 * kMiB);
+  // Peaks not sampled (0, as on a device with no readings): judged by time alone.
+  NearFreeGovernor unsampled(2 * kGiB, kMiB);
+  stage(unsampled, 101, 0);
+  EXPECT_EQ(stage(unsampled, 100, unpaged), 2 * kGiB);
+  EXPECT_FALSE(unsampled.ended_at_peak());
+}
+
+TEST(NearFreeGovernor, ACutWhosePeakSavesNothingEndsPaging) {
+  // 10% for 2 GiB with 1.5 GiB off the peak: cut to ~0.4 GiB for time; within the allowance there,
+  // but that cap's passes save 30 MiB at the peak, less than an eighth of it (the peak is where
+  // the cut bytes are not).
+  const std::uint64_t unpaged = 12 * kGiB;
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  stage(governor, 110, unpaged - 1536 * kMiB);
+  const std::optional<std::uint64_t> cut = stage(governor, 100, unpaged);
+  ASSERT_TRUE(cut);
+  EXPECT_NEAR(static_cast<double>(*cut), 0.402 * kGiB, 0.01 * kGiB);
+  EXPECT_FALSE(governor.settled());
+  EXPECT_EQ(stage(governor, 101, unpaged - 30 * kMiB), 0u);
+  EXPECT_TRUE(governor.settled());
+  ASSERT_TRUE(governor.ended_at_peak());
+  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, unpaged - 30 * kMiB);
+  EXPECT_EQ(governor.sheds(), 1u) << "the cut for time only";
+}
+
+TEST(NearFreeGovernor, SettledAPeakThatReachesTheUnpagedOneEndsPaging) {
+  // Kept at the judgement (2.6 GiB off), a later pass peaks at the job's own figure (long_context's
+  // passes 20-22 at 12.7-13.3 GiB against 11.3): the run's paged peak can no longer be lower.
+  const std::uint64_t unpaged = 27 * kGiB;
+  NearFreeGovernor governor(3 * kGiB, kMiB);
+  stage(governor, 101, unpaged - 2600 * kMiB);
+  ASSERT_EQ(stage(governor, 100, unpaged), 3 * kGiB);
+  ASSERT_TRUE(governor.settled());
+  EXPECT_FALSE(governor.cycle_measured(101 * kMs, 0)) << "the switch's cycle";
+  // After the switch the peak starts again; a little under the floor is still a saving.
+  for (std::uint64_t peak : {std::uint64_t{0}, unpaged - 2600 * kMiB, unpaged - 100 * kMiB, unpaged - kMiB}) {
+    EXPECT_FALSE(governor.cycle_measured(101 * kMs, peak)) << (unpaged - peak) / kMiB;
+  }
+  EXPECT_EQ(governor.cap_bytes(), 3 * kGiB);
+  EXPECT_EQ(governor.cycle_measured(101 * kMs, unpaged), 0u);
+  EXPECT_EQ(governor.cap_bytes(), 0u);
+  ASSERT_TRUE(governor.ended_at_peak());
+  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, unpaged);
+  EXPECT_EQ(governor.settled_cycles(), 5u) << "still counted for the end-of-run line";
+  // Ended: the switch's cycle, then nothing more whatever the peak.
+  for (int cycle = 0; cycle < 4; ++cycle) EXPECT_FALSE(governor.cycle_measured(101 * kMs, 2 * unpaged));
+  // Refused unpaged passes have no unpaged peak: nothing to compare with, nothing ends.
+  NearFreeGovernor refused(2 * kGiB, kMiB);
+  stage(refused, 110, unpaged);
+  refused.unpaged_refused();
+  for (int cycle = 0; cycle < 4; ++cycle) EXPECT_FALSE(refused.cycle_measured(110 * kMs, 2 * unpaged));
+  EXPECT_EQ(refused.cap_bytes(), 2 * kGiB);
+}
+
+TEST(NearFreeGovernor, ItSaysWhereTheCostLandsTheForwardsShareOfTheJudgedCycles) {
+  // The cost in backward (qwen3_moe's paged forward on the GPU was its own, the cycle +8.6%):
+  // the forward's lower median of the judged cycles that saw one, beside the whole cycle's.
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  EXPECT_FALSE(governor.cycle_measured(140 * kMs, 0, 90 * kMs));  // the switch's: not counted
+  EXPECT_FALSE(governor.cycle_measured(110 * kMs, 0, 57 * kMs));
+  EXPECT_FALSE(governor.cycle_measured(111 * kMs, 0, 0));  // its backward's marker not seen
+  EXPECT_EQ(governor.cycle_measured(112 * kMs, 0, 58 * kMs), 0u);
+  EXPECT_EQ(governor.judged_forward_ns(), 57 * kMs);
+  EXPECT_EQ(governor.base_forward_ns(), 0u);
+  governor.cap_kept(0);
+  for (std::uint64_t ms : {150, 100, 100, 100}) governor.cycle_measured(ms * kMs, 0, (ms - 44) * kMs);
+  EXPECT_EQ(governor.base_forward_ns(), 56 * kMs);
+  EXPECT_EQ(governor.judged_forward_ns(), 57 * kMs) << "the whole choice's, until a cut is judged";
+  ASSERT_EQ(governor.stage(), NearFreeGovernor::Stage::cut);
+  ASSERT_FALSE(governor.settled());
+  governor.cap_kept(governor.cap_bytes());
+  for (std::uint64_t ms : {150, 102, 102, 102}) governor.cycle_measured(ms * kMs, 0, 55 * kMs);
+  EXPECT_EQ(governor.judged_forward_ns(), 55 * kMs);
 }
 
 TEST(NearFreeGovernor, NothingChosenGovernsNothing) {
