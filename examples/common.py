@@ -381,6 +381,22 @@ def alternate_summary(step_ms, recorded, warmup):
     }
 
 
+CPU_PROBE_ROUNDS = 4000
+
+
+def cpu_probe_us_now(rounds=CPU_PROBE_ROUNDS):
+    """Microseconds this thread takes for a fixed Python loop (~0.1-0.3 ms), outside a step's timing.
+
+    Why: the GPU machines' CPUs run at one of two speeds, about 1.6x apart, changing within seconds
+    (docs/findings.md, sections 6 and 9), and a launch-bound step follows its thread's speed. Read
+    at every step's start, it tells a step slowed by the host from one slowed by what it ran."""
+    began = time.perf_counter()
+    total = 0
+    for value in range(rounds):
+        total += value
+    return (time.perf_counter() - began) * 1e6
+
+
 def _median(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
     return round(statistics.median(values), 3) if values else None
@@ -518,6 +534,7 @@ def train(job, args, out=None):
         raise SystemExit("--method cuda_graph needs a CUDA device")
 
     losses, step_ms, fwd_ms, bwd_ms = [], [], [], []
+    cpu_probe_us = []  # the job thread's CPU speed at each step's start (cpu_probe_us())
     alternate = bool(getattr(args, "alternate_actpage", False))
     recorded = []
     set_paused = None
@@ -546,6 +563,7 @@ def train(job, args, out=None):
                 timer = _Timer(torch, cuda)
                 synchronize()
                 profiler = _start_profiler(torch, cuda) if step == args.profile_step else None
+                cpu_probe_us.append(cpu_probe_us_now())
                 start = time.perf_counter()
                 timer.mark()
                 with _phase(profiler, "step.forward"), forward_context():
@@ -595,6 +613,7 @@ def train(job, args, out=None):
         "step_ms": _ms(step_ms),
         "fwd_ms": _ms(fwd_ms),
         "bwd_ms": _ms(bwd_ms),
+        "cpu_probe_us": [round(v, 1) for v in cpu_probe_us],
         "median_step_ms": _median(measured),
         "median_fwd_ms": _median(fwd_ms[warmup:] if len(fwd_ms) > warmup else fwd_ms),
         "device_used_peak_mib": sampler.peak_mib(),

@@ -96,6 +96,9 @@ class TrainingLoopTest(unittest.TestCase):
         self.assertEqual(len(parsed["step_ms"]), 4)
         self.assertEqual(parsed["median_step_ms"], round(sorted(parsed["step_ms"][1:])[1], 3))
         self.assertTrue(all(f is not None and f > 0 for f in parsed["fwd_ms"]))
+        # The thread's CPU speed at each step's start: one reading a step, each a positive time.
+        self.assertEqual(len(parsed["cpu_probe_us"]), 4)
+        self.assertTrue(all(us > 0 for us in parsed["cpu_probe_us"]), parsed["cpu_probe_us"])
         self.assertIsNone(parsed["device_used_peak_mib"])
         self.assertIsNone(parsed["torch_peak_mib"])
         self.assertEqual(parsed["actpage"], {"loaded": False, "active": False})
