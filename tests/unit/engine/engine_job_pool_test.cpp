@@ -76,10 +76,11 @@ TEST(Engine, ReloadPagesTakeThePoolsPlaceOnceBackwardHasFreedIt) {
       EXPECT_GT(created, 0u) << where;
       const std::uint64_t waits = after.reload_pool_waits - before.reload_pool_waits;
       if (catch_up) {
-        // The first layer's reloads found nothing to trim: they were owed, and paid later; the
-        // prefetches behind them waited for that instead of adding pages.
+        // The first layer's reloads found nothing to trim: they were owed, and paid later. Whether
+        // a prefetch behind them waited for that (JobPool.holds_back_new_pages, tested in
+        // engine_parts_test) depends on when the device ran the frees: one that finds a cached
+        // range whose frees have run adds no pages and waits for nothing (1 run in ~100 here).
         EXPECT_GT(owed, 0u) << where;
-        EXPECT_GT(waits, 0u) << where;
         EXPECT_LE(owed, created) << where;
         EXPECT_TRUE(eventually([&] { return rig.device.job_pool_reserved() == 3 * kGiB - created; }))
             << where << ": " << (rig.device.job_pool_reserved() >> 20) << " MiB reserved, created "
