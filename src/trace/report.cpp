@@ -168,6 +168,9 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
     head.push_back("GPU waits");
   }
   if (time.has_gpu_reload_waits) head.push_back("GPU on reloads");
+  // The job's own allocation calls: where the host is the step's path, a pass whose calls all take
+  // longer (the job's thread slower, not actpage's work) shows here (qwen3_moe, H200, 2026-11-29).
+  if (time.has_alloc_durations) head.push_back("job allocs");
   std::vector<std::vector<std::string>> rows{head};
   // A long run's middle is left out: the first and last rows show warm-up and steady state, and
   // --json has every one.
@@ -193,6 +196,7 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
       row.push_back(format_duration_or_dash(t.gpu_wait_ns));
     }
     if (time.has_gpu_reload_waits) row.push_back(format_duration_or_dash(t.gpu_reload_wait_ns));
+    if (time.has_alloc_durations) row.push_back(format_duration_or_dash(t.job_alloc_ns));
     rows.push_back(std::move(row));
   }
   write_table(out, rows);
