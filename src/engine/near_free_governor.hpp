@@ -34,9 +34,11 @@
 //   use over the passes of the cap in force (0: none sampled). A judgement whose paged passes' peak
 //   (the whole stage's at the unpaged stage's judgement, the cut cap's in the cut stage) is not
 //   below the unpaged passes' by an eighth of the bytes paged a pass (kPeakSavingShare) ends paging,
-//   whatever the time: the peak is elsewhere (an optimizer's step, a pool's reserve that grows back)
-//   and a smaller cap would not lower it either (long_context, H200, 2026-11-29: paged passes
-//   peaked 11.37 GiB against 11.31 unpaged, some at 13.3). Settled with bytes paged, a cycle whose
+//   whatever the time: the peak is elsewhere (an optimizer's step, a pool's reserve that grows back;
+//   long_context, H200, 2026-11-29: paged passes peaked 11.37 GiB against 11.31 unpaged, some at
+//   13.3). Open: where the whole choice's copies are not done by the peak, a smaller cap may lower
+//   it (hf_trainer: ended so in 2 of 4 runs, a cut to 1.12 GiB saved 1.03 GiB in another; docs/
+//   benchmarks.md, "The governor"). Settled with bytes paged, a cycle whose
 //   passes' peak reaches the unpaged one ends paging too: the run's paged peak can no longer be
 //   lower than the job's own, and the copies would be paid for nothing.
 // - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
