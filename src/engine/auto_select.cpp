@@ -294,9 +294,11 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
     // With the peak of this cap's passes so far: paging must lower it, or it ends (the governor's
     // contract).
     std::uint64_t peak = peak_paged_;
-    // The cycle's forward: its start to its backward's first marker, where the GPU reached both.
+    // The cycle's forward: its start to its backward's first marker, where the GPU reached both
+    // (GpuClock notes the latter before this later marker is reached).
     std::uint64_t forward = 0;
-    if (backward_reached_ns_ > last_start_ns_ && backward_reached_ns_ < now_ns) forward = backward_reached_ns_ - last_start_ns_;
+    const std::uint64_t backward_ns = parts_.clock.backward_reached_ns();
+    if (backward_ns > last_start_ns_ && backward_ns < now_ns) forward = backward_ns - last_start_ns_;
     if (injected_.paged_cycle_ns) {
       cycle = injected_.paged_cycle_ns(governor_->cap_bytes());
       peak = injected_.paged_peak_bytes ? injected_.paged_peak_bytes(governor_->cap_bytes()) : 0;
@@ -619,7 +621,6 @@ void AutoSelect::gpu_reached(std::uint64_t marker, std::uint64_t now_ns, std::un
   if (found == backward_markers_.end()) return;
   const std::uint64_t pass = found->second;
   backward_markers_.erase(backward_markers_.begin(), std::next(found));
-  backward_reached_ns_ = now_ns;  // the governor's cycle splits here (pass_start_reached)
   if (pass > kObservedPasses && paged_start_ns_ != 0) {
     paged_forward_ns_.push_back(now_ns > paged_start_ns_ ? now_ns - paged_start_ns_ : 0);
     paged_start_ns_ = 0;

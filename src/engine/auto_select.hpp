@@ -362,7 +362,6 @@ class AutoSelect {
   std::uint64_t forwards_begun_ = 0;  // forward_began()'s on the forward thread since the decision
   std::optional<PassStart> last_start_;
   std::uint64_t last_start_ns_ = 0;
-  std::uint64_t backward_reached_ns_ = 0;  // when the GPU last reached a backward's first marker
   std::uint32_t generation_ = 0;  // the cap's: one more at each change
   bool capped() const { return generation_ != 0; }
   // The governor's cap lets nothing be served: its unpaged passes, or paging ended.

@@ -118,6 +118,8 @@ class GpuClock {
   const ReloadSchedule& schedule() const { return schedule_; }
   // The last marker the GPU was seen to pass (the worker notes it): none in a replay.
   const GpuPlace& place() const { return place_; }
+  // When the GPU reached the newest backward's first marker (0: none yet; the worker notes it).
+  std::uint64_t backward_reached_ns() const { return backward_reached_ns_; }
 
  private:
   struct Marker {
