@@ -286,7 +286,7 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
   // launch-bound host's launches; the optimizer's step runs beside the last reloads and the trims).
   // A switch's cycle, which carries the decision's wait or a cap's change, is not judged.
   if (!last_start_) {
-    governor_.emplace(chosen_bytes_, options_.min_bytes);
+    governor_.emplace(chosen_bytes_, options_.min_bytes, link_bytes_per_s_);
   } else if (governor_ && !pending_cap_ && start.forward == last_start_->forward + 1 &&
              start.generation == last_start_->generation && start.generation == generation_) {
     // A whole cycle under the cap in force (a forward the host began before a change is the old cap's).

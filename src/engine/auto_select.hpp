@@ -227,8 +227,11 @@ class AutoSelect {
   // "3.4 GiB = 52.0 GB/s x 65.0 ms x 0.8", for people; for the device-memory goal, the target.
   std::string budget_text() const;
   // ", but its passes peaked at ... unpaged: no saving at the peak" when the governor ended paging
-  // for that (NearFreeGovernor::ended_at_peak), else empty.
+  // for that (NearFreeGovernor::ended_at_peak) or its last judgement cut the cap for it, else empty.
   std::string peak_end_text() const;
+  // "; the passes paging X had peaked at Y against Z unpaged" for a miss of the peak that cut the
+  // cap where a later judgement passed, else empty.
+  std::string earlier_peak_miss_text() const;
   // "model.layers.0-1 and the first 5 of 12 saved tensors of model.layers.2", for people.
   std::string chosen_text() const;
   // Whether an observed pass's device memory in use is still to be read (the goal waits for it).

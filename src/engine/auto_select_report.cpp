@@ -68,10 +68,32 @@ std::string auto_goal_text(std::uint64_t device_memory_target) {
 }
 
 std::string AutoSelect::peak_end_text() const {
-  if (!governor_ || !governor_->ended_at_peak()) return "";
-  const NearFreeGovernor::PeakEnd& end = *governor_->ended_at_peak();
-  return ", but its passes peaked at " + format_bytes(end.paged_bytes) + " against " + format_bytes(end.unpaged_bytes) +
+  if (!governor_) return "";
+  std::uint64_t paged = 0;
+  std::uint64_t unpaged = 0;
+  if (const auto& end = governor_->ended_at_peak()) {
+    paged = end->paged_bytes;
+    unpaged = end->unpaged_bytes;
+  } else if (governor_->last_judgement_missed_peak()) {
+    paged = governor_->peak_misses().back().paged_peak;
+    unpaged = governor_->peak_misses().back().unpaged_peak;
+  } else {
+    return "";
+  }
+  return ", but its passes peaked at " + format_bytes(paged) + " against " + format_bytes(unpaged) +
          " unpaged: no saving at the peak";
+}
+
+std::string AutoSelect::earlier_peak_miss_text() const {
+  // A miss that cut the cap, where a later judgement passed: the end-of-run line's judgement is
+  // that later one's.
+  if (!governor_ || governor_->peak_misses().empty() || governor_->ended_at_peak() ||
+      governor_->last_judgement_missed_peak()) {
+    return "";
+  }
+  const NearFreeGovernor::PeakMiss& miss = governor_->peak_misses().front();
+  return "; the passes paging " + format_bytes(miss.bytes_paged) + " had peaked at " + format_bytes(miss.paged_peak) +
+         " against " + format_bytes(miss.unpaged_peak) + " unpaged";
 }
 
 std::string AutoSelect::budget_text() const {
@@ -93,6 +115,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_bytes_paged = capped() ? capped_bytes_ : chosen_bytes_;
   if (governor_) {
     stats.auto_sheds = governor_->sheds();
+    stats.auto_peak_misses = governor_->peak_misses().size();
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
     stats.auto_cycle_whole_ns = governor_->whole_cycle_ns();
@@ -128,8 +151,8 @@ std::optional<std::string> AutoSelect::summary() const {
                     static_cast<double>(governor_->base_forward_ns()) / 1e6);
       line += text;
     }
-    line += peak_end_text();
-    if (governor_->sheds() != 0 || governor_->ended_at_peak()) {
+    line += peak_end_text() + earlier_peak_miss_text();
+    if (governor_->sheds() != 0 || !governor_->peak_misses().empty() || governor_->ended_at_peak()) {
       line += capped_bytes_ != 0 ? ": cut to " + format_bytes(capped_bytes_) + " a pass from the job's pass " +
                                        std::to_string(cap_pass_)
                                  : ": paging ended at the job's pass " + std::to_string(cap_pass_);

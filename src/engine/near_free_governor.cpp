@@ -7,8 +7,13 @@
 
 namespace actpage::engine {
 
-NearFreeGovernor::NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double allowance)
-    : chosen_bytes_(chosen_bytes), min_bytes_(min_bytes), allowance_(allowance), cap_bytes_(chosen_bytes) {
+NearFreeGovernor::NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double link_bytes_per_s,
+                                   double allowance)
+    : chosen_bytes_(chosen_bytes),
+      min_bytes_(min_bytes),
+      link_bytes_per_s_(link_bytes_per_s),
+      allowance_(allowance),
+      cap_bytes_(chosen_bytes) {
   settled_ = chosen_bytes == 0;
 }
 
@@ -60,36 +65,60 @@ void NearFreeGovernor::judge(std::uint64_t peak_bytes) {
       stage_ = Stage::unpaged;
       cap_bytes_ = 0;
       return;
-    case Stage::unpaged:
+    case Stage::unpaged: {
       base_ns_ = std::max<std::uint64_t>(1, median);
       base_forward_ns_ = forward;
       unpaged_peak_ = peak_bytes;
       stage_ = Stage::cut;
-      if (!saves_at_peak(whole_peak_, chosen_bytes_)) {
-        end_at_peak(whole_peak_);
-        return;
-      }
-      if (within(whole_ns_)) {
+      const bool saves = saves_at_peak(whole_peak_, chosen_bytes_);
+      if (saves && within(whole_ns_)) {
         cap_bytes_ = chosen_bytes_;
         settled_ = true;
         return;
       }
-      shed(chosen_bytes_, chosen_bytes_);
+      cut(chosen_bytes_, chosen_bytes_, whole_peak_, saves, within(whole_ns_));
       return;
-    case Stage::cut:
+    }
+    case Stage::cut: {
       judged_ns_ = median;
       judged_forward_ns_ = forward;
-      if (!saves_at_peak(peak_bytes, cap_bytes_)) {
-        end_at_peak(peak_bytes);
+      const bool saves = saves_at_peak(peak_bytes, cap_bytes_);
+      if (saves && within(median)) {
+        last_missed_ = false;
+        settled_ = true;
         return;
       }
-      if (within(median)) {
-        settled_ = true;
-      } else {
-        shed(cap_bytes_, cap_bytes_ / 2);
-      }
+      cut(cap_bytes_, cap_bytes_ / 2, peak_bytes, saves, within(median));
       return;
+    }
   }
+}
+
+void NearFreeGovernor::cut(std::uint64_t judged_bytes, std::uint64_t most, std::uint64_t peak_bytes, bool saves,
+                           bool in_time) {
+  last_missed_ = !saves;
+  if (!saves) {
+    peak_misses_.push_back(PeakMiss{peak_bytes, unpaged_peak_, judged_bytes});
+    if (peak_misses_.size() >= kPeakMissesEnding) {
+      end_at_peak(peak_bytes);
+      return;
+    }
+    most = std::min(most, judged_bytes / 2);
+  }
+  if (const std::uint64_t fit = forward_fit_bytes(); fit != 0) most = std::min(most, fit);
+  if (!in_time) {
+    shed(judged_bytes, most);
+  } else {
+    // Within the allowance: the cut is for the peak alone.
+    cap_bytes_ = most < min_bytes_ ? 0 : most;
+    if (cap_bytes_ == 0) settled_ = true;
+  }
+  if (cap_bytes_ == 0 && !saves) ended_at_peak_ = PeakEnd{peak_bytes, unpaged_peak_};
+}
+
+std::uint64_t NearFreeGovernor::forward_fit_bytes() const {
+  if (link_bytes_per_s_ <= 0 || base_forward_ns_ == 0) return 0;
+  return static_cast<std::uint64_t>(link_bytes_per_s_ * static_cast<double>(base_forward_ns_) / 1e9);
 }
 
 bool NearFreeGovernor::saves_at_peak(std::uint64_t paged_peak, std::uint64_t paged_bytes) const {

@@ -33,14 +33,19 @@
 // - Paging must pay in bytes too: the caller gives each cycle the sampled peak of device memory in
 //   use over the passes of the cap in force (0: none sampled). A judgement whose paged passes' peak
 //   (the whole stage's at the unpaged stage's judgement, the cut cap's in the cut stage) is not
-//   below the unpaged passes' by an eighth of the bytes paged a pass (kPeakSavingShare) ends paging,
-//   whatever the time: the peak is elsewhere (an optimizer's step, a pool's reserve that grows back;
-//   long_context, H200, 2026-11-29: paged passes peaked 11.37 GiB against 11.31 unpaged, some at
-//   13.3). Open: where the whole choice's copies are not done by the peak, a smaller cap may lower
-//   it (hf_trainer: ended so in 2 of 4 runs, a cut to 1.12 GiB saved 1.03 GiB in another; docs/
-//   benchmarks.md, "The governor"). Settled with bytes paged, a cycle whose
-//   passes' peak reaches the unpaged one ends paging too: the run's paged peak can no longer be
-//   lower than the job's own, and the copies would be paid for nothing.
+//   below the unpaged passes' by an eighth of the bytes paged a pass (kPeakSavingShare) misses the
+//   peak, whatever the time. The first miss cuts the cap to at most half: where the copies are not
+//   done by the peak a smaller cap may lower it (hf_trainer, H200, 2026-11-29: its whole choice
+//   missed in 2 of 4 runs, a cut to 1.12 GiB saved 1.03 GiB in another). The second ends paging:
+//   the peak is elsewhere (an optimizer's step, a pool's reserve that grows back; long_context:
+//   paged passes peaked 11.37 GiB against 11.31 unpaged, some at 13.3). Settled with bytes paged, a
+//   cycle whose passes' peak reaches the unpaged one ends paging at once: the run's paged peak can
+//   no longer be lower than the job's own, and the copies would be paid for nothing.
+// - Every cut (for time or for the peak) is at most the bytes the link moves within the job's own
+//   forward (the link's rate x the unpaged passes' forward, where both are known): the choice was
+//   sized on the watched pass's forward, which actpage's start made longer (resnet: 44 ms against
+//   the job's 24), and bytes beyond it are still being copied at the forward's end, on the device
+//   at the peak. A whole choice within the allowance that lowers the peak is kept whatever its size.
 // - The caller may refuse the unpaged stage (no room on the device for the job's unpaged peak):
 //   the chosen bytes stay paged, unjudged (unpaged_refused()).
 // - Settled, each cycle after the switch is kept (the last kSettledCyclesKept): their median (from
@@ -69,10 +74,15 @@ class NearFreeGovernor {
   // unpaged passes' by: less is the peak elsewhere, or noise (a pool grows in chunks, a peak is
   // sampled every few ms).
   static constexpr std::uint64_t kPeakSavingShare = 8;  // an eighth
+  // The judgements missing the peak that end paging (the ones before cut the cap to half).
+  static constexpr std::uint32_t kPeakMissesEnding = 2;
 
   enum class Stage { whole, unpaged, cut };
 
-  NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double allowance = kNearFreeAllowance);
+  // `link_bytes_per_s`: the link's device-to-host rate (0: unknown; cuts are then not bounded by
+  // the job's forward).
+  NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min_bytes, double link_bytes_per_s = 0,
+                   double allowance = kNearFreeAllowance);
 
   // A cycle under the cap in force, the sampled peak of device memory in use over that cap's
   // passes so far (0: none sampled; the peaks are then not judged), and the cycle's forward on the
@@ -112,6 +122,18 @@ class NearFreeGovernor {
     std::uint64_t unpaged_bytes = 0;
   };
   const std::optional<PeakEnd>& ended_at_peak() const { return ended_at_peak_; }
+  // The judgements that missed the peak (at most kPeakMissesEnding; the last one's is ended_at_peak
+  // when it ended paging): the peaks compared and the bytes paged a pass then.
+  struct PeakMiss {
+    std::uint64_t paged_peak = 0;
+    std::uint64_t unpaged_peak = 0;
+    std::uint64_t bytes_paged = 0;
+  };
+  const std::vector<PeakMiss>& peak_misses() const { return peak_misses_; }
+  // Whether the last judgement missed the peak (and cut or ended paging for it).
+  bool last_judgement_missed_peak() const { return last_missed_; }
+  // The bytes the link moves within the job's own forward (0: the rate or the forward unknown).
+  std::uint64_t forward_fit_bytes() const;
   // The median of the cycles kept since it settled (0 while fewer than kJudgedCycles) and how many
   // there are.
   std::uint64_t settled_cycle_ns() const;
@@ -126,12 +148,17 @@ class NearFreeGovernor {
   // copies against the unpaged passes' peak (true when either peak is unknown).
   bool saves_at_peak(std::uint64_t paged_peak, std::uint64_t paged_bytes) const;
   void end_at_peak(std::uint64_t paged_peak);
+  // A judgement of `judged_bytes` paged whose passes were over the allowance or missed the peak
+  // (`peak_bytes` not `saves`): the new cap, at most `most` (half of it or less for the peak, and at
+  // most the forward's fit), or the end of paging at the second miss.
+  void cut(std::uint64_t judged_bytes, std::uint64_t most, std::uint64_t peak_bytes, bool saves, bool in_time);
   // Over the allowance, `judged_ns_` with `judged_bytes` paged: the cap the cost per byte over the
   // base allows, at most `most`.
   void shed(std::uint64_t judged_bytes, std::uint64_t most);
 
   const std::uint64_t chosen_bytes_;
   const std::uint64_t min_bytes_;
+  const double link_bytes_per_s_;
   const double allowance_;
   Stage stage_ = Stage::whole;
   std::uint64_t cap_bytes_;
@@ -150,6 +177,8 @@ class NearFreeGovernor {
   std::uint64_t whole_peak_ = 0;     // the whole stage's passes' sampled peak (0: unknown)
   std::uint64_t unpaged_peak_ = 0;   // the unpaged stage's (0: unknown)
   std::optional<PeakEnd> ended_at_peak_;
+  std::vector<PeakMiss> peak_misses_;
+  bool last_missed_ = false;
 };
 
 }  // namespace actpage::engine
