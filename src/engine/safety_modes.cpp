@@ -10,6 +10,7 @@
 #include "engine/job_pool.hpp"
 #include "engine/offload_pipeline.hpp"
 #include "engine/reload_pipeline.hpp"
+#include "engine/turns.hpp"
 
 namespace actpage::engine {
 
@@ -112,7 +113,10 @@ void SafetyModes::reload(Allocation& allocation, std::unique_lock<std::mutex>& l
   }
   allocation.state = PageState::reloading;
   ++busy_;
-  std::optional<CachedRange> recycled = parts_.space.take_cached(bytes);
+  // As ReloadPipeline's reloads: only cached pages whose frees the device has run (pages the GPU
+  // still reads would hold this reload until it leaves them); a replay takes the best size and waits.
+  std::optional<CachedRange> recycled =
+      parts_.turns.serialized() ? parts_.space.take_cached(bytes) : parts_.space.take_cached_freed(bytes);
   lock.unlock();
   Result<PhysicalHandle> physical = Status{ErrorCode::not_ready, "no pages yet"};
   Status status;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -408,7 +409,8 @@ struct SecondReload {
   EngineStats issued;
   bool stream_held = false;
 };
-SecondReload reload_after_a_held_free(Rig& rig, bool free_runs_first) {
+// `let_go_when`: the held stream is let go as soon as it returns true too (checked every ms).
+SecondReload reload_after_a_held_free(Rig& rig, bool free_runs_first, const std::function<bool()>& let_go_when = {}) {
   SecondReload result;
   Forward forward = run_forward(*rig.job, 2, 1, 4 * kMiB);
   rig.engine.quiesce();
@@ -428,7 +430,8 @@ SecondReload reload_after_a_held_free(Rig& rig, bool free_runs_first) {
       // Let go at once, or when the marker has returned (at the latest after 20 s: a reload
       // that waited for the free would hold the marker that long, and the test fails).
       const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (!free_runs_first && !marker_returned && std::chrono::steady_clock::now() < limit) {
+      while (!free_runs_first && !marker_returned && !(let_go_when && let_go_when()) &&
+             std::chrono::steady_clock::now() < limit) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       released = true;
@@ -478,6 +481,21 @@ TEST(Engine, AReloadDoesNotWaitForAFreeTheDeviceHasNotRun) {
   const SecondReload second = reload_after_a_held_free(rig, /*free_runs_first=*/false);
   EXPECT_TRUE(second.stream_held) << "the reload waited for the device";
   EXPECT_EQ(second.issued.reload_creates, 2u);
+}
+
+TEST(Engine, AHostMappedReloadDoesNotWaitForAFreeTheDeviceHasNotRun) {
+  // The same with stray_access host_mapped, whose reloads copy into fresh or cached pages at a
+  // staging address and then swap them in under a gate on the job's stream (so the marker returns
+  // only once the stream is let go, whatever pages the reload took): layer 1's cached range, whose
+  // free the device has not run, would hold the reload's copy until the GPU left layer 1. It creates
+  // its pages instead, with the stream still held (let go once it has, or after 20 s: a reload
+  // that waited for the free creates none, and the test fails).
+  Options options = one_reload_a_marker();
+  options.stray_access = StrayAccess::host_mapped;
+  Rig rig(options);
+  const SecondReload second = reload_after_a_held_free(rig, /*free_runs_first=*/false,
+                                                       [&] { return rig.engine.stats().reload_creates == 2; });
+  EXPECT_EQ(second.issued.reload_creates, 2u) << "layer 0's reload took the pages the device still reads";
 }
 
 TEST(Engine, BackwardsFirstReloadTakesThePagesOfTheKeptLayerFreedBeforeIt) {
