@@ -384,7 +384,7 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
     case NearFreeGovernor::Stage::unpaged:
       line += "paged passes' cycle " + ms(governor_->whole_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
               " paged; measuring the job's own: pages nothing for the next " +
-              std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes";
+              std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes or more";
       break;
     case NearFreeGovernor::Stage::whole:
     case NearFreeGovernor::Stage::cut:

@@ -38,7 +38,7 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
   }
   cycles_.push_back(cycle_ns);
   if (forward_ns != 0) forwards_.push_back(forward_ns);
-  if (cycles_.size() < kJudgedCycles) return std::nullopt;
+  if (!judgeable()) return std::nullopt;
   const std::uint64_t before = cap_bytes_;
   const bool ended_before = ended_at_peak_.has_value();
   judge(peak_bytes);
@@ -49,6 +49,13 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
   if (cap_bytes_ == before && ended_at_peak_.has_value() == ended_before) return std::nullopt;
   switching_ = true;
   return cap_bytes_;
+}
+
+bool NearFreeGovernor::judgeable() const {
+  if (cycles_.size() < kJudgedCycles) return false;
+  if (cycles_.size() >= kMostJudgedCycles) return true;
+  const auto [shortest, longest] = std::minmax_element(cycles_.begin(), cycles_.end());
+  return static_cast<double>(*longest) <= static_cast<double>(*shortest) * (1.0 + 2.0 * allowance_);
 }
 
 void NearFreeGovernor::judge(std::uint64_t peak_bytes) {

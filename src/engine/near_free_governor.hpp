@@ -18,7 +18,12 @@
 // - A cycle: the GPU's time from one pass's start to the next's, both under one cap: everything the
 //   job's GPU does or waits for between them, the optimizer's step included.
 // - After each change of the cap (the first paged pass's included) the first cycle is the
-//   switch's, not judged; then kJudgedCycles cycles are judged by their lower median.
+//   switch's, not judged; then kJudgedCycles cycles are judged by their lower median where they
+//   agree (the longest at most 1 + 2 x allowance times the shortest); where they do not, more are
+//   taken, up to kMostJudgedCycles, and judged by the lower median of all. A job whose steps vary
+//   by more than the allowance (deepseek_moe's MoE routing: 450-700 ms a step, H200, 2026-11-30)
+//   would otherwise be judged by three draws: its unpaged passes read 605-838 ms against the job's
+//   own ~520.
 // - Stage `whole`: the chosen bytes are paged; their median is the whole cycle. Then the cap falls
 //   to 0 (the caller's cap_kept(0) does not settle it here).
 // - Stage `unpaged`: nothing paged; the median is the base, the job's own cycle.
@@ -67,6 +72,8 @@ inline constexpr double kNearFreeAllowance = 0.03;
 class NearFreeGovernor {
  public:
   static constexpr std::size_t kJudgedCycles = 3;
+  // Cycles that disagree by more than twice the allowance are judged only with more, up to this.
+  static constexpr std::size_t kMostJudgedCycles = 9;
   // A shed aims at this share of the allowance: the cost is a line through noisy medians.
   static constexpr double kAimShare = 0.67;
   static constexpr std::size_t kSettledCyclesKept = 256;
@@ -143,6 +150,8 @@ class NearFreeGovernor {
   std::string judgement_text() const;
 
  private:
+  // Whether the cycles so far are enough for a judgement (see the contract).
+  bool judgeable() const;
   void judge(std::uint64_t peak_bytes);
   // Whether a paged peak of `paged_peak` with `paged_bytes` paged a pass is a saving worth its
   // copies against the unpaged passes' peak (true when either peak is unknown).

@@ -177,12 +177,23 @@ TEST(NearFreeGovernor, ACutToLessThanTheSmallestTensorEndsPaging) {
 }
 
 TEST(NearFreeGovernor, TheLowerMedianJudgesSoOneSlowCycleDoesNotShed) {
-  // An evaluation or the optimizer's step of an accumulating job in one cycle of three, in each block.
+  // An evaluation or the optimizer's step of an accumulating job in one cycle of three, in each
+  // block: cycles that far apart are judged with nine (the contract), by their lower median.
   NearFreeGovernor governor(kGiB, kMiB);
-  for (std::uint64_t ms : {150, 101, 180, 101}) governor.cycle_measured(ms * kMs);
+  governor.cycle_measured(150 * kMs);  // the switch's
+  for (int block = 0; block < 3; ++block) {
+    for (std::uint64_t ms : {101, 180, 101}) governor.cycle_measured(ms * kMs);
+  }
+  EXPECT_EQ(governor.cap_bytes(), 0u) << "the unpaged stage";
   governor.cap_kept(0);
-  for (std::uint64_t ms : {150, 100, 100, 170}) governor.cycle_measured(ms * kMs);
+  governor.cycle_measured(150 * kMs);
+  for (int block = 0; block < 3; ++block) {
+    EXPECT_FALSE(governor.settled());
+    for (std::uint64_t ms : {100, 100, 170}) governor.cycle_measured(ms * kMs);
+  }
   EXPECT_TRUE(governor.settled());
+  EXPECT_EQ(governor.whole_cycle_ns(), 101 * kMs);
+  EXPECT_EQ(governor.base_cycle_ns(), 100 * kMs);
   EXPECT_EQ(governor.cap_bytes(), kGiB);
   EXPECT_EQ(governor.sheds(), 0u);
 }
@@ -400,6 +411,34 @@ TEST(NearFreeGovernor, ItSaysWhereTheCostLandsTheForwardsShareOfTheJudgedCycles)
   governor.cap_kept(governor.cap_bytes());
   for (std::uint64_t ms : {150, 102, 102, 102}) governor.cycle_measured(ms * kMs, 0, 55 * kMs);
   EXPECT_EQ(governor.judged_forward_ns(), 55 * kMs);
+}
+
+TEST(NearFreeGovernor, CyclesThatDisagreeByMoreThanTwiceTheAllowanceAreJudgedWithMore) {
+  // deepseek_moe (H200, 2026-11-30): steps of 450-700 ms as its MoE routing goes. Three cycles
+  // that far apart are three draws: the stage takes up to nine and judges their lower median.
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  EXPECT_FALSE(governor.cycle_measured(5859 * kMs));  // the switch's
+  for (std::uint64_t ms : {850, 770, 840, 860, 740, 800, 820, 830}) {
+    EXPECT_FALSE(governor.cycle_measured(ms * kMs)) << ms << ": still measuring";
+  }
+  EXPECT_EQ(governor.cycle_measured(810 * kMs), 0u) << "the ninth: judged";
+  EXPECT_EQ(governor.whole_cycle_ns(), 820 * kMs) << "the lower median of the nine";
+  governor.cap_kept(0);
+  EXPECT_FALSE(governor.cycle_measured(669 * kMs));  // the switch's
+  for (std::uint64_t ms : {685, 605, 480, 452, 520, 540, 500, 510}) EXPECT_FALSE(governor.cycle_measured(ms * kMs));
+  const std::optional<std::uint64_t> cut = governor.cycle_measured(600 * kMs);
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(governor.base_cycle_ns(), 520 * kMs);
+  // +58%: two thirds of the allowance (10.4 ms) at 300 ms for 2 GiB keeps 3.5% of it.
+  EXPECT_NEAR(static_cast<double>(*cut), 0.0348 * 2 * kGiB, 0.001 * kGiB);
+  // Cycles within twice the allowance of each other are judged at three, as before: 2 GiB +2%
+  // with cycles 6% apart.
+  NearFreeGovernor steady(2 * kGiB, kMiB);
+  EXPECT_FALSE(steady.cycle_measured(900 * kMs));
+  EXPECT_FALSE(steady.cycle_measured(100 * kMs));
+  EXPECT_FALSE(steady.cycle_measured(106 * kMs));
+  EXPECT_EQ(steady.cycle_measured(102 * kMs), 0u);
+  EXPECT_EQ(steady.whole_cycle_ns(), 102 * kMs);
 }
 
 TEST(NearFreeGovernor, NothingChosenGovernsNothing) {
