@@ -50,6 +50,9 @@ VARIANTS = {
 # H100 machine a forward pass ran +8 ms at 0.3 s or more of steal against +2 ms at 0.1 s
 # (docs/findings.md, section 6): a time read from such a run is the host's as much as the variant's.
 STEAL_NOTICE_S = 0.3
+# Runs of one job whose CPU probes (the job's own per-step loop) differ by more than this share are
+# noted: their step-time ratios compare the CPUs as much as the builds.
+PROBE_NOTICE_SHARE = 0.25
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +156,22 @@ def variant_cpu_speed(runs, variant):
     return min(lows) / usual if lows and usual else None
 
 
+def variant_job_probe_us(runs, variant):
+    """The median over the variant's runs of the job's own CPU probe after warm-up (examples/common.py's
+    cpu_probe_us: a fixed Python loop before each step's timer), or None where the job has none. The
+    same job's probe read ~120 or ~220 us from run to run on the H200 machines, and paging's cost on a
+    job whose host is barely ahead followed it (resnet's paged passes +3.6-7.3% at ~125 us, +12-22% at
+    184-239 us, 2026-11-30): ratios across runs at different probes compare the CPUs too."""
+    medians = []
+    for run in _ok_runs(runs, variant):
+        probe = run["result"].get("cpu_probe_us") or []
+        warmup = run["result"].get("warmup") or 0
+        steady = probe[warmup:] if len(probe) > warmup else probe
+        if steady:
+            medians.append(sorted(steady)[len(steady) // 2])
+    return sorted(medians)[len(medians) // 2] if medians else None
+
+
 # ---------------------------------------------------------------------------------------------
 # One job
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +258,7 @@ def job_report(job, data):
             "torch_peak_mib": row.get("torch_peak_mib"), "offloaded_at_peak_mib": row.get("offloaded_at_peak_mib"),
             "median_fwd_ms": row.get("median_fwd_ms"), "losses": losses,
             "steal_s_max": variant_steal_s(runs, name), "cpu_speed_min": variant_cpu_speed(runs, name),
+            "job_probe_us": variant_job_probe_us(runs, name),
         })
         if rows[-1]["ok"] < rows[-1]["runs"]:
             problems.append("%s: %s: %d of %d runs failed (logs: %s/logs/%s.repN.err)" % (
@@ -264,6 +284,11 @@ def job_report(job, data):
         if row["steal_s_max"] is not None and row["steal_s_max"] >= STEAL_NOTICE_S:
             notes.append("the host stole up to %.1f s of the job's CPUs in a run of %s: its time is the host's as "
                          "much as the variant's" % (row["steal_s_max"], row["variant"]))
+    probes = [(row["job_probe_us"], row["variant"]) for row in rows if row.get("job_probe_us")]
+    if probes and max(probes)[0] > min(probes)[0] * (1 + PROBE_NOTICE_SHARE):
+        notes.append("the job's CPU probe read %.0f us a step in %s against %.0f in %s: the runs' CPUs differed, and "
+                     "a host barely ahead of its GPU pays for actpage's work in step time as the CPU is slower" % (
+                         max(probes)[0], max(probes)[1], min(probes)[0], min(probes)[1]))
     if bound["bound_gib"] is None:
         notes.append("no link bound: %s" % bound["why"])
     return {"job": job, "rows": rows, "problems": problems, "notes": notes, "loss_rule": rule, "link": bound,
@@ -357,11 +382,13 @@ def format_table(job_data):
     traced = any(row["offloaded_at_peak_mib"] is not None for row in rows)
     watched = any(row["steal_s_max"] is not None for row in rows)
     probed = any(row["cpu_speed_min"] is not None for row in rows)
+    job_probed = any(row.get("job_probe_us") is not None for row in rows)
     steady = any(row.get("saved_steady_gib") is not None for row in rows)
     header = ["front", "variant", "what", "ok/runs", "median step ms", "reps ms", "x none", "device used peak MiB",
               "saved GiB", "GiB per 1% slower", "of link bound", "losses = none", "torch peak MiB"]
     header += ["saved after warm-up GiB"] * steady
     header += ["off at actpage's peak MiB"] * traced + ["host steal s"] * watched + ["slowest CPU"] * probed
+    header += ["job's CPU probe us"] * job_probed
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for row in rows:
         failed = row["ok"] == 0
@@ -377,6 +404,7 @@ def format_table(job_data):
         cells += [_cell(row.get("saved_steady_gib"), "%.2f")] * steady
         cells += [_cell(row["offloaded_at_peak_mib"], "%.0f")] * traced
         cells += [_cell(row["steal_s_max"], "%.2f")] * watched + [_cell(row["cpu_speed_min"], "%.2f")] * probed
+        cells += [_cell(row.get("job_probe_us"), "%.0f")] * job_probed
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -53,7 +53,7 @@ BETA = {  # not deterministic, loss_tolerance 1e-3 (relative); its own checkpoin
 
 
 def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H, reps=1, fwd_ms=30.0,
-              manifest_extra=None, microbatches=None, steady=None):
+              manifest_extra=None, microbatches=None, steady=None, probe=None):
     """results.json made by compare_runs' own summarize() from fabricated runs, and bench.sh's meta.json."""
     variants, records = [], []
     for name, (ms, used, losses, failures) in table.items():
@@ -71,6 +71,8 @@ def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H
                 result["microbatches"] = microbatches
             if steady is not None and name in steady:
                 result["device_used_steady_peak_mib"] = steady[name]
+            if probe is not None and name in probe:
+                result["cpu_probe_us"], result["warmup"] = probe[name], 2
             records.append({"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
                             "result": result if ok else None, "argv": []})
     rows = compare_runs.summarize(variants, records, "none")
@@ -296,6 +298,26 @@ class BenchReportTest(unittest.TestCase):
         self.assertIn("the baseline's repetitions differ by 10.0%", data["notes"][0])
         self.assertTrue(any("stole up to 0.4 s of the job's CPUs in a run of actpage-default" in n for n in data["notes"]))
         self.assertIn("host steal s", bench_report.format_table(data))
+
+    def test_the_jobs_own_cpu_probe_is_a_column_and_probes_that_differ_are_noted(self):
+        # After the two warm-up steps: the median of each run's steps.
+        fabricate(self.out, "alpha", ALPHA, probe={"none": [900.0, 500.0, 120.0, 125.0, 118.0],
+                                                    "actpage-default": [900.0, 500.0, 230.0, 221.0, 240.0]})
+        data = self.report()["jobs"]["alpha"]
+        rows = {row["variant"]: row for row in data["rows"]}
+        self.assertEqual(rows["none"]["job_probe_us"], 120.0)
+        self.assertEqual(rows["actpage-default"]["job_probe_us"], 230.0)
+        self.assertIsNone(rows["checkpointing"]["job_probe_us"])
+        self.assertIn("job's CPU probe us", bench_report.format_table(data))
+        self.assertTrue(any("CPU probe read 230 us a step in actpage-default against 120 in none" in note
+                            for note in data["notes"]), data["notes"])
+        # Within a quarter of each other: no note; without probes: no column.
+        fabricate(self.out, "alpha", ALPHA, probe={"none": [120.0, 121.0, 122.0],
+                                                    "actpage-default": [140.0, 141.0, 142.0]})
+        data = self.report()["jobs"]["alpha"]
+        self.assertFalse(any("CPU probe" in note for note in data["notes"]), data["notes"])
+        fabricate(self.out, "alpha", ALPHA)
+        self.assertNotIn("job's CPU probe us", bench_report.format_table(self.report()["jobs"]["alpha"]))
 
     def test_markdown_has_a_table_per_job_with_date_device_and_commit(self):
         fabricate(self.out, "alpha", ALPHA)
