@@ -54,6 +54,28 @@ def parse_size(text):
     return int(float(number) * units[unit])
 
 
+def parse_steps(text):
+    """'6' or '6,11': the steps --profile-step names, ascending, each at least 0."""
+    try:
+        steps = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected step numbers separated by commas, got %r" % text)
+    if not steps or steps[0] < 0:
+        raise argparse.ArgumentTypeError("expected step numbers of at least 0, got %r" % text)
+    return steps
+
+
+def profile_path(keep, step, several):
+    """Where --profile-out keeps a profiled step's trace: the path itself for one step, else with
+    '.stepN' before its extension (.json or .json.gz)."""
+    if not keep or not several:
+        return keep
+    for extension in (".json.gz", ".json"):
+        if keep.endswith(extension):
+            return "%s.step%d%s" % (keep[:-len(extension)], step, extension)
+    return "%s.step%d" % (keep, step)
+
+
 def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048, default_batch=4, methods=METHODS):
     """The loop's flags. `methods`: the --method values this job supports (a job without its own
     checkpointing leaves that out, so asking for it is an argument error, not a silent no-op)."""
@@ -89,11 +111,13 @@ def add_common_arguments(parser, default_offload_modules="MLP", default_seq=2048
     group.add_argument("--sample-ms", type=float, default=2.0,
                        help="device-memory sampling interval in ms (default 2)")
     group.add_argument("--result-json", default=None, help="also write the result to this file")
-    group.add_argument("--profile-step", type=int, default=None,
-                       help="profile this step with torch.profiler and add a GPU-time summary to the result")
+    group.add_argument("--profile-step", type=parse_steps, default=None, metavar="N[,M...]",
+                       help="profile these steps with torch.profiler and add a GPU-time summary of each to the "
+                            "result (e.g. a paged and an unpaged pass of auto mode's governor: 6,11)")
     group.add_argument("--profile-out", default=None,
-                       help="with --profile-step: also keep the profiled step's Chrome trace here (.json, or "
-                            ".json.gz compressed); scripts/copy_timeline.py reads it")
+                       help="with --profile-step: also keep the profiled steps' Chrome traces here (.json, or "
+                            ".json.gz compressed; with several steps, FILE.stepN.json[.gz]); "
+                            "scripts/copy_timeline.py reads them")
     group.add_argument("--alternate-actpage", action="store_true",
                        help="under actpage run: pause what actpage records (module ranges, allocation "
                             "records) every other step, in pairs ordered ABBA, and report the step-time ratio "
@@ -550,7 +574,8 @@ def train(job, args, out=None):
         if cuda:
             torch.cuda.synchronize(device)
 
-    profile = None
+    profiles = {}
+    profile_steps = set(args.profile_step or []) if method != "cuda_graph" else set()
     try:
         if method == "cuda_graph":
             _train_cuda_graph(job, args, optimizer, losses, step_ms, fwd_ms, bwd_ms, sampler)
@@ -562,7 +587,7 @@ def train(job, args, out=None):
                 batch = job.make_batch(step)
                 timer = _Timer(torch, cuda)
                 synchronize()
-                profiler = _start_profiler(torch, cuda) if step == args.profile_step else None
+                profiler = _start_profiler(torch, cuda) if step in profile_steps else None
                 cpu_probe_us.append(cpu_probe_us_now())
                 start = time.perf_counter()
                 timer.mark()
@@ -576,7 +601,8 @@ def train(job, args, out=None):
                 optimizer.zero_grad(set_to_none=True)
                 synchronize()
                 if profiler is not None:
-                    profile = _stop_profiler(profiler, args.profile_out)
+                    profiles[step] = _stop_profiler(profiler, profile_path(args.profile_out, step,
+                                                                           len(profile_steps) > 1))
                 elapsed = (time.perf_counter() - start) * 1000.0
                 spans = timer.spans_ms()
                 losses.append(float(loss.detach().float().item()))
@@ -591,10 +617,8 @@ def train(job, args, out=None):
             set_paused(False)  # the rest of the process records again
 
     warmup = args.warmup
-    if method != "cuda_graph" and args.profile_step is not None and args.profile_step < len(step_ms):
-        profile_summary = profile
-    else:
-        profile_summary = None
+    # The first profiled step's summary, and every profiled step's by its number.
+    profile_summary = profiles[min(profiles)] if profiles else None
     if method == "cuda_graph":
         warmup = max(warmup, args.graph_warmup + 1)  # the capture step is no steady-state step
     measured = step_ms[warmup:] if len(step_ms) > warmup else step_ms
@@ -626,6 +650,7 @@ def train(job, args, out=None):
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "actpage": actpage_status(),
         "profile": profile_summary,
+        "profiles": {str(step): summary for step, summary in sorted(profiles.items())},
     }
     if offload is not None:
         result["stream_offload"] = offload.stats()

@@ -1,6 +1,7 @@
 """examples/common.py on the CPU with a tiny pure-torch language model (no transformers here)."""
 
 import argparse
+import contextlib
 import gzip
 import io
 import json
@@ -150,6 +151,27 @@ class TrainingLoopTest(unittest.TestCase):
         self.assertEqual(summary["gpu_busy_ms"], 0.0)
         self.assertEqual(set(summary), {"kernels", "kernel_ms", "gpu_busy_ms", "kernel_span_ms", "copies_ms",
                                         "top_kernels_ms"})
+
+    def test_several_steps_are_profiled_each_with_its_summary_and_trace(self):
+        # A paged and an unpaged pass of auto mode's governor, side by side in one process.
+        plain, _ = run_job()
+        with tempfile.TemporaryDirectory() as tmp:
+            kept = os.path.join(tmp, "step.json.gz")
+            profiled, _ = run_job("--profile-step", "3,1", "--profile-out", kept)
+            self.assertEqual(sorted(os.listdir(tmp)), ["step.step1.json.gz", "step.step3.json.gz"])
+        self.assertEqual(profiled["losses"], plain["losses"])
+        self.assertEqual(sorted(profiled["profiles"]), ["1", "3"])
+        self.assertEqual(profiled["profile"], profiled["profiles"]["1"])
+        self.assertEqual(plain["profiles"], {})
+        # A step past the run's end profiles nothing; bad lists are errors.
+        beyond, _ = run_job("--profile-step", "9")
+        self.assertIsNone(beyond["profile"])
+        for bad in ("a", "-1", ",", "2,x"):
+            with self.assertRaises(SystemExit, msg=bad), contextlib.redirect_stderr(io.StringIO()):
+                make_args("--profile-step", bad)
+        self.assertEqual(common.profile_path("t.json", 4, True), "t.step4.json")
+        self.assertEqual(common.profile_path("t.json", 4, False), "t.json")
+        self.assertEqual(common.profile_path("t", 4, True), "t.step4")
 
     def test_the_model_learns_and_runs_repeat_bit_for_bit(self):
         first, _ = run_job("--deterministic")

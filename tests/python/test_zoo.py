@@ -156,7 +156,7 @@ class ZooCommonTest(unittest.TestCase):
             self.assertTrue(failed, argv)
             self.assertIn(expected, message)
         # Jobs on common.train keep those flags.
-        self.assertEqual(zoo_common.parse_zoo_args(self.parser(), ["--profile-step", "2"], {}).profile_step, 2)
+        self.assertEqual(zoo_common.parse_zoo_args(self.parser(), ["--profile-step", "2"], {}).profile_step, [2])
 
     def test_a_warm_up_that_leaves_no_step_to_measure_is_an_error(self):
         # 30 steps asked as 12 with --warmup 16 would take the median over all 12, the first included.
