@@ -72,8 +72,8 @@ std::string AutoSelect::peak_end_text() const {
   std::uint64_t paged = 0;
   std::uint64_t unpaged = 0;
   if (const auto& end = governor_->ended_at_peak()) {
-    paged = end->paged_bytes;
-    unpaged = end->unpaged_bytes;
+    paged = end->paged_peak;
+    unpaged = end->unpaged_peak;
   } else if (governor_->last_judgement_missed_peak()) {
     paged = governor_->peak_misses().back().paged_peak;
     unpaged = governor_->peak_misses().back().unpaged_peak;

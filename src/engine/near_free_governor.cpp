@@ -120,7 +120,7 @@ void NearFreeGovernor::cut(std::uint64_t judged_bytes, std::uint64_t most, std::
     cap_bytes_ = most < min_bytes_ ? 0 : most;
     if (cap_bytes_ == 0) settled_ = true;
   }
-  if (cap_bytes_ == 0 && !saves) ended_at_peak_ = PeakEnd{peak_bytes, unpaged_peak_};
+  if (cap_bytes_ == 0 && !saves) ended_at_peak_ = PeakMiss{peak_bytes, unpaged_peak_, judged_bytes};
 }
 
 std::uint64_t NearFreeGovernor::forward_fit_bytes() const {
@@ -134,7 +134,7 @@ bool NearFreeGovernor::saves_at_peak(std::uint64_t paged_peak, std::uint64_t pag
 }
 
 void NearFreeGovernor::end_at_peak(std::uint64_t paged_peak) {
-  ended_at_peak_ = PeakEnd{paged_peak, unpaged_peak_};
+  ended_at_peak_ = PeakMiss{paged_peak, unpaged_peak_, cap_bytes_};
   cap_bytes_ = 0;
   settled_ = true;
 }

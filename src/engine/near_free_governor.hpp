@@ -122,20 +122,18 @@ class NearFreeGovernor {
   std::uint64_t base_forward_ns() const { return base_forward_ns_; }
   std::uint64_t judged_forward_ns() const { return judged_forward_ns_; }
   std::uint32_t sheds() const { return sheds_; }
-  // Paging ended because the paged passes' peak was not lower than the unpaged passes' (see the
-  // contract): the peaks compared (paged, unpaged), else nullopt.
-  struct PeakEnd {
-    std::uint64_t paged_bytes = 0;
-    std::uint64_t unpaged_bytes = 0;
-  };
-  const std::optional<PeakEnd>& ended_at_peak() const { return ended_at_peak_; }
-  // The judgements that missed the peak (at most kPeakMissesEnding; the last one's is ended_at_peak
-  // when it ended paging): the peaks compared and the bytes paged a pass then.
+  // A miss of the peak (see the contract): the paged passes' peak against the unpaged passes', and
+  // the bytes paged a pass then.
   struct PeakMiss {
     std::uint64_t paged_peak = 0;
     std::uint64_t unpaged_peak = 0;
     std::uint64_t bytes_paged = 0;
   };
+  // The miss that ended paging (the second judgement's, a half's under min_bytes, or a settled
+  // pass's that reached the unpaged peak), else nullopt.
+  const std::optional<PeakMiss>& ended_at_peak() const { return ended_at_peak_; }
+  // The judgements that missed the peak (at most kPeakMissesEnding; the settled watch's end is not
+  // a judgement).
   const std::vector<PeakMiss>& peak_misses() const { return peak_misses_; }
   // Whether the last judgement missed the peak (and cut or ended paging for it).
   bool last_judgement_missed_peak() const { return last_missed_; }
@@ -185,7 +183,7 @@ class NearFreeGovernor {
   std::vector<std::uint64_t> settled_cycles_;  // since settling, the switch's left out
   std::uint64_t whole_peak_ = 0;     // the whole stage's passes' sampled peak (0: unknown)
   std::uint64_t unpaged_peak_ = 0;   // the unpaged stage's (0: unknown)
-  std::optional<PeakEnd> ended_at_peak_;
+  std::optional<PeakMiss> ended_at_peak_;
   std::vector<PeakMiss> peak_misses_;
   bool last_missed_ = false;
 };

@@ -253,8 +253,9 @@ TEST(NearFreeGovernor, FreeButNoLowerAtThePeakIsCutToHalfThenEndsAtTheSecondMiss
   EXPECT_EQ(governor.sheds(), 0u) << "no cut for time";
   EXPECT_EQ(governor.peak_misses().size(), 2u);
   ASSERT_TRUE(governor.ended_at_peak());
-  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, paged + kMiB);
-  EXPECT_EQ(governor.ended_at_peak()->unpaged_bytes, unpaged);
+  EXPECT_EQ(governor.ended_at_peak()->paged_peak, paged + kMiB);
+  EXPECT_EQ(governor.ended_at_peak()->unpaged_peak, unpaged);
+  EXPECT_EQ(governor.ended_at_peak()->bytes_paged, 690 * kMiB) << "the half's";
   EXPECT_FALSE(stage(governor, 1574, unpaged)) << "settled: nothing more";
 }
 
@@ -317,7 +318,7 @@ TEST(NearFreeGovernor, ACutWhosePeakSavesNothingIsHalvedThenEnds) {
   EXPECT_EQ(stage(governor, 101, unpaged - 20 * kMiB), 0u);
   EXPECT_TRUE(governor.settled());
   ASSERT_TRUE(governor.ended_at_peak());
-  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, unpaged - 20 * kMiB);
+  EXPECT_EQ(governor.ended_at_peak()->paged_peak, unpaged - 20 * kMiB);
   EXPECT_EQ(governor.sheds(), 1u) << "the cut for time only";
   EXPECT_EQ(governor.peak_misses().size(), 2u);
 }
@@ -380,7 +381,8 @@ TEST(NearFreeGovernor, SettledAPeakThatReachesTheUnpagedOneEndsPaging) {
   EXPECT_EQ(governor.cycle_measured(101 * kMs, unpaged), 0u);
   EXPECT_EQ(governor.cap_bytes(), 0u);
   ASSERT_TRUE(governor.ended_at_peak());
-  EXPECT_EQ(governor.ended_at_peak()->paged_bytes, unpaged);
+  EXPECT_EQ(governor.ended_at_peak()->paged_peak, unpaged);
+  EXPECT_EQ(governor.ended_at_peak()->bytes_paged, 3 * kGiB);
   EXPECT_EQ(governor.settled_cycles(), 5u) << "still counted for the end-of-run line";
   // Ended: the switch's cycle, then nothing more whatever the peak.
   for (int cycle = 0; cycle < 4; ++cycle) EXPECT_FALSE(governor.cycle_measured(101 * kMs, 2 * unpaged));
