@@ -116,6 +116,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   if (governor_) {
     stats.auto_sheds = governor_->sheds();
     stats.auto_peak_misses = governor_->peak_misses().size();
+    stats.auto_settled_cuts = governor_->rejudgements();
     stats.auto_cycle_base_ns = governor_->base_cycle_ns();
     stats.auto_cycle_judged_ns = governor_->judged_cycle_ns();
     stats.auto_cycle_whole_ns = governor_->whole_cycle_ns();

@@ -138,8 +138,9 @@ namespace actpage::engine {
 //     cap rose from nothing after them; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
 //     job's allocator: allocation_key.hpp); auto_bytes_paged: what is paged a pass after the
-//     governor's sheds for time (auto_sheds; NearFreeGovernor), its judgements that missed the peak
-//     (auto_peak_misses: a cut, then the end) or the device-memory goal's raises (it
+//     governor's sheds for time (auto_sheds; NearFreeGovernor; auto_settled_cuts of them for its
+//     settled passes), its judgements that missed the peak (auto_peak_misses: a cut, then the
+//     end) or the device-memory goal's raises (it
 //     takes its reserve), auto_cycle_base_ns / auto_cycle_judged_ns /
 //     auto_cycle_whole_ns: a pass's cycle on the GPU (its start to the next's) with nothing paged
 //     (measured), as last judged paged, and with the chosen bytes paged; auto_cycle_settled_ns: the
@@ -255,6 +256,7 @@ namespace actpage::engine {
   X(auto_bytes_paged) \
   X(auto_sheds) \
   X(auto_peak_misses) \
+  X(auto_settled_cuts) \
   X(auto_cycle_base_ns) \
   X(auto_cycle_judged_ns) \
   X(auto_cycle_whole_ns) \

@@ -34,6 +34,10 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
       switching_ = true;
       return cap_bytes_;
     }
+    if (settled_passes_over()) {
+      switching_ = true;
+      return cap_bytes_;
+    }
     return std::nullopt;
   }
   cycles_.push_back(cycle_ns);
@@ -49,6 +53,32 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
   if (cap_bytes_ == before && ended_at_peak_.has_value() == ended_before) return std::nullopt;
   switching_ = true;
   return cap_bytes_;
+}
+
+bool NearFreeGovernor::settled_passes_over() {
+  if (settled_judged_ || cap_bytes_ == 0 || refused_ || base_ns_ == 0 || settled_cycles_.size() < kMostJudgedCycles) {
+    return false;
+  }
+  settled_judged_ = true;
+  std::vector<std::uint64_t> recent(settled_cycles_.end() - kMostJudgedCycles, settled_cycles_.end());
+  std::sort(recent.begin(), recent.end());
+  // Over only where seven of the nine are: a choice costing +2% with cycles +-2% apart would read
+  // over by its median in one run of twenty.
+  if (static_cast<double>(recent[kMostJudgedCycles / 3 - 1]) <= static_cast<double>(base_ns_) * (1.0 + allowance_)) {
+    return false;
+  }
+  // Over: judged again as a cut is, by their lower median, from this cap (at most half, at most the
+  // forward's fit).
+  judged_ns_ = lower_median(recent);
+  judged_forward_ns_ = 0;  // the settled cycles' forwards are not kept
+  settled_ = false;
+  settled_judged_ = false;
+  settled_cycles_.clear();
+  ++rejudgements_;
+  std::uint64_t most = cap_bytes_ / 2;
+  if (const std::uint64_t fit = forward_fit_bytes(); fit != 0) most = std::min(most, fit);
+  shed(cap_bytes_, most);
+  return true;
 }
 
 bool NearFreeGovernor::judgeable() const {

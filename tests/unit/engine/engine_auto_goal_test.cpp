@@ -503,6 +503,33 @@ TEST(AutoMode, ACutForThePeakThatLowersItIsKept) {
   EXPECT_EQ(summary.find("no saving at the peak"), std::string::npos) << summary;
 }
 
+// The passes after the judged ones can cost more (hf_trainer on the H200: judged +1.4%, later +5.2%):
+// the settled passes are judged once more, and the cap cut where they are over the allowance.
+TEST(AutoMode, SettledPassesThatCostMoreThanTheAllowanceCutTheCap) {
+  auto later = std::make_shared<std::atomic<bool>>(false);
+  AutoMeasurements measurements = governed(0.02);
+  const auto judged = measurements.paged_cycle_ns;
+  measurements.paged_cycle_ns = [later, judged](std::uint64_t cap) {
+    return later->load() && cap != 0 ? std::uint64_t{1'060'000'000} : judged(cap);
+  };
+  Rig rig(auto_options(), measurements);
+  LayerJob job(rig);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_cycle_base_ns != 0; });
+  job.pass();
+  ASSERT_EQ(job.owned(), (std::vector<bool>{true, true, true, false, false, false})) << "kept whole at +2%";
+  later->store(true);
+  passes_until(rig, job, [](const EngineStats& stats) { return stats.auto_settled_cuts != 0; });
+  for (int pass = 0; pass < 2; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_settled_cuts, 1u);
+  EXPECT_EQ(stats.auto_sheds, 1u);
+  // +6% for 12 MiB: two thirds of the allowance keeps a third of it, 4 MiB: the first layer.
+  EXPECT_EQ(stats.auto_bytes_paged, 4 * kMiB);
+  EXPECT_EQ(job.owned(), (std::vector<bool>{true, false, false, false, false, false}));
+  expect_every_read_right(rig);
+  EXPECT_SAYS(summary_line(rig), "(+6.0%, allowed +3.0%): cut to 4 MiB a pass from the job's pass ");
+}
+
 TEST(AutoMode, KeptPagingEndsWhenALaterPassPeaksAsHighAsTheJobsOwn) {
   auto risen = std::make_shared<std::atomic<bool>>(false);
   AutoMeasurements measurements = governed(0.02);

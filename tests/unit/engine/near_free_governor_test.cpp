@@ -64,15 +64,19 @@ TEST(NearFreeGovernor, WithinTheAllowanceTheUnpagedPassesEndWithTheWholeChoicePa
   EXPECT_EQ(governor.sheds(), 0u);
   EXPECT_NE(governor.judgement_text().find("102.0 ms against 100.0 ms unpaged (+2.0%, allowed +3.0%)"), std::string::npos)
       << governor.judgement_text();
-  // Settled: a slow cycle later sheds nothing.
+  // Settled: slow cycles shed nothing until nine of them are judged (once per settling).
   for (int cycle = 0; cycle < 3; ++cycle) EXPECT_FALSE(governor.cycle_measured(200 * kMs + cycle * kMs));
   EXPECT_EQ(governor.settled_cycles(), 2u) << "the cap's switch (the first) left out";
   EXPECT_EQ(governor.settled_cycle_ns(), 0u) << "two cycles are no measure";
-  for (int cycle = 3; cycle < 10; ++cycle) EXPECT_FALSE(governor.cycle_measured(200 * kMs + cycle * kMs));
+  for (int cycle = 3; cycle < 9; ++cycle) EXPECT_FALSE(governor.cycle_measured(200 * kMs + cycle * kMs));
   EXPECT_EQ(governor.cap_bytes(), 2 * kGiB);
-  // But each is kept for the end-of-run line: 201-209 ms.
-  EXPECT_EQ(governor.settled_cycles(), 9u);
-  EXPECT_EQ(governor.settled_cycle_ns(), 205 * kMs);
+  // Each is kept for the end-of-run line: 201-208 ms.
+  EXPECT_EQ(governor.settled_cycles(), 8u);
+  EXPECT_EQ(governor.settled_cycle_ns(), 204 * kMs);
+  // The ninth: the nine (201-209 ms, lower median 205) twice the base's: cut.
+  EXPECT_TRUE(governor.cycle_measured(209 * kMs));
+  EXPECT_EQ(governor.judged_cycle_ns(), 205 * kMs);
+  EXPECT_EQ(governor.rejudgements(), 1u);
 }
 
 TEST(NearFreeGovernor, SettledItKeepsTheLastCyclesForTheirMedian) {
@@ -443,6 +447,45 @@ TEST(NearFreeGovernor, CyclesThatDisagreeByMoreThanTwiceTheAllowanceAreJudgedWit
   EXPECT_EQ(steady.whole_cycle_ns(), 102 * kMs);
 }
 
+TEST(NearFreeGovernor, SettledPassesOverTheAllowanceAreCutOncePerSettling) {
+  // hf_trainer (H200, 2026-11-30): its whole choice judged +1.4%, its later passes +5.2%.
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  stage(governor, 101, 0);
+  ASSERT_EQ(stage(governor, 100, 0), 2 * kGiB);
+  ASSERT_TRUE(governor.settled());
+  EXPECT_FALSE(governor.cycle_measured(120 * kMs)) << "the switch's";
+  for (int cycle = 0; cycle < 8; ++cycle) EXPECT_FALSE(governor.cycle_measured(105 * kMs)) << cycle;
+  // The ninth: +5% over nine settled cycles. The cost a byte (5 ms for 2 GiB) keeps 0.67 x 3 ms.
+  const std::optional<std::uint64_t> cut = governor.cycle_measured(105 * kMs);
+  ASSERT_TRUE(cut);
+  EXPECT_NEAR(static_cast<double>(*cut), 0.402 * 2 * kGiB, 0.01 * kGiB);
+  EXPECT_FALSE(governor.settled());
+  EXPECT_EQ(governor.stage(), NearFreeGovernor::Stage::cut);
+  EXPECT_EQ(governor.judged_cycle_ns(), 105 * kMs);
+  EXPECT_EQ(governor.rejudgements(), 1u);
+  EXPECT_EQ(governor.sheds(), 1u);
+  EXPECT_EQ(governor.settled_cycles(), 0u) << "the cut cap's passes count anew";
+  governor.cap_kept(*cut);
+  // The cut judged within (+2%): settled again; its nine cycles are judged once, within (+2.5%),
+  // and nothing later is, however slow.
+  EXPECT_EQ(stage(governor, 102, 0), std::nullopt);
+  ASSERT_TRUE(governor.settled());
+  for (int cycle = 0; cycle < 10; ++cycle) EXPECT_FALSE(governor.cycle_measured(102.5 * kMs));
+  for (int cycle = 0; cycle < 20; ++cycle) EXPECT_FALSE(governor.cycle_measured(110 * kMs));
+  EXPECT_EQ(governor.cap_bytes(), *cut);
+  EXPECT_EQ(governor.rejudgements(), 1u);
+  // A choice judged within and settled within stays; a refused unpaged stage has no base to judge by.
+  NearFreeGovernor steady(2 * kGiB, kMiB);
+  stage(steady, 101, 0);
+  stage(steady, 100, 0);
+  for (int cycle = 0; cycle < 30; ++cycle) EXPECT_FALSE(steady.cycle_measured(102 * kMs));
+  EXPECT_EQ(steady.rejudgements(), 0u);
+  NearFreeGovernor refused(2 * kGiB, kMiB);
+  stage(refused, 101, 0);
+  refused.unpaged_refused();
+  for (int cycle = 0; cycle < 30; ++cycle) EXPECT_FALSE(refused.cycle_measured(200 * kMs));
+}
+
 TEST(NearFreeGovernor, NothingChosenGovernsNothing) {
   NearFreeGovernor nothing(0, kMiB);
   EXPECT_TRUE(nothing.settled());
@@ -479,6 +522,33 @@ TEST(NearFreeGovernor, CycleNoiseOfOnePercentRarelyShedsAFreeChoice) {
     if (governor.sheds() != 0) ++shed;
   }
   EXPECT_LE(shed, 2) << "of 200 runs";
+}
+
+TEST(NearFreeGovernor, CycleNoiseOfTwoPercentRarelyCutsASettledChoiceCosting2Percent) {
+  // The settled passes' judgement: nine cycles of a choice costing +2% with each cycle +-2% (a
+  // launch-bound job's spread) have seven over the allowance in none of these 200 runs (fixed seed;
+  // their lower median was over in 12), the settled cycles running on past it (30 each).
+  std::mt19937 random(20261130);
+  std::uniform_real_distribution<double> noise(-0.02, 0.02);
+  int cut = 0;
+  for (int run = 0; run < 200; ++run) {
+    NearFreeGovernor governor(2 * kGiB, kMiB);
+    stage(governor, 102, 0);
+    ASSERT_EQ(stage(governor, 100, 0), 2 * kGiB);
+    for (int cycle = 0; cycle < 31 && governor.settled(); ++cycle) {
+      governor.cycle_measured(static_cast<std::uint64_t>(102.0 * kMs * (1.0 + noise(random))));
+    }
+    if (governor.rejudgements() != 0) ++cut;
+  }
+  EXPECT_LE(cut, 1) << "of 200 runs";
+  // At +5% they are over in every run.
+  NearFreeGovernor over(2 * kGiB, kMiB);
+  stage(over, 102, 0);
+  stage(over, 100, 0);
+  for (int cycle = 0; cycle < 10; ++cycle) {
+    over.cycle_measured(static_cast<std::uint64_t>(105.0 * kMs * (1.0 + noise(random))));
+  }
+  EXPECT_EQ(over.rejudgements(), 1u);
 }
 
 }  // namespace
