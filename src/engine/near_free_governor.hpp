@@ -35,11 +35,12 @@
 //   to half; within: settled. At 0: paging ends, settled. A cost that does not fall with the bytes
 //   so ends paging within a few judgements: each one prices every byte at the whole cost.
 // - Settled with bytes paged, the first kMostJudgedCycles cycles after the switch are judged once
-//   more against the same base: where seven of the nine are over the allowance, the cap is cut as in
-//   the cut stage (by their lower median, at most half) and judged from there. The judged cycles come early, and the passes
-//   after can cost more: hf_trainer's whole choice judged +1.4-2.7% ran +5.2-7.8% in its later
-//   passes in three runs of three (H200, 2026-11-27/30, /work/gpu-runs/s45/A2, s48/E). Once per
-//   settling: later cycles are not judged again (noise would only ever shed).
+//   more against the same base: where seven of the nine are over the allowance, the cap is cut as
+//   in the cut stage (by their lower median, at most half) and judged from there. The judged
+//   cycles come early, and the passes after can cost more: hf_trainer's whole choice judged
+//   +1.4-2.7% ran +5.2-7.8% in its later passes in three runs of three (H200, 2026-11-27/30,
+//   /work/gpu-runs/s45/A2, s48/E). Once per settling: later cycles are not judged again (noise
+//   would only ever shed).
 // - Paging must pay in bytes too: the caller gives each cycle the sampled peak of device memory in
 //   use over the passes of the cap in force (0: none sampled). A judgement whose paged passes' peak
 //   (the whole stage's at the unpaged stage's judgement, the cut cap's in the cut stage) is not
