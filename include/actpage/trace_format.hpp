@@ -59,6 +59,7 @@ enum class RecordType : std::uint16_t {
   engine_memory = 21, // EngineMemoryPayload: what holds device memory, taken with each MEM_SAMPLE
   gpu_lead = 22,      // GpuLeadPayload: the GPU reached backward's first marker: how far the host was ahead
   saved = 23,         // SavedPayload: autograd saved a tensor for backward (the saved-tensor hooks' pack)
+  pool_trim = 24,     // PoolTrimPayload: a worker trimmed the job's cudaMallocAsync pool
 };
 
 struct RecordHeader {
@@ -213,6 +214,15 @@ struct IterationPayload {
   std::uint64_t index;
 };
 
+// Written by the thread that trimmed the job's cudaMallocAsync pool (cuMemPoolTrimTo) when the call
+// returned: the bytes asked, those the pool gave back (0 when it failed), and how long the call took.
+// It waits for the device, and the job's own calls on the pool wait for it meanwhile.
+struct PoolTrimPayload {
+  std::uint64_t asked_bytes;
+  std::uint64_t trimmed_bytes;
+  std::uint64_t duration_ns;
+};
+
 // Written on the job's thread whenever actpage's saved-tensor hooks report a pack of a device
 // tensor while a trace is written (observe mode too): `ptr` is the address of the tensor's storage,
 // which pairs with the live ALLOC of that base address (what autograd keeps for backward). `actpage
@@ -228,6 +238,6 @@ static_assert(sizeof(NamePayload) == 8 && sizeof(PathPayload) == 16 && sizeof(Al
               sizeof(VmmPayload) == 32 && sizeof(MemSamplePayload) == 24 && sizeof(StallPayload) == 16 &&
               sizeof(LostPayload) == 8 && sizeof(IterationPayload) == 8 && sizeof(WaitPayload) == 16 &&
               sizeof(HostPinPayload) == 24 && sizeof(EngineMemoryPayload) == 40 && sizeof(GpuLeadPayload) == 24 &&
-              sizeof(SavedPayload) == 8);
+              sizeof(SavedPayload) == 8 && sizeof(PoolTrimPayload) == 24);
 
 }  // namespace actpage::trace

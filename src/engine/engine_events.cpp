@@ -60,6 +60,12 @@ void EngineEvents::unmapped(DevPtr va, std::size_t bytes, std::uint64_t duration
   vmm(trace::RecordType::unmap, va, bytes, device_, duration_ns);
 }
 
+void EngineEvents::pool_trimmed(std::uint64_t asked, std::uint64_t trimmed, std::uint64_t duration_ns) const {
+  if (auto* writer = trace::active()) {
+    writer->record(trace::RecordType::pool_trim, trace::PoolTrimPayload{asked, trimmed, duration_ns});
+  }
+}
+
 void EngineEvents::stalled(std::uint64_t wait_ns, ranges::PathId selected, std::uint32_t group) const {
   if (auto* writer = trace::active()) {
     trace::StallPayload payload{};

@@ -51,6 +51,9 @@ class EngineEvents {
   void gpu_reached_backward(std::uint64_t lead_ns, std::uint64_t markers_ahead, std::uint64_t bytes_ahead) const;
   // A forward pass (iteration `index`, from 1) began.
   void iteration_began(std::uint64_t index) const;
+  // The job's pool trimmed by `trimmed` of `asked` bytes (0: it failed), the call `duration_ns` long;
+  // on the trimming thread, as the call returned.
+  void pool_trimmed(std::uint64_t asked, std::uint64_t trimmed, std::uint64_t duration_ns) const;
   // A line for people, as a MESSAGE record (auto mode's decision: "auto ...").
   void message(std::string_view text) const;
 

@@ -30,7 +30,9 @@ std::optional<JobPool::Trim> JobPool::trim_by(std::size_t bytes) {
   if (failed_.load(std::memory_order_relaxed)) return std::nullopt;
   const std::uint64_t started = monotonic_ns();
   Result<std::size_t> trimmed = parts_.core.device.trim_job_pool(bytes);
-  return Trim{std::move(trimmed), monotonic_ns() - started};
+  const std::uint64_t ns = monotonic_ns() - started;
+  parts_.core.events.pool_trimmed(bytes, trimmed.ok() ? *trimmed : 0, ns);
+  return Trim{std::move(trimmed), ns};
 }
 
 void JobPool::record(const Trim& trim) {

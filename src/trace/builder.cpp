@@ -184,6 +184,10 @@ TraceBuilder& TraceBuilder::host_pin(std::uint64_t bytes, std::uint64_t duration
   return record(RecordType::host_pin, HostPinPayload{bytes, duration_ns, result, 0});
 }
 
+TraceBuilder& TraceBuilder::pool_trim(std::uint64_t asked_bytes, std::uint64_t trimmed_bytes, std::uint64_t duration_ns) {
+  return record(RecordType::pool_trim, PoolTrimPayload{asked_bytes, trimmed_bytes, duration_ns});
+}
+
 TraceBuilder& TraceBuilder::message(std::uint32_t id, std::string_view text_value) {
   return text(RecordType::message, id, text_value);
 }

@@ -75,6 +75,7 @@ class TraceBuilder {
   TraceBuilder& wait(std::uint64_t wait_ns, std::uint32_t kind);
   TraceBuilder& engine_memory(const EngineMemoryPayload& payload);
   TraceBuilder& host_pin(std::uint64_t bytes, std::uint64_t duration_ns, std::uint32_t result = 0);
+  TraceBuilder& pool_trim(std::uint64_t asked_bytes, std::uint64_t trimmed_bytes, std::uint64_t duration_ns);
   TraceBuilder& gpu_lead(std::uint64_t lead_ns, std::uint32_t markers_ahead, std::uint64_t bytes_ahead = 0);
   TraceBuilder& message(std::uint32_t id, std::string_view text);
   TraceBuilder& saved(std::uint64_t ptr);

@@ -116,6 +116,7 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
   for (const auto& w : trace.waits) seen(w.tid);
   for (const auto& l : trace.gpu_leads) seen(l.tid);
   for (const auto& v : trace.vmm) seen(v.tid);
+  for (const auto& t : trace.pool_trims) seen(t.tid);
   std::vector<std::pair<std::uint32_t, std::uint64_t>> threads(pushes.begin(), pushes.end());
   std::stable_sort(threads.begin(), threads.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   for (std::size_t i = 0; i < threads.size(); ++i) {
@@ -263,6 +264,17 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
       out.complete(v.tid, span.begin_ns, span.end_ns, std::move(label), "vmm", std::move(args));
     } else {
       out.instant(v.tid, v.time_ns, std::move(label), "vmm", std::move(args));
+    }
+  }
+  for (const auto& t : trace.pool_trims) {
+    Json args = {{"asked_bytes", t.data.asked_bytes}, {"trimmed_bytes", t.data.trimmed_bytes}};
+    std::string label = "trim the job's pool: " + format_bytes(t.data.trimmed_bytes) + " of " +
+                        format_bytes(t.data.asked_bytes);
+    if (t.data.duration_ns > 0) {
+      const Span span = ended_span(t.time_ns, t.data.duration_ns);
+      out.complete(t.tid, span.begin_ns, span.end_ns, std::move(label), "vmm", std::move(args));
+    } else {
+      out.instant(t.tid, t.time_ns, std::move(label), "vmm", std::move(args));
     }
   }
   for (const auto& it : trace.iterations) {

@@ -56,6 +56,7 @@ class Decoder {
       case RecordType::iteration: add(file_.iterations, header, body, offset, index); return;
       case RecordType::wait: add(file_.waits, header, body, offset, index); return;
       case RecordType::host_pin: add(file_.host_pins, header, body, offset, index); return;
+      case RecordType::pool_trim: add(file_.pool_trims, header, body, offset, index); return;
       case RecordType::engine_memory: add(file_.engine_memory, header, body, offset, index); return;
       case RecordType::gpu_lead: add(file_.gpu_leads, header, body, offset, index); return;
       case RecordType::saved: add(file_.saved, header, body, offset, index); return;
@@ -280,6 +281,7 @@ const char* record_type_name(RecordType type) noexcept {
     case RecordType::iteration: return "iteration";
     case RecordType::wait: return "wait";
     case RecordType::host_pin: return "host_pin";
+    case RecordType::pool_trim: return "pool_trim";
     case RecordType::engine_memory: return "engine_memory";
     case RecordType::gpu_lead: return "gpu_lead";
     case RecordType::saved: return "saved";

@@ -81,6 +81,7 @@ struct TraceFile {
   std::vector<Timed<IterationPayload>> iterations;
   std::vector<Timed<WaitPayload>> waits;
   std::vector<Timed<HostPinPayload>> host_pins;
+  std::vector<Timed<PoolTrimPayload>> pool_trims;
   std::vector<Timed<EngineMemoryPayload>> engine_memory;
   std::vector<Timed<GpuLeadPayload>> gpu_leads;
   std::vector<Timed<SavedPayload>> saved;           // saved-tensor packs (none in older traces)

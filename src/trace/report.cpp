@@ -151,6 +151,10 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
     out << ", pinning host memory " << format_duration(m.host_pin_ns) << " (" << format_bytes(m.host_pin_bytes)
         << ")";
   }
+  if (time.has_pool_trims) {
+    out << ", trimming the job's pool " << format_duration(m.pool_trim_ns) << " ("
+        << format_bytes(m.pool_trimmed_bytes) << ")";
+  }
   out << '\n';
   out << "  offloads       " << format_bytes(m.offloaded_bytes) << " begun, in flight "
       << format_duration(m.offload_inflight_ns);
@@ -171,6 +175,9 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
   // The job's own allocation calls: where the host is the step's path, a pass whose calls all take
   // longer (the job's thread slower, not actpage's work) shows here (qwen3_moe, H200, 2026-11-29).
   if (time.has_alloc_durations) head.push_back("job allocs");
+  // The workers' trims of the job's pool: the job's own pool calls wait for each (the driver's pool
+  // lock), so slow job allocs beside long trims are the trims' cost.
+  if (time.has_pool_trims) head.push_back("pool trims");
   std::vector<std::vector<std::string>> rows{head};
   // A long run's middle is left out: the first and last rows show warm-up and steady state, and
   // --json has every one.
@@ -197,6 +204,7 @@ void write_time_breakdown(std::ostream& out, const TimeBreakdown& time) {
     }
     if (time.has_gpu_reload_waits) row.push_back(format_duration_or_dash(t.gpu_reload_wait_ns));
     if (time.has_alloc_durations) row.push_back(format_duration_or_dash(t.job_alloc_ns));
+    if (time.has_pool_trims) row.push_back(format_duration_or_dash(t.pool_trim_ns));
     rows.push_back(std::move(row));
   }
   write_table(out, rows);

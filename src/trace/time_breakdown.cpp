@@ -47,6 +47,7 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
   TimeBreakdown result;
   result.has_waits = !trace.waits.empty();
   result.has_host_pins = !trace.host_pins.empty();
+  result.has_pool_trims = !trace.pool_trims.empty();
   result.has_gpu_leads = !trace.gpu_leads.empty();
   result.has_gpu_reload_waits = std::any_of(trace.waits.begin(), trace.waits.end(),
                                             [](const auto& wait) { return wait.data.kind == kWaitGpuOnReload; });
@@ -131,6 +132,12 @@ TimeBreakdown time_breakdown(const TraceFile& trace, const Pairing& pairing) {
     if (IterationTime* it = at(pin.time_ns)) {
       it->host_pin_ns += pin.data.duration_ns;
       if (pin.data.result == 0) it->host_pin_bytes += pin.data.bytes;
+    }
+  }
+  for (const auto& trim : trace.pool_trims) {
+    if (IterationTime* it = at(trim.time_ns)) {
+      it->pool_trim_ns += trim.data.duration_ns;
+      it->pool_trimmed_bytes += trim.data.trimmed_bytes;
     }
   }
   for (const auto& page : trace.pages) {

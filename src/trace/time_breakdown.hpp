@@ -64,6 +64,10 @@ struct IterationTime {
   std::uint64_t worker_vmm_calls = 0;
   std::uint64_t host_pin_ns = 0;
   std::uint64_t host_pin_bytes = 0;
+  // The job's pool trimmed (POOL_TRIM): the calls' time (the job's own pool calls wait meanwhile)
+  // and the bytes given back.
+  std::uint64_t pool_trim_ns = 0;
+  std::uint64_t pool_trimmed_bytes = 0;
   // Copies.
   std::uint64_t offload_inflight_ns = 0;
   std::uint64_t offload_inflight_in_forward_ns = 0;
@@ -101,6 +105,8 @@ inline constexpr IterationTimeField kIterationTimeFields[] = {
     {"worker_vmm_calls", &IterationTime::worker_vmm_calls},
     {"host_pin_ns", &IterationTime::host_pin_ns},
     {"host_pin_bytes", &IterationTime::host_pin_bytes},
+    {"pool_trim_ns", &IterationTime::pool_trim_ns},
+    {"pool_trimmed_bytes", &IterationTime::pool_trimmed_bytes},
     {"offload_inflight_ns", &IterationTime::offload_inflight_ns},
     {"offload_inflight_in_forward_ns", &IterationTime::offload_inflight_in_forward_ns},
     {"offloaded_bytes", &IterationTime::offloaded_bytes},
@@ -116,6 +122,7 @@ struct TimeBreakdown {
   IterationTime steady;            // field-wise median (index: how many iterations it is over)
   bool has_waits = false;          // the trace has WAIT records (older traces lack them)
   bool has_host_pins = false;      // HOST_PIN records (likewise)
+  bool has_pool_trims = false;     // POOL_TRIM records (likewise)
   bool has_alloc_durations = false;  // ALLOC records that time the call (likewise)
   bool has_gpu_leads = false;      // GPU_LEAD records (likewise)
   bool has_gpu_reload_waits = false;  // WAIT records of kind kWaitGpuOnReload

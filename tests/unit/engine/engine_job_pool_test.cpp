@@ -418,7 +418,7 @@ TEST(Engine, MemorySamplesPauseWithTheRecording) {
   EXPECT_GE(checked, 3u);
 }
 
-TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
+TEST(Engine, TheTraceShowsTheJobsWaitsThePoolsPinningAndTheTrimsOfTheJobsPool) {
   // What `actpage dump` reads to say where the time went: each wait of the job's thread for the
   // copies is a WAIT record (the drain's told apart from a cap's) adding up to the engine's own
   // count, each wait for a reload a STALL record naming the module, and the host pool's pinning a
@@ -474,6 +474,19 @@ TEST(Engine, TheTraceShowsTheJobsWaitsAndThePoolsPinning) {
   EXPECT_EQ(job_waits, stats.backlog_waits);
   EXPECT_EQ(waited, stats.backlog_wait_ns);
   EXPECT_EQ(gpu_reload_waits, stats.reload_gpu_waits);
+  // Every trim of the job's pool (the reloads' before they create pages) is a record, as the stats
+  // count them.
+  ASSERT_GT(stats.pool_trims, 0u);
+  ASSERT_EQ(file->pool_trims.size(), stats.pool_trims);
+  std::uint64_t trimmed = 0;
+  std::uint64_t trim_ns = 0;
+  for (const auto& trim : file->pool_trims) {
+    trimmed += trim.data.trimmed_bytes;
+    trim_ns += trim.data.duration_ns;
+    EXPECT_GE(trim.data.asked_bytes, trim.data.trimmed_bytes);
+  }
+  EXPECT_EQ(trimmed, stats.pool_trimmed_bytes);
+  EXPECT_EQ(trim_ns, stats.pool_trim_ns);
   ASSERT_FALSE(file->host_pins.empty());  // the pool's preallocation at least
   EXPECT_EQ(file->host_pins.front().data.bytes, testing::small_offload_options().host_pool_prealloc_bytes);
   EXPECT_EQ(file->host_pins.front().data.result, 0u);

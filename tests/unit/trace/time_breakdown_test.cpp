@@ -198,6 +198,54 @@ TEST(TimeBreakdown, TheJobsAllocationCallsAndTheSlowOnesAmongThem) {
   EXPECT_EQ(old_out.str().find("job allocs"), std::string::npos) << old_out.str();
 }
 
+TEST(TimeBreakdown, TheWorkersTrimsOfTheJobsPoolBesideTheJobsAllocationCalls) {
+  // The job's own pool calls wait while a worker's cuMemPoolTrimTo runs (it waits for the device):
+  // iteration 1 has two trims (12 ms, 1 GiB given back of 1.5 asked; 3 ms of a failed one), iteration 2
+  // none.
+  TraceBuilder b;
+  b.at(0, kJob).iteration(1);
+  b.at(10 * ms, kJob).alloc(0x1000, MiB, 0, 0, 3, 0, 0, 9 * ms);
+  b.at(12 * ms, kWorker).pool_trim(GiB + 512 * MiB, GiB, 12 * ms);
+  b.at(60 * ms, kWorker).pool_trim(GiB, 0, 3 * ms);
+  b.at(100 * ms, kJob).iteration(2);
+  b.at(110 * ms, kJob).alloc(0x2000, MiB, 0, 0, 3, 0, 0, 20'000);
+  b.at(200 * ms, kJob).iteration(3);
+  auto file = read_trace_bytes(b.bytes(), "trims");
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ(file->pool_trims.size(), 2u);
+  EXPECT_EQ(file->pool_trims[0].tid, kWorker);
+  EXPECT_EQ(file->pool_trims[0].data.asked_bytes, GiB + 512 * MiB);
+  const TimeBreakdown time = time_breakdown(*file);
+  EXPECT_TRUE(time.has_pool_trims);
+  ASSERT_EQ(time.iterations.size(), 2u);
+  EXPECT_EQ(time.iterations[0].pool_trim_ns, 15 * ms);
+  EXPECT_EQ(time.iterations[0].pool_trimmed_bytes, GiB);
+  EXPECT_EQ(time.iterations[1].pool_trim_ns, 0u);
+  std::ostringstream out;
+  write_text_report(summarize(*file), out);
+  const std::string text = out.str();
+  const std::size_t table = text.find("job allocs  pool trims\n");
+  ASSERT_NE(table, std::string::npos) << text;
+  // Iteration 1's row: its job allocs (9 ms), then its trims (15 ms) at the end.
+  std::istringstream rows(text.substr(table));
+  std::string line;
+  std::getline(rows, line);  // the head
+  std::getline(rows, line);
+  const std::string allocs = format_duration(9 * ms);
+  const std::string trims = format_duration(15 * ms);
+  ASSERT_GE(line.size(), trims.size()) << text;
+  EXPECT_EQ(line.substr(line.size() - trims.size()), trims) << line;
+  EXPECT_NE(line.find(allocs + " "), std::string::npos) << line;
+  // Older traces have none: no column, no words.
+  auto old_file = read_trace_bytes(built().bytes(), "built");
+  ASSERT_TRUE(old_file.ok());
+  EXPECT_FALSE(time_breakdown(*old_file).has_pool_trims);
+  std::ostringstream old_out;
+  write_text_report(summarize(*old_file), old_out);
+  EXPECT_EQ(old_out.str().find("pool trims"), std::string::npos) << old_out.str();
+  EXPECT_EQ(old_out.str().find("trimming the job's pool"), std::string::npos) << old_out.str();
+}
+
 TEST(TimeBreakdown, ALongRunsTableShowsItsEndsAndSaysHowManyRowsItLeftOut) {
   TraceBuilder b;
   for (std::uint64_t i = 0; i < 51; ++i) b.at(i * 10 * ms, kJob).iteration(i + 1);  // 50 iterations
