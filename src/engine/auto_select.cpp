@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/clock.hpp"
+#include "common/cpu_probe.hpp"
 #include "common/log.hpp"
 #include "common/median.hpp"
 #include "common/thread_name.hpp"
@@ -277,7 +278,7 @@ void AutoSelect::forward_began(std::thread::id thread) {
                         (static_cast<bool>(injected_.paged_cycle_ns) || injected_.d2h_bytes_per_s == 0);
   if (!governed) return;
   const std::uint64_t marker = parts_.clock.mark(*stream_, /*backward_begins=*/false, /*point=*/true);
-  if (marker != 0) pass_starts_.push_back(PassStart{marker, forwards_begun_, generation_});
+  if (marker != 0) pass_starts_.push_back(PassStart{marker, forwards_begun_, generation_, cpu_probe_ns()});
 }
 
 void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns) {
@@ -306,7 +307,10 @@ void AutoSelect::pass_start_reached(const PassStart& start, std::uint64_t now_ns
     } else if (now_ns > last_start_ns_) {
       cycle = now_ns - last_start_ns_;
     }
-    if (const std::optional<std::uint64_t> cap = governor_->cycle_measured(cycle, peak, forward)) {
+    // The job's thread's CPU speed where the cycle began: a judgement's sides at different speeds
+    // compare the CPUs too (the governor reports each side's).
+    if (const std::optional<std::uint64_t> cap =
+            governor_->cycle_measured(cycle, peak, forward, last_start_->cpu_probe_ns)) {
       if (governor_->stage() == NearFreeGovernor::Stage::unpaged && !room_for_unpaged()) {
         // A job made larger than fits unpaged: its unpaged passes would fail its allocations.
         governor_->unpaged_refused();

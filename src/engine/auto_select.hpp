@@ -344,6 +344,7 @@ class AutoSelect {
     std::uint64_t marker = 0;
     std::uint64_t forward = 0;  // forwards_begun_ at it
     std::uint32_t generation = 0;
+    std::uint64_t cpu_probe_ns = 0;  // the job's thread's CPU speed there (common/cpu_probe.hpp)
   };
   void pass_start_reached(const PassStart& start, std::uint64_t now_ns);
   // A new cap is in force (the governor's change, or the device-memory goal's raise): its

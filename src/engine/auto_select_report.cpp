@@ -123,6 +123,8 @@ void AutoSelect::add_stats(EngineStats& stats) const {
     stats.auto_cycle_settled_ns = governor_->settled_cycle_ns();
     stats.auto_cycle_forward_base_ns = governor_->base_forward_ns();
     stats.auto_cycle_forward_judged_ns = governor_->judged_forward_ns();
+    stats.auto_cycle_cpu_probe_base_ns = governor_->base_cpu_probe_ns();
+    stats.auto_cycle_cpu_probe_judged_ns = governor_->judged_cpu_probe_ns();
   }
 }
 
@@ -171,6 +173,15 @@ std::optional<std::string> AutoSelect::summary() const {
                       (static_cast<double>(settled) / static_cast<double>(base) - 1.0) * 100.0);
         line += text;
       }
+    }
+    if (governor_->judged_cpu_probe_ns() != 0 && governor_->base_cpu_probe_ns() != 0) {
+      // The job's thread's CPU speed on each side of the last judgement: between two speeds it
+      // compares them too.
+      char text[160];
+      std::snprintf(text, sizeof text, "; the job's CPU probe %.1f us in the judged passes against %.1f us unpaged",
+                    static_cast<double>(governor_->judged_cpu_probe_ns()) / 1e3,
+                    static_cast<double>(governor_->base_cpu_probe_ns()) / 1e3);
+      line += text;
     }
   }
   // The sampled peaks where there are both (what a benchmark sampling cudaMemGetInfo sees), else

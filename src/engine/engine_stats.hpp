@@ -147,6 +147,8 @@ namespace actpage::engine {
 //     median cycle since the governor settled (what a benchmark's median step measures);
 //     auto_cycle_forward_base_ns / auto_cycle_forward_judged_ns: of the unpaged and the last judged
 //     cycles, the forward's share (the GPU from the pass's start to backward's first marker);
+//     auto_cycle_cpu_probe_base_ns / auto_cycle_cpu_probe_judged_ns: the same cycles' CPU probe on
+//     the job's thread where they began (common/cpu_probe.hpp: its speed);
 //     auto_key_capped: chosen-key
 //     allocations the cap (the governor's, or the device-memory goal's reserve) left to the job's
 //     allocator
@@ -263,6 +265,8 @@ namespace actpage::engine {
   X(auto_cycle_settled_ns) \
   X(auto_cycle_forward_base_ns) \
   X(auto_cycle_forward_judged_ns) \
+  X(auto_cycle_cpu_probe_base_ns) \
+  X(auto_cycle_cpu_probe_judged_ns) \
   X(auto_key_capped) \
   X(job_thread_ns) \
   X(job_thread_allocate_ns) \

@@ -18,7 +18,7 @@ NearFreeGovernor::NearFreeGovernor(std::uint64_t chosen_bytes, std::uint64_t min
 }
 
 std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycle_ns, std::uint64_t peak_bytes,
-                                                              std::uint64_t forward_ns) {
+                                                              std::uint64_t forward_ns, std::uint64_t cpu_probe_ns) {
   if (cycle_ns == 0) return std::nullopt;
   if (switching_) {
     switching_ = false;
@@ -42,12 +42,14 @@ std::optional<std::uint64_t> NearFreeGovernor::cycle_measured(std::uint64_t cycl
   }
   cycles_.push_back(cycle_ns);
   if (forward_ns != 0) forwards_.push_back(forward_ns);
+  if (cpu_probe_ns != 0) probes_.push_back(cpu_probe_ns);
   if (!judgeable()) return std::nullopt;
   const std::uint64_t before = cap_bytes_;
   const bool ended_before = ended_at_peak_.has_value();
   judge(peak_bytes);
   cycles_.clear();
   forwards_.clear();
+  probes_.clear();
   // An end at the unpaged stage's judgement keeps its cap, 0, but is a change all the same: the
   // caller puts it in force (the unpaged passes' figures kept, the line logged).
   if (cap_bytes_ == before && ended_at_peak_.has_value() == ended_before) return std::nullopt;
@@ -70,7 +72,8 @@ bool NearFreeGovernor::settled_passes_over() {
   // Over: judged again as a cut is, by their lower median, from this cap (at most half, at most the
   // forward's fit).
   judged_ns_ = lower_median(recent);
-  judged_forward_ns_ = 0;  // the settled cycles' forwards are not kept
+  judged_forward_ns_ = 0;  // the settled cycles' forwards and probes are not kept
+  judged_probe_ns_ = 0;
   settled_ = false;
   settled_judged_ = false;
   settled_cycles_.clear();
@@ -91,6 +94,12 @@ bool NearFreeGovernor::judgeable() const {
 void NearFreeGovernor::judge(std::uint64_t peak_bytes) {
   const std::uint64_t median = lower_median(cycles_);
   const std::uint64_t forward = forwards_.empty() ? 0 : lower_median(forwards_);
+  const std::uint64_t probe = probes_.empty() ? 0 : lower_median(probes_);
+  if (stage_ == Stage::unpaged) {
+    base_probe_ns_ = probe;
+  } else {
+    judged_probe_ns_ = probe;
+  }
   const auto within = [&](std::uint64_t paged_ns) {
     return static_cast<double>(paged_ns) <= static_cast<double>(base_ns_) * (1.0 + allowance_);
   };

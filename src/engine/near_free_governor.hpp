@@ -102,8 +102,10 @@ class NearFreeGovernor {
   // GPU (its start to backward's first marker; 0: not seen), which says where a cost lands. Returns
   // the new cap when this cycle's judgement changed it (or ended paging at the peak: 0, though it
   // was 0 already).
+  // `cpu_probe_ns`: the job's thread's CPU probe where the cycle began (0: none), reported beside the
+  // judgements (base_cpu_probe_ns(), judged_cpu_probe_ns()), never judged.
   std::optional<std::uint64_t> cycle_measured(std::uint64_t cycle_ns, std::uint64_t peak_bytes = 0,
-                                              std::uint64_t forward_ns = 0);
+                                              std::uint64_t forward_ns = 0, std::uint64_t cpu_probe_ns = 0);
 
   // What the caller could page within the new cap (whole tensors, earliest first): the cap from now
   // on (at most the cap; 0 ends paging, but for the unpaged stage's).
@@ -127,6 +129,10 @@ class NearFreeGovernor {
   // passes' and the paged ones judged last.
   std::uint64_t base_forward_ns() const { return base_forward_ns_; }
   std::uint64_t judged_forward_ns() const { return judged_forward_ns_; }
+  // Likewise the job's thread's CPU probe (lower median; 0: none): the two sides at different CPU
+  // speeds compare the CPUs too.
+  std::uint64_t base_cpu_probe_ns() const { return base_probe_ns_; }
+  std::uint64_t judged_cpu_probe_ns() const { return judged_probe_ns_; }
   std::uint32_t sheds() const { return sheds_; }
   // How often the settled passes were over the allowance and the cap was cut for them (of sheds()).
   std::uint32_t rejudgements() const { return rejudgements_; }
@@ -186,6 +192,9 @@ class NearFreeGovernor {
   bool switching_ = true;  // the next cycle is the switch's
   std::vector<std::uint64_t> cycles_;
   std::vector<std::uint64_t> forwards_;  // the judged cycles' forwards that were seen
+  std::vector<std::uint64_t> probes_;    // and their CPU probes
+  std::uint64_t base_probe_ns_ = 0;
+  std::uint64_t judged_probe_ns_ = 0;
   std::uint64_t base_forward_ns_ = 0;
   std::uint64_t judged_forward_ns_ = 0;
   std::uint64_t judged_ns_ = 0;

@@ -448,6 +448,10 @@ TEST(AutoMode, WhenPagingCostsTheGpusCycleLessThanTheAllowanceTheChoiceStandsAft
   ASSERT_TRUE(std::regex_search(summary, paged_passes, std::regex(R"(-> [0-9.]+ [KMG]?i?B \(passes ([0-9]+)-)")))
       << summary;
   EXPECT_GT(std::stoi(paged_passes[1].str()), 10) << summary;
+  // The job's thread's CPU probe on both sides of the judgement, in the stats and the line.
+  EXPECT_GT(rig.engine.stats().auto_cycle_cpu_probe_base_ns, 0u);
+  EXPECT_GT(rig.engine.stats().auto_cycle_cpu_probe_judged_ns, 0u);
+  EXPECT_SAYS(summary, "; the job's CPU probe ");
   // And what the passes since cost, the benchmark's figure: the whole choice's 2% again.
   passes_until(rig, job, [](const EngineStats& now) { return now.auto_cycle_settled_ns != 0; });
   EXPECT_EQ(rig.engine.stats().auto_cycle_settled_ns, 1'020'000'000u);

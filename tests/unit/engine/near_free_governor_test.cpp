@@ -486,6 +486,29 @@ TEST(NearFreeGovernor, SettledPassesOverTheAllowanceAreCutOncePerSettling) {
   for (int cycle = 0; cycle < 30; ++cycle) EXPECT_FALSE(refused.cycle_measured(200 * kMs));
 }
 
+TEST(NearFreeGovernor, ItReportsTheJobsCpuProbeOnEachSideOfAJudgement) {
+  // The host's CPU at one of two speeds (a probe ~120 or ~220 us on the H200 machines): the whole
+  // choice's cycles at the slow one, the unpaged ones at the fast one, compare the CPUs too.
+  NearFreeGovernor governor(2 * kGiB, kMiB);
+  EXPECT_FALSE(governor.cycle_measured(140 * kMs, 0, 0, 900'000));  // the switch's: not counted
+  EXPECT_FALSE(governor.cycle_measured(110 * kMs, 0, 0, 220'000));
+  EXPECT_FALSE(governor.cycle_measured(110 * kMs, 0, 0, 0));  // none taken
+  EXPECT_EQ(governor.cycle_measured(110 * kMs, 0, 0, 230'000), 0u);
+  EXPECT_EQ(governor.judged_cpu_probe_ns(), 220'000u);
+  EXPECT_EQ(governor.base_cpu_probe_ns(), 0u);
+  governor.cap_kept(0);
+  for (std::uint64_t probe : {500'000, 120'000, 125'000, 118'000}) governor.cycle_measured(100 * kMs, 0, 0, probe);
+  EXPECT_EQ(governor.base_cpu_probe_ns(), 120'000u);
+  EXPECT_EQ(governor.judged_cpu_probe_ns(), 220'000u) << "the whole choice's, until a cut is judged";
+  // Never judged: the same cycles with other probes decide the same.
+  NearFreeGovernor unprobed(2 * kGiB, kMiB);
+  for (int cycle = 0; cycle < 4; ++cycle) unprobed.cycle_measured(110 * kMs);
+  unprobed.cap_kept(0);
+  for (int cycle = 0; cycle < 4; ++cycle) unprobed.cycle_measured(100 * kMs);
+  EXPECT_EQ(unprobed.cap_bytes(), governor.cap_bytes());
+  EXPECT_EQ(unprobed.base_cpu_probe_ns(), 0u);
+}
+
 TEST(NearFreeGovernor, NothingChosenGovernsNothing) {
   NearFreeGovernor nothing(0, kMiB);
   EXPECT_TRUE(nothing.settled());
