@@ -26,92 +26,29 @@ import platform
 import random
 import statistics
 import sys
+import os
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vmm_under_compute import Vmm, VmmPass, check  # noqa: E402  (the VMM calls; vmm_map_wait.py shares them too)
 
 VARIANTS = ("alone", "gil_only", "event_poll", "d2h", "d2h_paced50", "d2h_paced25", "h2d", "d2h_small", "vmm")
 COPY_VARIANTS = ("d2h", "d2h_paced50", "d2h_paced25", "h2d", "d2h_small")
 
 
-# cuda.h's VMM structs (checked against CUDA 13.0's cuda.h: CUmemAllocationProp is 32 bytes with location at
-# 8, win32HandleMetaData at 16, allocFlags at 24; CUmemAccessDesc is 12 bytes; the enums are 4-byte ints).
-class MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]  # CUmemLocationType, device ordinal
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", MemLocation),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
-
-
-class AccessDesc(ctypes.Structure):
-    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
-
-
-CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 1, 1, 3
-CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
-
-
-class VmmError(RuntimeError):
-    pass
-
-
-class Vmm:
-    """The driver calls of one VMM cycle, on device `ordinal`, each CUresult checked."""
-
-    def __init__(self, ordinal, mib):
-        u64, size_t, ptr = ctypes.c_uint64, ctypes.c_size_t, ctypes.POINTER
-        self.cuda = cuda = ctypes.CDLL("libcuda.so.1")  # CDLL: calls release the GIL
-        for name, argtypes in (("cuCtxGetCurrent", [ptr(ctypes.c_void_p)]), ("cuCtxSetCurrent", [ctypes.c_void_p]),
-                               ("cuMemGetAllocationGranularity", [ptr(size_t), ptr(AllocationProp), ctypes.c_int]),
-                               ("cuMemAddressReserve", [ptr(u64), size_t, size_t, u64, u64]),
-                               ("cuMemAddressFree", [u64, size_t]),
-                               ("cuMemCreate", [ptr(u64), size_t, ptr(AllocationProp), u64]),
-                               ("cuMemMap", [u64, size_t, size_t, u64, u64]),
-                               ("cuMemSetAccess", [u64, size_t, ptr(AccessDesc), size_t]),
-                               ("cuMemUnmap", [u64, size_t]), ("cuMemRelease", [u64])):
-            function = getattr(cuda, name)
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-        location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, ordinal)
-        self.prop = AllocationProp(type=CU_MEM_ALLOCATION_TYPE_PINNED, requestedHandleTypes=0, location=location,
-                                   win32HandleMetaData=None)  # allocFlags all zero
-        self.access = AccessDesc(location=location, flags=CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-        # The context torch made current on this (main) thread; the cycling thread makes it current there.
-        self.context = ctypes.c_void_p()
-        self.check("cuCtxGetCurrent", ctypes.byref(self.context))
-        granularity = ctypes.c_size_t()
-        self.check("cuMemGetAllocationGranularity", ctypes.byref(granularity), ctypes.byref(self.prop),
-                   CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-        self.size = -(-(mib << 20) // granularity.value) * granularity.value
-
-    def check(self, name, *args):
-        result = getattr(self.cuda, name)(*args)
-        if result != 0:
-            raise VmmError(f"{name} failed: CUresult {result}")
-
-    def cycles(self, should_stop, on_cycle):
-        """Reserve a range, then create + map + set access + unmap + release it until should_stop()."""
-        self.check("cuCtxSetCurrent", self.context)
-        va = ctypes.c_uint64()
-        self.check("cuMemAddressReserve", ctypes.byref(va), self.size, 0, 0, 0)
-        try:
-            while not should_stop():
-                handle = ctypes.c_uint64()
-                self.check("cuMemCreate", ctypes.byref(handle), self.size, ctypes.byref(self.prop), 0)
-                try:
-                    self.check("cuMemMap", va.value, self.size, 0, handle.value, 0)
-                    self.check("cuMemSetAccess", va.value, self.size, ctypes.byref(self.access), 1)
-                    self.check("cuMemUnmap", va.value, self.size)
-                finally:
-                    self.check("cuMemRelease", handle.value)
-                on_cycle()
-        finally:
-            self.check("cuMemAddressFree", va.value, self.size)
+def vmm_cycles(cuda, context, vmm, size, should_stop, on_cycle):
+    """On `context`, reserve a range of `size` bytes, then create + map + set access + unmap + release it
+    (vmm_under_compute.Vmm's calls, each checked) until should_stop()."""
+    check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    va = vmm.reserve(size)
+    try:
+        while not should_stop():
+            handle = vmm.create_and_map(va, size)
+            vmm.unmap_and_release(va, size, handle)
+            on_cycle()
+    finally:
+        vmm.free(va, size)
 
 
 class Disturber(threading.Thread):
@@ -232,11 +169,16 @@ def main(argv=None):
               "d2h_small": copies("d2h_small", host_buffer[:small_chunk], device_buffer[:small_chunk], 1.0)}
     if "vmm" in variants:
         try:  # one cycle here first, so a driver without VMM skips the variant rather than the run
-            vmm = Vmm(device.index, args.vmm_mib)
+            cuda = ctypes.CDLL("libcuda.so.1")  # CDLL: calls release the GIL
+            # The context torch made current on this (main) thread; the cycling thread makes it current there.
+            context = ctypes.c_void_p()
+            check(cuda.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+            vmm = Vmm(cuda, device.index)
+            size = -(-(args.vmm_mib << 20) // VmmPass.GRANULARITY) * VmmPass.GRANULARITY
             once = iter((False, True))  # should_stop: no, then yes: exactly one cycle
-            vmm.cycles(lambda: next(once), lambda: None)
-            bodies["vmm"] = lambda me: vmm.cycles(me.stop.is_set, lambda: me.did(1))
-        except (OSError, VmmError) as error:
+            vmm_cycles(cuda, context, vmm, size, lambda: next(once), lambda: None)
+            bodies["vmm"] = lambda me: vmm_cycles(cuda, context, vmm, size, me.stop.is_set, lambda: me.did(1))
+        except (OSError, RuntimeError) as error:
             print(f"vmm: skipped: {error}")
             skipped["vmm"] = str(error)
             variants.remove("vmm")
