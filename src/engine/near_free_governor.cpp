@@ -66,9 +66,7 @@ bool NearFreeGovernor::settled_passes_over() {
   std::sort(recent.begin(), recent.end());
   // Over only where seven of the nine are: a choice costing +2% with cycles +-2% apart would read
   // over by its median in one run of twenty.
-  if (static_cast<double>(recent[kMostJudgedCycles / 3 - 1]) <= static_cast<double>(base_ns_) * (1.0 + allowance_)) {
-    return false;
-  }
+  if (within_allowance(recent[kMostJudgedCycles / 3 - 1])) return false;
   // Over: judged again as a cut is, by their lower median, from this cap (at most half, at most the
   // forward's fit).
   judged_ns_ = lower_median(recent);
@@ -78,9 +76,7 @@ bool NearFreeGovernor::settled_passes_over() {
   settled_judged_ = false;
   settled_cycles_.clear();
   ++rejudgements_;
-  std::uint64_t most = cap_bytes_ / 2;
-  if (const std::uint64_t fit = forward_fit_bytes(); fit != 0) most = std::min(most, fit);
-  shed(cap_bytes_, most);
+  shed(cap_bytes_, within_fit(cap_bytes_ / 2));
   return true;
 }
 
@@ -100,9 +96,6 @@ void NearFreeGovernor::judge(std::uint64_t peak_bytes) {
   } else {
     judged_probe_ns_ = probe;
   }
-  const auto within = [&](std::uint64_t paged_ns) {
-    return static_cast<double>(paged_ns) <= static_cast<double>(base_ns_) * (1.0 + allowance_);
-  };
   switch (stage_) {
     case Stage::whole:
       whole_ns_ = judged_ns_ = median;
@@ -117,24 +110,24 @@ void NearFreeGovernor::judge(std::uint64_t peak_bytes) {
       unpaged_peak_ = peak_bytes;
       stage_ = Stage::cut;
       const bool saves = saves_at_peak(whole_peak_, chosen_bytes_);
-      if (saves && within(whole_ns_)) {
+      if (saves && within_allowance(whole_ns_)) {
         cap_bytes_ = chosen_bytes_;
         settled_ = true;
         return;
       }
-      cut(chosen_bytes_, chosen_bytes_, whole_peak_, saves, within(whole_ns_));
+      cut(chosen_bytes_, chosen_bytes_, whole_peak_, saves, within_allowance(whole_ns_));
       return;
     }
     case Stage::cut: {
       judged_ns_ = median;
       judged_forward_ns_ = forward;
       const bool saves = saves_at_peak(peak_bytes, cap_bytes_);
-      if (saves && within(median)) {
+      if (saves && within_allowance(median)) {
         last_missed_ = false;
         settled_ = true;
         return;
       }
-      cut(cap_bytes_, cap_bytes_ / 2, peak_bytes, saves, within(median));
+      cut(cap_bytes_, cap_bytes_ / 2, peak_bytes, saves, within_allowance(median));
       return;
     }
   }
@@ -151,7 +144,7 @@ void NearFreeGovernor::cut(std::uint64_t judged_bytes, std::uint64_t most, std::
     }
     most = std::min(most, judged_bytes / 2);
   }
-  if (const std::uint64_t fit = forward_fit_bytes(); fit != 0) most = std::min(most, fit);
+  most = within_fit(most);
   if (!in_time) {
     shed(judged_bytes, most);
   } else {
@@ -160,6 +153,15 @@ void NearFreeGovernor::cut(std::uint64_t judged_bytes, std::uint64_t most, std::
     if (cap_bytes_ == 0) settled_ = true;
   }
   if (cap_bytes_ == 0 && !saves) ended_at_peak_ = PeakMiss{peak_bytes, unpaged_peak_, judged_bytes};
+}
+
+bool NearFreeGovernor::within_allowance(std::uint64_t paged_ns) const {
+  return static_cast<double>(paged_ns) <= static_cast<double>(base_ns_) * (1.0 + allowance_);
+}
+
+std::uint64_t NearFreeGovernor::within_fit(std::uint64_t most) const {
+  const std::uint64_t fit = forward_fit_bytes();
+  return fit != 0 ? std::min(most, fit) : most;
 }
 
 std::uint64_t NearFreeGovernor::forward_fit_bytes() const {

@@ -164,6 +164,10 @@ class NearFreeGovernor {
  private:
   // Whether the cycles so far are enough for a judgement (see the contract).
   bool judgeable() const;
+  // Whether a paged cycle of `paged_ns` is within the allowance of the base.
+  bool within_allowance(std::uint64_t paged_ns) const;
+  // `most`, at most the forward's fit where it is known (every cut's bound).
+  std::uint64_t within_fit(std::uint64_t most) const;
   // Settled: whether the settled cycles' judgement (once per settling) cut the cap.
   bool settled_passes_over();
   void judge(std::uint64_t peak_bytes);
