@@ -51,6 +51,17 @@ struct Emitter {
     if (!args.empty()) event["args"] = std::move(args);
     events.emplace_back(time + offset_ns, std::move(event));
   }
+  // A record written when something ended, `duration_ns` long: a slice ending at `time`, or a point
+  // there where the duration is unknown (0).
+  void ended(std::uint32_t tid, std::uint64_t time, std::uint64_t duration_ns, std::string name, const char* category,
+             Json args) {
+    if (duration_ns == 0) {
+      instant(tid, time, std::move(name), category, std::move(args));
+      return;
+    }
+    const Span span = ended_span(time, duration_ns);
+    complete(tid, span.begin_ns, span.end_ns, std::move(name), category, std::move(args));
+  }
   // A counter of several series: Perfetto draws a track per series, stacked in one group.
   void counter(std::uint64_t time, const char* name, Json series) {
     events.emplace_back(time + offset_ns, Json{{"name", name}, {"ph", "C"}, {"ts", us(time + offset_ns)},
@@ -190,13 +201,8 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
       std::string label = (failed ? "failed alloc " : "alloc ") + format_bytes(a.bytes);
       Json args = {{"bytes", a.bytes}, {"ptr", hex(a.ptr)}, {"stream", hex(a.stream)}, {"module", module},
                    {"api", api_name(a.api)}, {"flags", a.flags}};
-      if (a.duration_ns > 0) {
-        // Traces that time the call: a slice as long as the job's thread was inside it.
-        const Span span = ended_span(change.time_ns, a.duration_ns);
-        out.complete(change.alloc->tid, span.begin_ns, span.end_ns, std::move(label), "alloc", std::move(args));
-      } else {
-        out.instant(change.alloc->tid, change.time_ns, std::move(label), "alloc", std::move(args));
-      }
+      // Traces that time the call: a slice as long as the job's thread was inside it.
+      out.ended(change.alloc->tid, change.time_ns, a.duration_ns, std::move(label), "alloc", std::move(args));
     } else {
       const FreePayload& f = change.free->data;
       if (f.ptr == 0) continue;
@@ -257,25 +263,14 @@ void emit_trace(Emitter& out, const TraceFile& trace, const Pairing& pairing) {
     Json args = {{"va", hex(v.data.va)}, {"bytes", v.data.bytes}, {"location", v.data.location == 0 ? "device" : "host"}};
     if (v.type == RecordType::vmm_call) args["api"] = api_name(v.data.api);
     if (v.data.result != 0) args["result"] = v.data.result;
-    std::string label = std::string(what) + " " + format_bytes(v.data.bytes);
-    if (v.data.duration_ns > 0) {
-      // The record is written when the call returned: a slice ending there.
-      const Span span = ended_span(v.time_ns, v.data.duration_ns);
-      out.complete(v.tid, span.begin_ns, span.end_ns, std::move(label), "vmm", std::move(args));
-    } else {
-      out.instant(v.tid, v.time_ns, std::move(label), "vmm", std::move(args));
-    }
+    // The record is written when the call returned: a slice ending there.
+    out.ended(v.tid, v.time_ns, v.data.duration_ns, std::string(what) + " " + format_bytes(v.data.bytes), "vmm",
+              std::move(args));
   }
   for (const auto& t : trace.pool_trims) {
-    Json args = {{"asked_bytes", t.data.asked_bytes}, {"trimmed_bytes", t.data.trimmed_bytes}};
-    std::string label = "trim the job's pool: " + format_bytes(t.data.trimmed_bytes) + " of " +
-                        format_bytes(t.data.asked_bytes);
-    if (t.data.duration_ns > 0) {
-      const Span span = ended_span(t.time_ns, t.data.duration_ns);
-      out.complete(t.tid, span.begin_ns, span.end_ns, std::move(label), "vmm", std::move(args));
-    } else {
-      out.instant(t.tid, t.time_ns, std::move(label), "vmm", std::move(args));
-    }
+    out.ended(t.tid, t.time_ns, t.data.duration_ns,
+              "trim the job's pool: " + format_bytes(t.data.trimmed_bytes) + " of " + format_bytes(t.data.asked_bytes),
+              "vmm", {{"asked_bytes", t.data.asked_bytes}, {"trimmed_bytes", t.data.trimmed_bytes}});
   }
   for (const auto& it : trace.iterations) {
     out.instant(it.tid, it.time_ns, "iteration " + std::to_string(it.data.index), "iteration", {{"index", it.data.index}}, "p");
