@@ -513,6 +513,20 @@ def _stop_profiler(profiler, keep=None):
     for e in copies:
         copy_ms[e["name"]] = round(copy_ms.get(e["name"], 0.0) + e["dur"] / 1000.0, 3)
     span = (max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)) if kernels else 0.0
+    # The host's side: CUDA API calls (a paged pass's host may be slowed in its launches, not in its
+    # kernels) and the step's phases as the host ran them.
+    calls = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e:
+            calls.setdefault(e["name"], []).append(e["dur"])
+    host_calls = {name: {"calls": len(d), "ms": round(sum(d) / 1000.0, 3),
+                         "p50_us": round(sorted(d)[len(d) // 2], 1)}
+                  for name, d in sorted(calls.items(), key=lambda item: -sum(item[1]))[:8]}
+    phases_ms = {}
+    for e in events:
+        if e.get("cat", "user_annotation") == "user_annotation" and str(e.get("name", "")).startswith("step.") \
+                and "dur" in e:
+            phases_ms[e["name"]] = round(phases_ms.get(e["name"], 0.0) + e["dur"] / 1000.0, 3)
     return {
         "kernels": len(kernels),
         "kernel_ms": round(sum(e["dur"] for e in kernels) / 1000.0, 3),
@@ -520,6 +534,8 @@ def _stop_profiler(profiler, keep=None):
         "kernel_span_ms": round(span / 1000.0, 3),
         "copies_ms": copy_ms,
         "top_kernels_ms": sorted(((round(v / 1000.0, 3), k[:80]) for k, v in by_name.items()), reverse=True)[:8],
+        "host_calls": host_calls,
+        "host_phases_ms": phases_ms,
     }
 
 

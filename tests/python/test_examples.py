@@ -150,7 +150,10 @@ class TrainingLoopTest(unittest.TestCase):
         self.assertEqual(summary["kernels"], 0)
         self.assertEqual(summary["gpu_busy_ms"], 0.0)
         self.assertEqual(set(summary), {"kernels", "kernel_ms", "gpu_busy_ms", "kernel_span_ms", "copies_ms",
-                                        "top_kernels_ms"})
+                                        "top_kernels_ms", "host_calls", "host_phases_ms"})
+        # The host ran both phases of the profiled step.
+        self.assertEqual(set(summary["host_phases_ms"]), {"step.forward", "step.backward"})
+        self.assertTrue(all(ms > 0 for ms in summary["host_phases_ms"].values()), summary["host_phases_ms"])
 
     def test_several_steps_are_profiled_each_with_its_summary_and_trace(self):
         # A paged and an unpaged pass of auto mode's governor, side by side in one process.
