@@ -69,6 +69,9 @@ DeviceEngineOptions device_engine_options(const Options& options) {
       // cancelled by their reloads), so the job's thread waits there until they are done.
       parts.front.drain_at_layers_end = true;
       parts.front.drain_while_gpu_behind = false;
+      // Its paged passes peaked in a forward with the job's pool holding forward's whole need from
+      // the start, unused, beside the pages still to leave: the fit keeps what is in use there.
+      parts.job_pool.fit_to_use = true;
     }
   }
   // The groups find where the layers end for either wait.

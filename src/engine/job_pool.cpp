@@ -213,7 +213,7 @@ void JobPool::fit_failed(const Status& status) {
 void JobPool::fit(std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
   const EventHandle event = fit_event_;
-  const std::uint64_t need = forward_need_;
+  const std::uint64_t need = options_.fit_to_use ? 0 : forward_need_;
   ++busy_;
   lock.unlock();
   // Only once the GPU is at the forward's start have the frees before it run.

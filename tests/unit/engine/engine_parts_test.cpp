@@ -355,6 +355,34 @@ TEST(JobPool, InForwardThePoolKeepsWhatForwardNeedsOnceTheGpuHasReachedForwardsS
   EXPECT_TRUE(parts.job_pool.idle());
 }
 
+TEST(JobPool, UnderTheDeviceMemoryGoalTheFitKeepsOnlyWhatIsInUseAtForwardsStart) {
+  // Forward's need comes at its end (the head, the loss), when the paged layers have left; held
+  // from its start, it stands unused beside their pages, at the paged passes' peak.
+  Options options = testing::small_offload_options();
+  options.modules.clear();
+  options.vmm_trim_job_pool = true;
+  options.auto_device_memory = 8 * kGiB;
+  Parts parts(options);
+  Options near_free = options;
+  near_free.auto_device_memory = 0;
+  EXPECT_FALSE(device_engine_options(near_free).job_pool.fit_to_use);  // near-free keeps forward's need
+  std::unique_lock<std::mutex> lock(parts.core.mutex);
+  // A forward grew the pool to 6 GiB by backward's start; backward and the optimizer to 12; 3 in use
+  // as the next forward begins.
+  parts.device.set_job_pool(6 * kGiB, 6 * kGiB);
+  parts.job_pool.backward_begins();
+  parts.device.set_job_pool(12 * kGiB, 12 * kGiB);
+  parts.device.set_job_pool(12 * kGiB, 3 * kGiB);
+  parts.job_pool.forward_began_on(parts.job_stream);
+  parts.device.synchronize();
+  while (!parts.job_pool.fit_due()) std::this_thread::yield();
+  parts.job_pool.fit(lock);
+  EXPECT_EQ(parts.device.job_pool_reserved(), 3 * kGiB);  // what is in use, not forward's 6 GiB
+  EXPECT_EQ(parts.core.stats.pool_fits, 1u);
+  EXPECT_EQ(parts.core.stats.pool_fit_bytes, 9 * kGiB);
+  EXPECT_TRUE(parts.job_pool.idle());
+}
+
 TEST(JobPool, WithoutTrimsThePoolIsNeverFitted) {
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = false;
