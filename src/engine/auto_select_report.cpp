@@ -209,9 +209,10 @@ std::optional<std::string> AutoSelect::summary() const {
       if (target != 0) {
         line += after <= target ? ", within the target" : ", over the target by " + format_bytes(after - target);
         if (after > target && sampled && used_paged_ != 0 && used_paged_ <= target) {
-          // Where the goal measures (backward's start) it holds: the step's peak has moved.
+          // Where the goal measures (backward's start) it holds: the step's peak has moved, or the
+          // job's pool held a reserve beside the pages.
           line += ", but within it where backward begins (" + format_bytes(used_paged_) +
-                  "): the step's peak is elsewhere (an optimizer's step, a head), which paging activations cannot lower";
+                  "): " + peak_over_target_text(peak_paged_place_, after - target);
         }
       }
     }

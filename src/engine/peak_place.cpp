@@ -46,4 +46,18 @@ std::string peak_place_text(const PeakPlace& place) {
   return text;
 }
 
+std::string peak_over_target_text(const PeakPlace& place, std::uint64_t excess) {
+  const std::uint64_t unused = place.pool && place.pool->reserved_bytes > place.pool->used_bytes
+                                   ? place.pool->reserved_bytes - place.pool->used_bytes
+                                   : 0;
+  if (place.gpu.known && unused != 0 && unused >= excess) {
+    return place.gpu.in_backward
+               ? "the paged passes peaked in backward where the job's pool held " + format_bytes(unused) +
+                     " unused beside the pages brought back"
+               : "the paged passes peaked in a forward where the job's pool held " + format_bytes(unused) +
+                     " unused beside the pages still to leave";
+  }
+  return "the step's peak is elsewhere (an optimizer's step, a head), which paging activations cannot lower";
+}
+
 }  // namespace actpage::engine

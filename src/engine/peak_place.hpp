@@ -42,4 +42,10 @@ struct PeakPlace {
 
 std::string peak_place_text(const PeakPlace& place);
 
+// Why a paged peak stands `excess` bytes over a target that holds where backward begins, for
+// people: where the job's pool held at least the excess unused, that reserve beside actpage's pages
+// (in a forward those still to leave, in backward those brought back: H200, s49, 3.7-7.9 GiB); else
+// the step's own peak elsewhere (an optimizer's step, a head).
+std::string peak_over_target_text(const PeakPlace& place, std::uint64_t excess);
+
 }  // namespace actpage::engine

@@ -53,6 +53,31 @@ TEST(PeakPlace, AnEmptyPoolIsSaidSo) {
   EXPECT_EQ(peak_place_text(place), "the GPU past m's backward marker (the 1st), the host in forward; the job's pool empty");
 }
 
+TEST(PeakPlace, APeakOverTargetInAForwardWithThePoolsReserveUnusedSaysSo) {
+  PeakPlace place;
+  place.gpu.known = true;  // in a forward
+  place.pool = PoolUsage{14 * 1024 * kMiB, 9 * 1024 * kMiB};
+  EXPECT_EQ(peak_over_target_text(place, 3 * 1024 * kMiB),
+            "the paged passes peaked in a forward where the job's pool held " + format_bytes(5 * 1024 * kMiB) +
+                " unused beside the pages still to leave");
+  const std::string elsewhere = "the step's peak is elsewhere (an optimizer's step, a head), which paging activations cannot lower";
+  // In backward, the reserve beside the reloaded pages.
+  PeakPlace backward = past("m", 13, 25);
+  backward.pool = PoolUsage{14 * 1024 * kMiB, 6 * 1024 * kMiB};
+  EXPECT_EQ(peak_over_target_text(backward, kMiB), "the paged passes peaked in backward where the job's pool held " +
+                                                       format_bytes(8 * 1024 * kMiB) + " unused beside the pages brought back");
+  // Less unused than the excess, nothing unused, the GPU's place or the pool unknown: the step's own.
+  EXPECT_EQ(peak_over_target_text(place, 6 * 1024 * kMiB), elsewhere);
+  backward.pool = PoolUsage{6 * 1024 * kMiB, 6 * 1024 * kMiB};
+  EXPECT_EQ(peak_over_target_text(backward, 1), elsewhere);
+  EXPECT_EQ(peak_over_target_text(past("m", 3, 30), 1), elsewhere);
+  PeakPlace unknown = place;
+  unknown.gpu.known = false;
+  EXPECT_EQ(peak_over_target_text(unknown, kMiB), elsewhere);
+  place.pool.reset();
+  EXPECT_EQ(peak_over_target_text(place, kMiB), elsewhere);
+}
+
 TEST(PeakPlace, AGpuNeverSeenPassingAMarkerIsUnknown) {
   EXPECT_EQ(peak_place_text(PeakPlace{}), "the GPU's place unknown, the host in forward");
 }
