@@ -269,13 +269,7 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   saved_.on_pop(node, thread);  // saved activations whose release point moved to this range's end
   if (groups_.open_count() == 0) return;
   const bool sealed = groups_.seal_at(node, thread);
-  if (!sealed) return;
-  if (const std::optional<std::uint64_t> room = auto_.forward_backlog_room();
-      room && groups_.is_forward_thread(thread) && !groups_.in_backward()) {
-    // The device-memory goal: what is still on the device of the paged layers, beside what the
-    // forward allocates next, must fit in the room its target leaves.
-    offload_.wait_for_backlog(lock, *room);
-  } else if (options_.front.offload_backlog_bytes > 0) {
+  if (sealed && options_.front.offload_backlog_bytes > 0) {
     offload_.wait_for_backlog(lock, options_.front.offload_backlog_bytes);
   }
 }

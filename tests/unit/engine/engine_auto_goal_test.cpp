@@ -115,13 +115,12 @@ TEST(AutoMode, ADeviceMemoryTargetPagesWhileItWatchesAndReadsWhatTheJobWouldHold
 }
 
 // The device-memory goal pages more than the link copies within a forward pass: its copies must be
-// done before the step's peak, and neither what is still on the device of the paged layers, as the
-// forward goes on, nor its reloads back ahead of the GPU may be more than the target leaves room
-// for. Target 91 MiB over an unpaged peak of 100 MiB (set): 10 MiB paged, 1 MiB of room. The device
-// holds the copies to the host in pass 4, so that they are still in flight whatever the host's
-// speed: the job's thread waits at layer 0's end, its two tensors served and none of layer 1's,
-// and where the layers end ("model"'s end) until every paged byte has left.
-TEST(AutoMode, ADeviceMemoryTargetsCopiesLeaveWithinItsRoomAsTheForwardGoesAndItsReloadsStayWithinIt) {
+// done before the step's peak, and its reloads may not bring back ahead of the GPU more than the
+// target leaves room for. Target 91 MiB over an unpaged peak of 100 MiB (set): 10 MiB paged, 1 MiB
+// of room. The device holds the copies to the host in pass 4, so that they are still in flight
+// when the layers end whatever the host's speed: the job's thread waits there ("model"'s end)
+// until every paged byte has left.
+TEST(AutoMode, ADeviceMemoryTargetsCopiesAreDoneWhereTheLayersEndAndItsReloadsStayWithinItsRoom) {
   Options options = memory_goal_options(91 * kMiB);
   options.prefetch_ahead_bytes = 64 * kMiB;
   options.vmm_grant_when_idle = false;  // a grant would wait for the held copies
@@ -130,22 +129,17 @@ TEST(AutoMode, ADeviceMemoryTargetsCopiesLeaveWithinItsRoomAsTheForwardGoesAndIt
   for (int pass = 1; pass <= 3; ++pass) job.pass();
   EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 5 * kBytes);
   EXPECT_EQ(rig.engine.stats().reload_bound_bytes, kMiB);
-  const EngineStats before = rig.engine.stats();
+  const std::uint64_t waits_before = rig.engine.stats().backlog_waits;
   rig.device.hold_copies_to_host();
-  EngineStats at_wait;
   std::thread release([&] {
-    EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait at a paged layer's end";
-    at_wait = rig.engine.stats();
+    EXPECT_TRUE(until_waiting(rig, 1)) << "the job's thread did not wait where the layers end";
     rig.device.release_copies_to_host();
   });
   job.forward();
   const EngineStats after_forward = rig.engine.stats();  // the job's thread is back
   release.join();
-  EXPECT_EQ(at_wait.allocations_served - before.allocations_served, 2u) << "layer 0's activation and output";
-  EXPECT_EQ(at_wait.offloaded_bytes_now, 0u);
-  EXPECT_EQ(after_forward.allocations_served - before.allocations_served, 5u);
   EXPECT_EQ(after_forward.offloaded_bytes_now, 5 * kBytes);
-  EXPECT_GE(after_forward.backlog_waits, before.backlog_waits + 1);
+  EXPECT_EQ(after_forward.backlog_waits, waits_before + 1);
   job.backward();
   rig.engine.quiesce();
   const EngineStats stats = rig.engine.stats();
