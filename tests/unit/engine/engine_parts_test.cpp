@@ -302,6 +302,19 @@ TEST(JobPool, WithoutTheCatchUpNothingIsOwed) {
   (void)parts.device.release_physical(*pages);
 }
 
+// A forward grows the pool to 6 GiB by backward's start, backward and the optimizer to 12, and 3
+// GiB are in use as the next forward begins: its fit, once the GPU is there.
+void fit_after_a_step(Parts& parts, std::unique_lock<std::mutex>& lock) {
+  parts.device.set_job_pool(6 * kGiB, 6 * kGiB);
+  parts.job_pool.backward_begins();
+  parts.device.set_job_pool(12 * kGiB, 12 * kGiB);
+  parts.device.set_job_pool(12 * kGiB, 3 * kGiB);
+  parts.job_pool.forward_began_on(parts.job_stream);
+  parts.device.synchronize();
+  while (!parts.job_pool.fit_due()) std::this_thread::yield();
+  parts.job_pool.fit(lock);
+}
+
 TEST(JobPool, InForwardThePoolKeepsWhatForwardNeedsOnceTheGpuHasReachedForwardsStart) {
   Options options = testing::small_offload_options();
   options.vmm_trim_job_pool = true;
@@ -330,15 +343,7 @@ TEST(JobPool, InForwardThePoolKeepsWhatForwardNeedsOnceTheGpuHasReachedForwardsS
   EXPECT_EQ(parts.core.stats.pool_fits, 1u);
   EXPECT_EQ(parts.core.stats.pool_fit_bytes, 8 * kGiB);
   EXPECT_FALSE(parts.job_pool.next_look_ns().has_value());
-  // This forward grows the pool to 6 GiB by backward's start; backward and the optimizer to 12.
-  parts.device.set_job_pool(6 * kGiB, 6 * kGiB);
-  parts.job_pool.backward_begins();
-  parts.device.set_job_pool(12 * kGiB, 12 * kGiB);
-  parts.device.set_job_pool(12 * kGiB, 3 * kGiB);
-  parts.job_pool.forward_began_on(parts.job_stream);
-  parts.device.synchronize();
-  while (!parts.job_pool.fit_due()) std::this_thread::yield();
-  parts.job_pool.fit(lock);
+  fit_after_a_step(parts, lock);
   EXPECT_EQ(parts.device.job_pool_reserved(), 6 * kGiB);  // forward's need, not what is in use
   EXPECT_EQ(parts.core.stats.pool_fits, 2u);
   // A reserve within the slack of the need is left alone: each trim waits for the device.
@@ -367,16 +372,7 @@ TEST(JobPool, UnderTheDeviceMemoryGoalTheFitKeepsOnlyWhatIsInUseAtForwardsStart)
   near_free.auto_device_memory = 0;
   EXPECT_FALSE(device_engine_options(near_free).job_pool.fit_to_use);  // near-free keeps forward's need
   std::unique_lock<std::mutex> lock(parts.core.mutex);
-  // A forward grew the pool to 6 GiB by backward's start; backward and the optimizer to 12; 3 in use
-  // as the next forward begins.
-  parts.device.set_job_pool(6 * kGiB, 6 * kGiB);
-  parts.job_pool.backward_begins();
-  parts.device.set_job_pool(12 * kGiB, 12 * kGiB);
-  parts.device.set_job_pool(12 * kGiB, 3 * kGiB);
-  parts.job_pool.forward_began_on(parts.job_stream);
-  parts.device.synchronize();
-  while (!parts.job_pool.fit_due()) std::this_thread::yield();
-  parts.job_pool.fit(lock);
+  fit_after_a_step(parts, lock);
   EXPECT_EQ(parts.device.job_pool_reserved(), 3 * kGiB);  // what is in use, not forward's 6 GiB
   EXPECT_EQ(parts.core.stats.pool_fits, 1u);
   EXPECT_EQ(parts.core.stats.pool_fit_bytes, 9 * kGiB);
