@@ -501,7 +501,10 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     partial_text_ = "the first " + std::to_string(choice.partial_tensors) + " of " +
                     std::to_string(layer.tensors.size()) + " saved tensors of " + layer.name;
   }
-  if (memory_goal && short_bytes_ == 0 && !chosen_names_.empty()) keep_reserve(inputs.layers, movable);
+  // The reserve too where the observed passes read within the target: they can read low (an
+  // optimizer that makes its state after them: gpt_accum read 14.97 GiB there for a 15.13 target,
+  // H200, s49/G, then ran over it), and a later reading over it pages from the reserve.
+  if (memory_goal && short_bytes_ == 0) keep_reserve(inputs.layers, movable);
   seen_.clear();
   saved_bytes_.clear();
   saved_keys_.clear();
@@ -541,7 +544,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
   ACTPAGE_LOG_INFO("{}", line);
   core.events.message(line);  // `actpage dump` shows it with the run's other messages
-  if (chosen_names_.empty()) {
+  if (chosen_names_.empty() && reserve_key_bytes_.empty()) {
     phase_ = Phase::done;
     return;
   }

@@ -55,8 +55,9 @@
 // - The goal "device memory" (auto_device_memory set): the decision waits for the unpaged figure
 //   too, and chooses with choose_for_device_memory (memory_goal.hpp) instead: the least paging that
 //   covers what that figure is over the target, whatever the link hides; the log line and summary()
-//   say the target and by how much the choice misses it. The further layers it may move are
-//   selected too, their keys capped (the reserve): when a paged pass's backward begins over the
+//   say the target and by how much the choice misses it. The further layers it may move (all of
+//   them when the observed passes read within the target and it chose none) are selected too,
+//   their keys capped (the reserve): when a paged pass's backward begins over the
 //   target (from the second reading under a cap on), it pages the next of them that cover the
 //   excess (raise_for_target()), said in the log and in summary().
 // - Everything with the engine's lock held, but start()/stop() and the measuring thread's copies.

@@ -299,6 +299,61 @@ TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
   expect_every_read_right(rig);
 }
 
+// The observed passes can read within the target and the later ones over it (gpt_accum: 14.97 GiB
+// read for a 15.13 GiB target, then over it once AdamW's state exists; H200). The goal then chooses
+// nothing but keeps every layer it may move in reserve, serving none of it, and pages from it once
+// a paged pass's backward begins over the target.
+TEST(AutoMode, ADeviceMemoryTargetMetByTheObservedPassesStillPagesWhenLaterPassesGoOverIt) {
+  std::uint64_t unpaged = 0;
+  {
+    Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
+    LayerJob job(rig);
+    for (int pass = 1; pass <= 3; ++pass) job.pass();
+    unpaged = rig.engine.stats().auto_used_unpaged_bytes;  // the simulated device's own reading
+  }
+  ASSERT_GT(unpaged, 20 * kMiB) << "the simulated job is too small for this test";
+  Options options = memory_goal_options(unpaged - 4 * kMiB);
+  options.trace_sample_ms = 0;  // the end-of-run line reads where backward begins (as above)
+  Rig rig(options, unpaged_reading(options.auto_device_memory - kMiB));  // read within the target
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  EXPECT_TRUE(rig.engine.auto_chosen().empty());
+  EXPECT_EQ(rig.engine.stats().auto_bytes_chosen, 0u);
+  EXPECT_EQ(rig.engine.stats().auto_bytes_paged, 0u);
+  for (int layer = 0; layer < kLayers; ++layer) EXPECT_FALSE(job.owned()[layer]) << "layer " << layer;
+  // Its passes read the device's own figure, 4 MiB over: from the second reading, the earliest
+  // reserve tensors that cover it (two of 2 MiB).
+  for (int pass = 4; pass <= 5; ++pass) job.pass();
+  EXPECT_EQ(rig.engine.stats().auto_bytes_paged, 2 * kBytes);
+  for (int pass = 6; pass <= 8; ++pass) job.pass();
+  EXPECT_TRUE(job.act_owned()[0]);
+  EXPECT_TRUE(job.output_owned()[0]);
+  EXPECT_FALSE(job.owned()[kLayers - 1]) << "the last layer is never paged";
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_bytes_chosen, 0u);
+  EXPECT_GE(stats.auto_bytes_paged, 2 * kBytes);
+  EXPECT_LE(stats.auto_used_paged_bytes, options.auto_device_memory);
+  const std::string summary = summary_line(rig);
+  EXPECT_SAYS(summary, "paged nothing");
+  EXPECT_SAYS(summary, "; raised to " + format_bytes(stats.auto_bytes_paged) + " a pass from the job's pass");
+  expect_every_read_right(rig);
+}
+
+// Where every layer but the last is within the target's reach and the observed passes are within
+// it too, nothing is served while the passes stay within it: the goal pages only for the target.
+TEST(AutoMode, ADeviceMemoryTargetThatHoldsServesNothing) {
+  const Options options = memory_goal_options(1024 * kMiB);  // far above the simulated job
+  Rig rig(options, unpaged_reading(100 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 6; ++pass) job.pass();
+  const EngineStats stats = rig.engine.stats();
+  EXPECT_EQ(stats.auto_bytes_chosen, 0u);
+  EXPECT_EQ(stats.auto_bytes_paged, 0u);
+  for (int layer = 0; layer < kLayers; ++layer) EXPECT_FALSE(job.owned()[layer]) << "layer " << layer;
+  EXPECT_EQ(summary_line(rig).find("raised"), std::string::npos) << summary_line(rig);
+  expect_every_read_right(rig);
+}
+
 // The goal measures where backward begins; the step's peak may move elsewhere once activations
 // leave (gpu_bound_llama: 20.44 GiB at backward's start against a 20.48 GiB target, its peak 24.58
 // GiB, H200). Here the job's pool grows by 200 MiB between paged passes (an optimizer's step) and
