@@ -50,6 +50,14 @@ bool until_waiting(Rig& rig, std::uint64_t waiters) {
   return true;
 }
 
+// The simulated job's own reading at backward's start in its observed passes (none set).
+std::uint64_t simulated_unpaged_reading() {
+  Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 3; ++pass) job.pass();
+  return rig.engine.stats().auto_used_unpaged_bytes;
+}
+
 AutoMeasurements unpaged_reading(std::uint64_t unpaged) {
   AutoMeasurements measurements = budget_of(5 * kMiB);
   measurements.unpaged_used_bytes = unpaged;
@@ -266,13 +274,7 @@ TEST(AutoMode, NearFreesHostGoesOnWhereTheLayersEndOnceTheGpuIsThereCopiesDoneOr
 // the simulated device then reads, so the choice (one 2 MiB tensor) leaves the paged passes 8 MiB
 // over the target.
 TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
-  std::uint64_t unpaged = 0;
-  {
-    Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
-    LayerJob job(rig);
-    for (int pass = 1; pass <= 3; ++pass) job.pass();
-    unpaged = rig.engine.stats().auto_used_unpaged_bytes;  // the simulated device's own reading
-  }
+  const std::uint64_t unpaged = simulated_unpaged_reading();
   ASSERT_GT(unpaged, 20 * kMiB) << "the simulated job is too small for this test";
   Options options = memory_goal_options(unpaged - 10 * kMiB);
   // The end-of-run line then reads where backward begins, as the goal measures: a sampled peak
@@ -304,13 +306,7 @@ TEST(AutoMode, ADeviceMemoryTargetPagesMoreWhenAPagedBackwardBeginsOverIt) {
 // nothing but keeps every layer it may move in reserve, serving none of it, and pages from it once
 // a paged pass's backward begins over the target.
 TEST(AutoMode, ADeviceMemoryTargetMetByTheObservedPassesStillPagesWhenLaterPassesGoOverIt) {
-  std::uint64_t unpaged = 0;
-  {
-    Rig rig(memory_goal_options(kMiB), budget_of(5 * kMiB));
-    LayerJob job(rig);
-    for (int pass = 1; pass <= 3; ++pass) job.pass();
-    unpaged = rig.engine.stats().auto_used_unpaged_bytes;  // the simulated device's own reading
-  }
+  const std::uint64_t unpaged = simulated_unpaged_reading();
   ASSERT_GT(unpaged, 20 * kMiB) << "the simulated job is too small for this test";
   Options options = memory_goal_options(unpaged - 4 * kMiB);
   options.trace_sample_ms = 0;  // the end-of-run line reads where backward begins (as above)
