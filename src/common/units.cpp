@@ -22,4 +22,16 @@ std::string format_bytes(std::uint64_t bytes) {
   return text;
 }
 
+std::string format_ms(std::uint64_t ns) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f ms", static_cast<double>(ns) / 1e6);
+  return text;
+}
+
+std::string format_signed_percent(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.1f%%", value);
+  return text;
+}
+
 }  // namespace actpage

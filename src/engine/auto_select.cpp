@@ -379,14 +379,9 @@ void AutoSelect::cap_changed(std::uint64_t cap_bytes) {
     parts_.core.work_cv.notify_all();
   }
   std::string line = "auto mode (near-free): ";
-  const auto ms = [](std::uint64_t ns) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.1f ms", static_cast<double>(ns) / 1e6);
-    return std::string(text);
-  };
   switch (governor_->stage()) {
     case NearFreeGovernor::Stage::unpaged:
-      line += "paged passes' cycle " + ms(governor_->whole_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
+      line += "paged passes' cycle " + format_ms(governor_->whole_cycle_ns()) + " with " + format_bytes(chosen_bytes_) +
               " paged; measuring the job's own: pages nothing for the next " +
               std::to_string(NearFreeGovernor::kJudgedCycles + 1) + " passes or more";
       break;

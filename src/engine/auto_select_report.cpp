@@ -148,11 +148,8 @@ std::optional<std::string> AutoSelect::summary() const {
     if (governor_->judged_forward_ns() != 0 && governor_->base_forward_ns() != 0) {
       // Where the cost lands: the forward's share of those cycles (the rest is backward's and the
       // optimizer's step).
-      char text[120];
-      std::snprintf(text, sizeof text, ", of which forward %.1f ms against %.1f ms",
-                    static_cast<double>(governor_->judged_forward_ns()) / 1e6,
-                    static_cast<double>(governor_->base_forward_ns()) / 1e6);
-      line += text;
+      line += ", of which forward " + format_ms(governor_->judged_forward_ns()) + " against " +
+              format_ms(governor_->base_forward_ns());
     }
     line += peak_end_text() + earlier_peak_miss_text();
     if (governor_->sheds() != 0 || !governor_->peak_misses().empty() || governor_->ended_at_peak()) {
@@ -164,14 +161,12 @@ std::optional<std::string> AutoSelect::summary() const {
       // The run's steady passes since, which a benchmark's median step measures: the judged cycles
       // are three, early, and a cap's switch may leave the later passes slower or faster.
       const std::uint64_t base = governor_->base_cycle_ns();
-      char text[160];
-      std::snprintf(text, sizeof text, "; the %zu passes since: median cycle %.1f ms", governor_->settled_cycles(),
-                    static_cast<double>(settled) / 1e6);
-      line += text;
+      line += "; the " + std::to_string(governor_->settled_cycles()) + " passes since: median cycle " +
+              format_ms(settled);
       if (base != 0) {
-        std::snprintf(text, sizeof text, " (%+.1f%% against unpaged)",
-                      (static_cast<double>(settled) / static_cast<double>(base) - 1.0) * 100.0);
-        line += text;
+        line += " (" +
+                format_signed_percent((static_cast<double>(settled) / static_cast<double>(base) - 1.0) * 100.0) +
+                " against unpaged)";
       }
     }
     if (governor_->judged_cpu_probe_ns() != 0 && governor_->base_cpu_probe_ns() != 0) {
