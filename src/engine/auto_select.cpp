@@ -554,6 +554,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   grow_host_pool(chosen_bytes_);
   if (memory_goal) {
     parts_.clock.limit_bound(reload_room);
+    backlog_room_ = room_under_target(used_unpaged_, chosen_bytes_);
     if (!reserve_key_bytes_.empty()) {
       // The reserve is selected with the choice (Engine's classifier is made once) and capped until
       // raise_for_target() takes some of it.
@@ -701,6 +702,7 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   // What backward's start should read now is the reading less what leaves besides: the reloads'
   // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
   parts_.clock.limit_bound(room_under_target(used_bytes, added));
+  backlog_room_ = room_under_target(used_bytes, added);
   grow_host_pool(capped_bytes_);
   const std::string line = "auto mode (" + auto_goal_text(target) + "): device memory in use at a paged backward's start " +
                            format_bytes(used_bytes) + ", over the target by " + format_bytes(excess) + ": pages " +

@@ -210,6 +210,16 @@ class AutoSelect {
     if (phase_ == Phase::done) return false;
     return !serves_nothing();
   }
+  // The device-memory goal's paged passes: the most bytes of sealed activations a forward may leave
+  // on the device at a selected layer's end, before its own group seals (the job's thread waits
+  // there until fewer are), the
+  // room its target leaves over the unpaged reading less what is paged; nullopt otherwise. Its
+  // paged passes peaked in a forward where the pool had grown past the paged layers while their
+  // copies ran (gpu_bound_llama, H200, s49: 23.7 GiB against a 20.5 GiB target met at backward's start).
+  std::optional<std::uint64_t> forward_backlog_room() const {
+    if (phase_ != Phase::paging) return std::nullopt;
+    return backlog_room_;
+  }
   // Whether the observed passes page (auto_pages_while_watching) and the decision is still to come.
   bool watching_paged() const { return on_ && options_.watch_bytes != 0 && !decided_ && phase_ != Phase::done; }
 
@@ -297,6 +307,7 @@ class AutoSelect {
   std::uint64_t forward_gpu_ns_ = 0;
   std::uint64_t trim_marker_ = 0;
   std::uint64_t trim_bytes_ = 0;  // what the first paged pass's trim gives back
+  std::optional<std::uint64_t> backlog_room_;  // forward_backlog_room() (the device-memory goal)
   std::uint64_t raise_trim_bytes_ = 0;  // what the cap's last rise added, until a served allocation trims it
 
   // The decision.

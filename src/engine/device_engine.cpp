@@ -268,6 +268,15 @@ void DeviceEngine::on_pop(ranges::PathId node) {
   }
   saved_.on_pop(node, thread);  // saved activations whose release point moved to this range's end
   if (groups_.open_count() == 0) return;
+  if (const std::optional<std::uint64_t> room = auto_.forward_backlog_room();
+      room && groups_.seals_at(node, thread) && groups_.is_forward_thread(thread) && !groups_.in_backward()) {
+    // The device-memory goal: what is still on the device of the paged layers before this one,
+    // beside what the forward allocates next, must fit in the room its target leaves. Before this
+    // layer's group seals, not after: the next layer reads this one's output, and copied and gone
+    // before the job's thread reaches that read it would come straight back (resnet, H200, s50:
+    // 439 brought back, backward's start 11.5 GiB for 8.9 with the wait after the seal).
+    offload_.wait_for_backlog(lock, *room);
+  }
   const bool sealed = groups_.seal_at(node, thread);
   if (sealed && options_.front.offload_backlog_bytes > 0) {
     offload_.wait_for_backlog(lock, options_.front.offload_backlog_bytes);

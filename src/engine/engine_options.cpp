@@ -71,7 +71,7 @@ DeviceEngineOptions device_engine_options(const Options& options) {
       parts.front.drain_while_gpu_behind = false;
       // Its paged passes peaked in a forward with the job's pool holding forward's whole need from
       // the start, unused, beside the pages still to leave: the fit keeps what is in use there.
-      parts.job_pool.fit_to_use = true;
+      parts.job_pool.keep_only_use = true;
     }
   }
   // The groups find where the layers end for either wait.

@@ -91,6 +91,11 @@ Group* Groups::find(std::uint32_t id) {
   return found != groups_.end() ? found->second.get() : nullptr;
 }
 
+bool Groups::seals_at(ranges::PathId node, std::thread::id thread) const {
+  return std::any_of(open_.begin(), open_.end(),
+                     [&](const Group* group) { return group->release_node == node && group->thread == thread; });
+}
+
 bool Groups::seal_at(ranges::PathId node, std::thread::id thread) {
   std::vector<Group*> to_seal;
   for (Group* group : open_) {

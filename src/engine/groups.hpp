@@ -58,6 +58,8 @@ class Groups {
   Group* find(std::uint32_t id);
   // Seals the thread's open groups whose release range `node` closes; whether there were any.
   bool seal_at(ranges::PathId node, std::thread::id thread);
+  // Whether seal_at(node, thread) would seal a group.
+  bool seals_at(ranges::PathId node, std::thread::id thread) const;
   std::size_t open_count() const { return open_.size(); }
   // The allocation goes (disposed of); a sealed group left empty goes with it.
   void detach(Allocation& allocation);

@@ -35,6 +35,14 @@ std::optional<JobPool::Trim> JobPool::trim_by(std::size_t bytes) {
   return Trim{std::move(trimmed), ns};
 }
 
+std::size_t JobPool::trim_bytes(std::size_t needed) const {
+  if (!options_.keep_only_use) return needed;
+  // Every unused byte (the trace shows the ask): a pool that cannot be read is asked for `needed`.
+  Result<PoolUsage> usage = parts_.core.device.job_pool_usage();
+  if (!usage.ok() || usage->reserved_bytes <= usage->used_bytes) return needed;
+  return std::max<std::size_t>(needed, static_cast<std::size_t>(usage->reserved_bytes - usage->used_bytes));
+}
+
 void JobPool::record(const Trim& trim) {
   EngineCore& core = parts_.core;
   if (trim.trimmed.ok()) {
@@ -61,7 +69,8 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
     prepaid = static_cast<std::size_t>(std::min<std::uint64_t>(credit_, bytes));
     credit_ -= prepaid;
   }
-  const std::optional<Trim> trim = options_.trim && prepaid < bytes ? trim_by(bytes - prepaid) : std::nullopt;
+  const std::optional<Trim> trim =
+      options_.trim && prepaid < bytes ? trim_by(trim_bytes(bytes - prepaid)) : std::nullopt;
   // Timed apart from the map that follows: on the H100 a reload's create takes ~50 us while its map
   // may wait 10-16 ms for the job's queued work (docs/findings.md, section 4).
   const std::uint64_t started = monotonic_ns();
@@ -116,7 +125,7 @@ JobPool::Room JobPool::make_room(std::uint64_t marker, std::uint64_t bytes, bool
   while (!core.stopping) {
     ++busy_;
     lock.unlock();
-    const std::optional<Trim> trim = trim_by(needed);
+    const std::optional<Trim> trim = trim_by(trim_bytes(needed));
     lock.lock();
     --busy_;
     if (!trim) break;
@@ -213,7 +222,7 @@ void JobPool::fit_failed(const Status& status) {
 void JobPool::fit(std::unique_lock<std::mutex>& lock) {
   EngineCore& core = parts_.core;
   const EventHandle event = fit_event_;
-  const std::uint64_t need = options_.fit_to_use ? 0 : forward_need_;
+  const std::uint64_t need = options_.keep_only_use ? 0 : forward_need_;
   ++busy_;
   lock.unlock();
   // Only once the GPU is at the forward's start have the frees before it run.

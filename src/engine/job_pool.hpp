@@ -31,10 +31,13 @@
 //   job's stream there: only then have backward's and the optimizer's frees run, and only run frees
 //   can be given back), the VMM worker trims the reserve down to max(that need, what is in use),
 //   if more than kFitSlackBytes above it. Backward and the optimizer grow it back as they need.
-//   Under the device-memory goal (fit_to_use) it keeps only what is in use there: forward's need
+//   Under the device-memory goal (keep_only_use) it keeps only what is in use there: forward's need
 //   comes at its end (the head, the loss), when the paged layers' pages have left, and a reserve
 //   of that size held from the start stood beside them at the paged passes' peak (H200, s49: 3.7-7.3
 //   GiB unused there). The forward grows the pool back as it allocates; the goal pays time for memory.
+//   Its trims before reloads (the room gate's, a reload's create) give back every unused byte too:
+//   reloads that take cached pages trim nothing, and backward's frees left the pool's reserve unused
+//   beside them (resnet, s49: 4.15 GiB of 6.44 at the paged passes' peak).
 // - Driver calls run without the engine's lock, but for the fit's on the job's thread (two
 //   attribute calls and an event record a pass, as GpuClock's records); everything else with it
 //   held. The room gate's trims run on the marker's thread (a job thread), without the lock.
@@ -55,7 +58,9 @@ namespace actpage::engine {
 struct JobPoolOptions {
   bool trim = true;       // vmm.trim_job_pool
   bool catch_up = false;  // vmm.trim_job_pool_catch_up
-  bool fit_to_use = false;  // the fit keeps what is in use, not forward's need (the device-memory goal)
+  // The device-memory goal: the fit keeps what is in use, not forward's need, and the trims before
+  // reloads give back every unused byte, not only the reloads' own.
+  bool keep_only_use = false;
 };
 
 class JobPool {
@@ -125,6 +130,9 @@ class JobPool {
   // Whether make_room() applies (reads the pool's usage: without the lock).
   bool gates_reloads();
   void fit_failed(const Status& status);
+  // What a trim before reloads asks for: `needed`, or every unused byte (keep_only_use; a device
+  // call, without the engine's lock).
+  std::size_t trim_bytes(std::size_t needed) const;
 
   EngineParts& parts_;
   const JobPoolOptions options_;

@@ -117,6 +117,7 @@ class LayerJob {
       const Tensor output = job_.allocate(kBytes);
       job_.check(previous);  // the residual add reads the input last, saving nothing
       job_.write(output);
+      if (output_saved_in_layer && !no_grad && hooks_on_) rig_.engine.tensor_saved(output.va);
       job_.pop();
       acts_.push_back(act);
       outputs_.push_back(output);
@@ -187,6 +188,9 @@ class LayerJob {
   bool extra_allocation = false;  // each mlp makes one more temporary before its activation
   bool keep_extra_until_backward = false;  // ... which the job holds (nothing saves it) until backward's end
   std::size_t extra_bytes = kBytes;  // ... of this size
+  // The layer saves its own output too (an in-place ReLU at its end, as a ResNet block's): the
+  // next layer saves and reads a tensor of the layer before's group.
+  bool output_saved_in_layer = false;
   std::size_t act_bytes = kBytes;  // each mlp's activation (an MoE's expert tensors vary with routing)
   // Runs in forward after layer 0's first allocation (where the pass's GPU time starts) when set.
   std::function<void()> during_forward;

@@ -370,13 +370,40 @@ TEST(JobPool, UnderTheDeviceMemoryGoalTheFitKeepsOnlyWhatIsInUseAtForwardsStart)
   Parts parts(options);
   Options near_free = options;
   near_free.auto_device_memory = 0;
-  EXPECT_FALSE(device_engine_options(near_free).job_pool.fit_to_use);  // near-free keeps forward's need
+  EXPECT_FALSE(device_engine_options(near_free).job_pool.keep_only_use);  // near-free keeps forward's need
   std::unique_lock<std::mutex> lock(parts.core.mutex);
   fit_after_a_step(parts, lock);
   EXPECT_EQ(parts.device.job_pool_reserved(), 3 * kGiB);  // what is in use, not forward's 6 GiB
   EXPECT_EQ(parts.core.stats.pool_fits, 1u);
   EXPECT_EQ(parts.core.stats.pool_fit_bytes, 9 * kGiB);
   EXPECT_TRUE(parts.job_pool.idle());
+}
+
+TEST(JobPool, UnderTheDeviceMemoryGoalATrimBeforeReloadsGivesBackEveryUnusedByte) {
+  // Reloads that take cached pages trim nothing: backward's frees left the pool's reserve unused
+  // beside them. Near-free trims only the reloads' own bytes (the pool grows back in forward).
+  for (const bool goal : {false, true}) {
+    Options options = testing::small_offload_options();
+    options.modules.clear();
+    options.vmm_trim_job_pool = true;
+    options.auto_device_memory = goal ? 8 * kGiB : 0;
+    Parts parts(options);
+    parts.device.set_job_pool(3 * kGiB, kGiB);
+    {
+      std::lock_guard<std::mutex> lock(parts.core.mutex);
+      parts.groups.backward_begins();
+    }
+    auto pages = parts.job_pool.create_reload_pages(4 * kMiB);
+    ASSERT_TRUE(pages.ok()) << pages.status().message();
+    EXPECT_EQ(parts.device.job_pool_reserved(), goal ? kGiB : 3 * kGiB - 4 * kMiB) << "goal " << goal;
+    (void)parts.device.release_physical(*pages);
+    // The room gate's trim before a marker's reloads, likewise.
+    parts.device.set_job_pool(3 * kGiB, 2 * kGiB);
+    std::unique_lock<std::mutex> lock(parts.core.mutex);
+    const JobPool::Room room = parts.job_pool.make_room(/*marker=*/0, 4 * kMiB, /*may_wait=*/false, lock);
+    EXPECT_TRUE(room.made);
+    EXPECT_EQ(parts.device.job_pool_reserved(), goal ? 2 * kGiB : 3 * kGiB - 4 * kMiB) << "goal " << goal;
+  }
 }
 
 TEST(JobPool, WithoutTrimsThePoolIsNeverFitted) {
