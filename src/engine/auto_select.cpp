@@ -529,7 +529,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   }
   if (memory_goal && !chosen_names_.empty()) {
     line += "; the job's thread waits where the layers end until the copies are done, and reloads come back at "
-            "most " + format_bytes(reload_room) + " ahead of the GPU";
+            "most " + format_bytes(reload_room) + " ahead of the GPU, or what the last backwards leave under the target";
   }
   if (!reserve_key_bytes_.empty()) {
     std::uint64_t reserve = 0;

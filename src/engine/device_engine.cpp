@@ -564,6 +564,7 @@ void DeviceEngine::sample_memory_now() {
   if (for_auto) {
     const std::uint64_t used = info->total_bytes - std::min(info->total_bytes, info->free_bytes);
     std::unique_lock<std::mutex> peaks(core_.mutex);
+    clock_.memory_sampled(used);  // the device-memory goal's profile of backward
     if (auto_.memory_sampled(used, info->total_bytes)) {
       // A new peak: the job's pool with it (what of the peak is the pool's reserve, and its use).
       peaks.unlock();

@@ -72,6 +72,9 @@ DeviceEngineOptions device_engine_options(const Options& options) {
       // Its paged passes peaked in a forward with the job's pool holding forward's whole need from
       // the start, unused, beside the pages still to leave: the fit keeps what is in use there.
       parts.job_pool.keep_only_use = true;
+      // Its reloads come back ahead of the GPU also within what the last backwards' memory, by the
+      // GPU's place, leaves under the target (GpuClock, BackwardMemoryProfile).
+      parts.clock.memory_target = options.auto_device_memory;
     }
   }
   // The groups find where the layers end for either wait.

@@ -29,6 +29,8 @@ void GpuClock::run() {
     const Marker reached = markers_.front();
     reached_oldest(now);
     place_ = reached.point ? GpuPlace{false, 0, 0, true} : GpuPlace{true, reached.module, reached.ordinal, true};
+    place_iteration_ = reached.iteration;
+    if (reached.backward_begins && memory_target_ != 0) memory_.backward_begins();
     // May unlock: the front is looked up again.
     parts_.auto_select.gpu_reached(reached.id, now, lock);
     core.issued_cv.notify_all();  // a job thread may be waiting at the gate
@@ -153,9 +155,31 @@ std::uint64_t GpuClock::ahead_bytes() const {
   return bytes;
 }
 
-std::uint64_t GpuClock::room() const {
+std::uint64_t GpuClock::room(std::optional<std::uint32_t> need) const {
   const std::uint64_t ahead = ahead_bytes();
-  return ahead < bound_ ? bound_ - ahead : 0;
+  const std::uint64_t bounded = ahead < bound_ ? bound_ - ahead : 0;
+  if (!need) return bounded;
+  const std::uint64_t under_target = target_room(*need);
+  return std::max(bounded, under_target > ahead ? under_target - ahead : 0);
+}
+
+std::uint64_t GpuClock::target_room(std::uint32_t need) const {
+  // Only with the GPU in the backward whose groups are asked for: its place says how far it is.
+  if (memory_target_ == 0 || !place_.in_backward || place_iteration_ != parts_.groups.iteration()) return 0;
+  return memory_.room(place_.ordinal, need, memory_target_);
+}
+
+bool GpuClock::fits_before(std::uint64_t marker, std::uint64_t bytes) const {
+  if (memory_target_ == 0) return false;
+  auto found = std::find_if(markers_.begin(), markers_.end(), [&](const Marker& m) { return m.id == marker; });
+  if (found == markers_.end() || found->point || found->iteration != place_iteration_) return false;
+  return bytes <= room(found->ordinal);
+}
+
+void GpuClock::memory_sampled(std::uint64_t used_bytes) {
+  if (memory_target_ == 0 || !place_.in_backward) return;
+  const std::uint64_t ahead = ahead_bytes();
+  memory_.sampled(place_.ordinal, used_bytes - std::min(used_bytes, ahead));
 }
 
 bool GpuClock::older_marker_ahead(std::uint64_t marker) const {
@@ -176,7 +200,8 @@ bool GpuClock::wait_for_room(std::uint64_t marker, std::uint64_t bytes, std::uni
   // The GPU still has the older markers' work queued: holding the job's thread until it has run
   // some of it costs no GPU time, and keeps these pages off the device until they are near.
   auto fits = [&] {
-    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= bound_ || !older_marker_ahead(marker);
+    return core.stopping || bytes == 0 || ahead_bytes() + bytes <= bound_ || fits_before(marker, bytes) ||
+           !older_marker_ahead(marker);
   };
   if (fits()) return false;
   const std::uint64_t start = monotonic_ns();

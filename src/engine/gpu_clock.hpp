@@ -16,7 +16,9 @@
 //   a request would newly keep on or bring back to the device (every allocation of the group not
 //   resident and not already reloading).
 // - The gate: wait_for_room() holds a marker's thread, before its reloads are requested, while the
-//   bytes ahead of the GPU plus the marker's own would exceed the bound (prefetch.ahead_bytes) and
+//   bytes ahead of the GPU plus the marker's own would exceed the bound (prefetch.ahead_bytes) and,
+//   under the device-memory goal, the room the last backwards leave under its target from the
+//   GPU's place until the marker (BackwardMemoryProfile, fed by the sampler: memory_sampled()), and
 //   the GPU has not reached some marker older than this one. Never this marker itself: its reloads
 //   go at the latest when the GPU is one marker before it, so the GPU never idles for them. A
 //   prefetch goes only when it fits (room()).
@@ -42,6 +44,7 @@
 
 #include "actpage/device.hpp"
 #include "engine/allocation.hpp"
+#include "engine/backward_memory.hpp"
 #include "engine/engine_parts.hpp"
 #include "engine/peak_place.hpp"
 #include "engine/reload_schedule.hpp"
@@ -51,11 +54,15 @@ namespace actpage::engine {
 
 struct GpuClockOptions {
   std::uint64_t ahead_bytes = 0;  // prefetch.ahead_bytes: bytes that may come back ahead of the GPU
+  // The device-memory goal's target (0: none): reloads may also come back ahead of the GPU within
+  // what the last backwards' memory, where the GPU is until their need, leaves under it.
+  std::uint64_t memory_target = 0;
 };
 
 class GpuClock {
  public:
-  GpuClock(EngineParts& parts, GpuClockOptions options) : parts_(parts), bound_(options.ahead_bytes) {}
+  GpuClock(EngineParts& parts, GpuClockOptions options)
+      : parts_(parts), bound_(options.ahead_bytes), memory_target_(options.memory_target) {}
 
   // The clock worker's loop, until the engine stops (not started when serialized).
   void run();
@@ -87,8 +94,16 @@ class GpuClock {
 
   // Bytes asked back ahead of the GPU now.
   std::uint64_t ahead_bytes() const;
-  // Bytes that still fit under the bound (a prefetch goes only within them).
-  std::uint64_t room() const;
+  // Bytes that still fit under the bound (a prefetch goes only within them); under the
+  // device-memory goal, for a group the backward marker of ordinal `need` asks for, also within the
+  // room the last backwards' memory leaves under the target from where the GPU is until then.
+  std::uint64_t room(std::optional<std::uint32_t> need = std::nullopt) const;
+  // Whether `bytes` asked back for `marker` fit in that room (the gate's and the pool's waits end).
+  bool fits_before(std::uint64_t marker, std::uint64_t bytes) const;
+  // The sampler, under the device-memory goal: device memory in use now, noted where the GPU is in
+  // backward (less what is asked back ahead of it).
+  void memory_sampled(std::uint64_t used_bytes);
+  bool has_memory_target() const { return memory_target_ != 0; }
   // Auto mode's decision: the bound becomes at least what it pages a pass. Its reloads are paced by
   // the schedule; a bound below their sum holds the last of them until the GPU is one marker before
   // it needs them, whose copy the GPU then waits for.
@@ -154,8 +169,14 @@ class GpuClock {
   // the H100's Gen5 link (FACTS.md). Too slow a guess asks back earlier, never later.
   static constexpr double kAssumedLinkBytesPerS = 16e9;
 
+  // The room room(need) adds under the device-memory goal (0: none, or the GPU not in this backward).
+  std::uint64_t target_room(std::uint32_t need) const;
+
   EngineParts& parts_;
   std::uint64_t bound_;  // prefetch.ahead_bytes, or what auto mode pages if more
+  const std::uint64_t memory_target_;  // GpuClockOptions::memory_target
+  BackwardMemoryProfile memory_;       // under the goal: memory along backward by the GPU's place
+  std::uint64_t place_iteration_ = 0;  // Groups::iteration() of the marker place_ is
   std::optional<StreamHandle> stream_;  // of the newest served allocation
   std::uint64_t next_id_ = 1;
   std::uint64_t reached_count_ = 0;

@@ -135,6 +135,8 @@ JobPool::Room JobPool::make_room(std::uint64_t marker, std::uint64_t bytes, bool
     credit_ += given;
     needed -= given;
     if (needed == 0) break;  // room made
+    // The device-memory goal: the last backwards leave room for the rest under its target here.
+    if (clock.fits_before(marker, needed)) break;
     if (!may_wait) {
       room.made = false;  // a prefetch goes only into room made for it
       return room;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "common/clock.hpp"
 #include "common/log.hpp"
@@ -210,6 +211,8 @@ void ReloadPipeline::prefetch_due(std::uint32_t ordinal, std::uint64_t forward_p
     if (!need) continue;  // no marker of the last backward asks for it: its own will
     pending.push_back(PendingReload{group->id, *need, bytes});
   }
+  std::unordered_map<std::uint32_t, std::uint32_t> need_of_group;
+  for (const PendingReload& reload : pending) need_of_group.emplace(reload.group, reload.need);
   for (const std::uint32_t id : schedule.due(std::move(pending), ordinal, bytes_per_s)) {
     auto found = parts_.groups.all().find(id);
     if (found == parts_.groups.all().end()) continue;
@@ -217,7 +220,8 @@ void ReloadPipeline::prefetch_due(std::uint32_t ordinal, std::uint64_t forward_p
     if (bytes == 0) continue;
     // prefetch.ahead_bytes still bounds what is back ahead of the GPU; needed first, so nothing
     // overtakes a group that does not fit (its marker asks for it, through the gate).
-    if (bytes > parts_.clock.room()) return;
+    // (Under the device-memory goal, or within the room its target leaves until the group's need.)
+    if (bytes > parts_.clock.room(need_of_group.at(id))) return;
     // Room for its pages where the pool can give it; the copy goes either way: late costs time.
     (void)parts_.job_pool.make_room(/*marker=*/0, bytes, /*may_wait=*/false, lock);
     found = parts_.groups.all().find(id);  // the lock was released around the trim

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -403,6 +404,81 @@ TEST(JobPool, UnderTheDeviceMemoryGoalATrimBeforeReloadsGivesBackEveryUnusedByte
     const JobPool::Room room = parts.job_pool.make_room(/*marker=*/0, 4 * kMiB, /*may_wait=*/false, lock);
     EXPECT_TRUE(room.made);
     EXPECT_EQ(parts.device.job_pool_reserved(), goal ? 2 * kGiB : 3 * kGiB - 4 * kMiB) << "goal " << goal;
+  }
+}
+
+// The device-memory goal's reloads along backward: the bound its target leaves at backward's start
+// (here 1 MiB) holds a reload only until the last backward, by the GPU's place, says there is room
+// under the target from where the GPU is until the reload's marker. The clock's worker runs as the
+// engine runs it; the GPU is held at each marker until the test lets it on, and the sampler's
+// readings are the test's: 8 GiB less 512 MiB a marker (the layers backward freed). In the second
+// backward, with the GPU at marker 1, a reload for marker 3 may be back 512 MiB ahead of it (the
+// most of markers 1-2 and what follows); at marker 0, nothing beyond the bound. Near-free has no
+// target: its bound alone.
+TEST(GpuClock, UnderTheDeviceMemoryGoalReloadsComeBackAheadWithinWhatTheLastBackwardLeftUnderTheTarget) {
+  for (const bool goal : {true, false}) {
+    Options options = testing::small_offload_options();
+    options.modules.clear();
+    options.prefetch_ahead_bytes = kMiB;
+    options.vmm_trim_job_pool = true;
+    options.auto_device_memory = goal ? 8 * kGiB : 0;
+    Parts parts(options);
+    EXPECT_EQ(parts.clock.has_memory_target(), goal);
+    parts.device.set_job_pool(3 * kGiB, 3 * kGiB);  // nothing unused: a trim before reloads gives nothing
+    std::thread worker([&] { parts.clock.run(); });
+    std::vector<std::promise<void>> gates;
+    gates.reserve(16);
+    std::unique_lock<std::mutex> lock(parts.core.mutex);
+    parts.clock.limit_bound(kMiB);
+    // A backward of four markers, the GPU held before each: returns their ids.
+    auto backward = [&] {
+      std::vector<std::uint64_t> markers;
+      for (int ordinal = 0; ordinal < 4; ++ordinal) {
+        gates.emplace_back();
+        EXPECT_TRUE(parts.device.launch(parts.job_stream, [gate = gates.back().get_future().share()] { gate.wait(); }).ok());
+        markers.push_back(parts.clock.mark(parts.job_stream, /*backward_begins=*/ordinal == 0));
+      }
+      return markers;
+    };
+    // Lets the GPU through marker `index` of the newest four and waits until the worker saw it.
+    std::vector<bool> opened;
+    auto open = [&](std::size_t gate) {
+      opened.resize(gates.size(), false);
+      if (!opened[gate]) gates[gate].set_value();
+      opened[gate] = true;
+    };
+    auto gpu_reaches = [&](std::size_t index, std::uint32_t ordinal) {
+      open(gates.size() - 4 + index);
+      const bool there = parts.core.issued_cv.wait_for(lock, std::chrono::seconds(30), [&] {
+        return parts.clock.place().in_backward && parts.clock.place().ordinal == ordinal;
+      });
+      ASSERT_TRUE(there) << "the GPU did not reach marker " << ordinal;
+    };
+    (void)backward();
+    for (std::uint32_t ordinal = 0; ordinal < 4; ++ordinal) {
+      gpu_reaches(ordinal, ordinal);
+      parts.clock.memory_sampled(8 * kGiB - ordinal * 512 * kMiB);
+    }
+    const std::vector<std::uint64_t> second = backward();
+    ASSERT_EQ(second.size(), 4u);
+    gpu_reaches(0, 0);  // the first backward is the last one now
+    EXPECT_FALSE(parts.clock.fits_before(second[3], 2 * kMiB)) << "at backward's start; goal " << goal;
+    gpu_reaches(1, 1);
+    EXPECT_EQ(parts.clock.fits_before(second[3], 512 * kMiB), goal);
+    EXPECT_FALSE(parts.clock.fits_before(second[3], 513 * kMiB));
+    EXPECT_EQ(parts.clock.room(3), goal ? 512 * kMiB : kMiB) << "a prefetch's room; goal " << goal;
+    if (goal) {
+      EXPECT_FALSE(parts.clock.wait_for_room(second[3], 512 * kMiB, lock)) << "the gate held a reload that fits";
+    }
+    // The room gate: the pool gives nothing back, so only that room lets a reload's pages be made.
+    EXPECT_EQ(parts.job_pool.make_room(second[3], 512 * kMiB, /*may_wait=*/false, lock).made, goal) << "goal " << goal;
+    for (std::size_t gate = 0; gate < gates.size(); ++gate) open(gate);  // after a failure too
+    parts.core.stopping = true;
+    parts.core.clock_cv.notify_all();
+    lock.unlock();
+    worker.join();
+    lock.lock();
+    parts.clock.release_all();
   }
 }
 
