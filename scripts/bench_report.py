@@ -11,9 +11,10 @@ is, same allocator backend): each variant's median step time and ratio, the devi
 saved (peak of total - free from cudaMemGetInfo, max over ranks), GiB saved per 1% of slowdown, the
 saving as a share of the job's link bound (D2H rate x the baseline's forward GPU time: what the copy
 engine can move while forward runs), whether the losses equal the baseline's (bit for bit for a
-deterministic job, else within the job's loss_tolerance, relative), and `*` on the Pareto front (no
-other variant with the baseline's losses saves at least as much at no more step time, and strictly
-more or faster). --png draws one panel per job (scripts/bench_plot.py, matplotlib); --markdown writes
+deterministic job, else within the job's loss_tolerance, relative), for an actpage variant that
+pages (its engine's account: bytes a pass) its step against the link's floor for them, and `*` on
+the Pareto front (no other variant with the baseline's losses saves at least as much at no more
+step time, and strictly more or faster). --png draws one panel per job (scripts/bench_plot.py, matplotlib); --markdown writes
 the tables for docs/benchmarks.md; --manifest orders the jobs and names those not run yet.
 
 Exit status 1 when a run failed or a job has no baseline; skipped and not-yet-run jobs are not failures.
@@ -196,6 +197,17 @@ def link_bound(meta, baseline_row):
     return bound
 
 
+def link_floor_ms(bound, base_ms, paged_bytes):
+    """The step time the link allows a variant that pages `paged_bytes` a forward pass (actpage's own
+    account, auto_bytes_paged): the baseline's step plus, for each forward pass of a step, the copies
+    out and back of what it pages beyond the link bound, at the measured D2H rate (the floor issue 37's
+    device-memory goal is held to). None without paged bytes, a baseline step or a link bound."""
+    if not paged_bytes or base_ms is None or bound["bound_gib"] is None or not bound["d2h_bytes_per_s"]:
+        return None
+    beyond = max(0.0, paged_bytes - bound["bound_gib"] * GIB)
+    return base_ms + bound["forward_passes"] * 2 * beyond / bound["d2h_bytes_per_s"] * 1000.0
+
+
 def _spread(row):
     low, high = row.get("step_ms_min"), row.get("step_ms_max")
     return high / low - 1 if low and high and (row.get("ok") or 0) >= 2 else None
@@ -238,6 +250,8 @@ def job_report(job, data):
             else None
         losses = compare_losses(_losses_of(runs, name), reference, rule) if name != BASELINE else \
             {"equal": None, "first_difference_step": None, "max_rel_diff": None}
+        paged = ((row.get("engine") or {}).get("counters") or {}).get("auto_bytes_paged")
+        floor_ms = link_floor_ms(bound, base_ms, paged)
         twin = row.get("reference")
         if name != BASELINE and twin not in (None, BASELINE) and twin in summary:
             # an actpage variant on top of a peer (checkpointing): actpage must not change *its* losses
@@ -259,6 +273,8 @@ def job_report(job, data):
             "median_fwd_ms": row.get("median_fwd_ms"), "losses": losses,
             "steal_s_max": variant_steal_s(runs, name), "cpu_speed_min": variant_cpu_speed(runs, name),
             "job_probe_us": variant_job_probe_us(runs, name),
+            "paged_gib": paged / GIB if paged else None,
+            "floor_ratio": ms / floor_ms if ms is not None and floor_ms else None,
         })
         if rows[-1]["ok"] < rows[-1]["runs"]:
             problems.append("%s: %s: %d of %d runs failed (logs: %s/logs/%s.repN.err)" % (
@@ -384,9 +400,11 @@ def format_table(job_data):
     probed = any(row["cpu_speed_min"] is not None for row in rows)
     job_probed = any(row.get("job_probe_us") is not None for row in rows)
     steady = any(row.get("saved_steady_gib") is not None for row in rows)
+    floored = any(row.get("floor_ratio") is not None for row in rows)
     header = ["front", "variant", "what", "ok/runs", "median step ms", "reps ms", "x none", "device used peak MiB",
               "saved GiB", "GiB per 1% slower", "of link bound", "losses = none", "torch peak MiB"]
     header += ["saved after warm-up GiB"] * steady
+    header += ["paged a pass GiB", "x link floor"] * floored
     header += ["off at actpage's peak MiB"] * traced + ["host steal s"] * watched + ["slowest CPU"] * probed
     header += ["job's CPU probe us"] * job_probed
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
@@ -402,6 +420,8 @@ def format_table(job_data):
             losses_cell(row, rule), _cell(row["torch_peak_mib"], "%.0f"),
         ]
         cells += [_cell(row.get("saved_steady_gib"), "%.2f")] * steady
+        if floored:
+            cells += [_cell(row.get("paged_gib"), "%.2f"), _cell(row.get("floor_ratio"), "x%.2f")]
         cells += [_cell(row["offloaded_at_peak_mib"], "%.0f")] * traced
         cells += [_cell(row["steal_s_max"], "%.2f")] * watched + [_cell(row["cpu_speed_min"], "%.2f")] * probed
         cells += [_cell(row.get("job_probe_us"), "%.0f")] * job_probed

@@ -53,7 +53,7 @@ BETA = {  # not deterministic, loss_tolerance 1e-3 (relative); its own checkpoin
 
 
 def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H, reps=1, fwd_ms=30.0,
-              manifest_extra=None, microbatches=None, steady=None, probe=None):
+              manifest_extra=None, microbatches=None, steady=None, probe=None, paged=None):
     """results.json made by compare_runs' own summarize() from fabricated runs, and bench.sh's meta.json."""
     variants, records = [], []
     for name, (ms, used, losses, failures) in table.items():
@@ -73,8 +73,11 @@ def fabricate(directory, job, table, deterministic=True, tolerance=0.0, link=D2H
                 result["device_used_steady_peak_mib"] = steady[name]
             if probe is not None and name in probe:
                 result["cpu_probe_us"], result["warmup"] = probe[name], 2
-            records.append({"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
-                            "result": result if ok else None, "argv": []})
+            record = {"variant": name, "rep": rep + 1, "rc": 0 if ok else 1, "ok": ok,
+                      "result": result if ok else None, "argv": []}
+            if paged is not None and name in paged:  # actpage's own account (compare_runs.engine_account)
+                record["engine"] = {"counters": {"auto_bytes_paged": paged[name]}, "auto": None}
+            records.append(record)
     rows = compare_runs.summarize(variants, records, "none")
     folder = os.path.join(directory, job)
     os.makedirs(folder, exist_ok=True)
@@ -170,6 +173,26 @@ class BenchReportTest(unittest.TestCase):
         self.assertIn("| 1.50 |", text)
         fabricate(self.out, "alpha", ALPHA)
         self.assertNotIn("saved after warm-up GiB", bench_report.format_text(self.report()))
+
+    def test_a_variant_that_pages_is_held_to_the_links_floor(self):
+        # The bound is 1.5e9 B (50 GB/s x 30 ms). actpage-default pages 2.5e9 B a pass: 1e9 beyond it,
+        # out and back at 50 GB/s, 40 ms: a floor of 140 ms, which its 110 ms beats (x0.79). actpage
+        # pages 1e9 B, within the bound: its floor is the job's own step. With 4 forward passes a step
+        # the beyond is paid 4 times.
+        fabricate(self.out, "alpha", ALPHA, paged={"actpage-default": 2.5e9, "actpage": 1e9})
+        rows = self.rows(self.report(), "alpha")
+        self.assertAlmostEqual(rows["actpage-default"]["floor_ratio"], 110.0 / 140.0)
+        self.assertAlmostEqual(rows["actpage-default"]["paged_gib"], 2.5e9 / GIB)
+        self.assertAlmostEqual(rows["actpage"]["floor_ratio"], 100.2 / 100.0)
+        self.assertIsNone(rows["checkpointing"]["floor_ratio"])
+        text = bench_report.format_text(self.report())
+        self.assertIn("x link floor", text)
+        self.assertIn("| 2.33 | x0.79 |", text)
+        fabricate(self.out, "alpha", ALPHA, paged={"actpage-default": 2.5e9}, microbatches=4, fwd_ms=120.0)
+        rows = self.rows(self.report(), "alpha")
+        self.assertAlmostEqual(rows["actpage-default"]["floor_ratio"], 110.0 / (100.0 + 4 * 40.0))
+        fabricate(self.out, "alpha", ALPHA)
+        self.assertNotIn("x link floor", bench_report.format_text(self.report()))
 
     def test_losses_bit_for_bit_for_a_deterministic_job(self):
         fabricate(self.out, "alpha", ALPHA)
