@@ -528,8 +528,10 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
     if (short_bytes_ != 0) line += ": offloading cannot reach the target, it misses it by " + format_bytes(short_bytes_);
   }
   if (memory_goal && !chosen_names_.empty()) {
-    line += "; the job's thread waits where the layers end until the copies are done, and reloads come back at "
-            "most " + format_bytes(reload_room) + " ahead of the GPU, or what the last backwards leave under the target";
+    line += "; the job's thread waits at each paged layer's end while the earlier ones' copies exceed " +
+            format_bytes(room_under_target(used_unpaged_, chosen_bytes_)) +
+            " and where the layers end until they are done, and reloads come back at most " + format_bytes(reload_room) +
+            " ahead of the GPU, or what the last backwards leave under the target";
   }
   if (!reserve_key_bytes_.empty()) {
     std::uint64_t reserve = 0;

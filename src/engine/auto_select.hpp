@@ -212,10 +212,10 @@ class AutoSelect {
   }
   // The device-memory goal's paged passes: the most bytes of sealed activations a forward may leave
   // on the device at a selected layer's end, before its own group seals (the job's thread waits
-  // there until fewer are), the
-  // room its target leaves over the unpaged reading less what is paged; nullopt otherwise. Its
-  // paged passes peaked in a forward where the pool had grown past the paged layers while their
-  // copies ran (gpu_bound_llama, H200, s49: 23.7 GiB against a 20.5 GiB target met at backward's start).
+  // there until fewer are), the room its target leaves over the unpaged reading less what is paged;
+  // nullopt otherwise. Its paged passes peaked in a forward where the pool had grown past the paged
+  // layers while their copies ran (gpu_bound_llama, H200, s49: 23.7 GiB against a 20.5 GiB target
+  // met at backward's start).
   std::optional<std::uint64_t> forward_backlog_room() const {
     if (phase_ != Phase::paging) return std::nullopt;
     return backlog_room_;
