@@ -729,12 +729,29 @@ bool AutoSelect::memory_sampled(std::uint64_t used_bytes, std::uint64_t total_by
     peak_watched_place_ = place_now(used_bytes);
     return true;
   }
-  if (decided_ && phase_ == Phase::paging && pass_ > reported_pass_ && used_bytes > peak_paged_) {
-    peak_paged_ = used_bytes;
-    peak_paged_place_ = place_now(used_bytes);
-    return true;
+  if (decided_ && phase_ == Phase::paging && pass_ > reported_pass_) {
+    if (options_.device_memory_target != 0) note_pass_peak(used_bytes);
+    if (used_bytes > peak_paged_) {
+      peak_paged_ = used_bytes;
+      peak_paged_place_ = place_now(used_bytes);
+      return true;
+    }
   }
   return false;
+}
+
+void AutoSelect::note_pass_peak(std::uint64_t used_bytes) {
+  if (recent_peaks_.empty() || recent_pass_ != pass_) {
+    recent_peaks_.push_back(0);
+    recent_pass_ = pass_;
+    if (recent_peaks_.size() > kRecentPasses) recent_peaks_.pop_front();
+  }
+  recent_peaks_.back() = std::max(recent_peaks_.back(), used_bytes);
+}
+
+std::uint64_t AutoSelect::recent_peak() const {
+  if (recent_peaks_.size() < kRecentPasses) return 0;
+  return *std::max_element(recent_peaks_.begin(), recent_peaks_.end());
 }
 
 PeakPlace AutoSelect::place_now(std::uint64_t used_bytes) const {

@@ -338,6 +338,14 @@ class AutoSelect {
   PeakPlace peak_unpaged_place_;
   std::uint64_t unpaged_first_pass_ = 0;
   std::uint64_t unpaged_last_pass_ = 0;
+  // The device-memory goal: each of the last kRecentPasses paged passes' sampled peak. The paged
+  // peak counts the passes before its raises and the first ones' settling too (resnet, H200, s50:
+  // 9.95 GiB for passes 3-32, 1.04 GiB over the target, its steady peak 8.95 GiB, within it).
+  static constexpr std::size_t kRecentPasses = 10;
+  std::deque<std::uint64_t> recent_peaks_;
+  std::uint64_t recent_pass_ = 0;  // the pass recent_peaks_.back() is of
+  void note_pass_peak(std::uint64_t used_bytes);
+  std::uint64_t recent_peak() const;  // 0 until kRecentPasses passes are noted
   PeakPlace place_now(std::uint64_t used_bytes) const;
   // The paged figures (device memory in use) count from this pass's backward on: the first paged
   // pass's, then the second after each change of the governor's cap (its switch's pass carries it).

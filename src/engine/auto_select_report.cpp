@@ -111,6 +111,7 @@ void AutoSelect::add_stats(EngineStats& stats) const {
   stats.auto_used_paged_bytes = used_paged_;
   stats.auto_peak_watched_bytes = peak_watched_;
   stats.auto_peak_paged_bytes = peak_paged_;
+  stats.auto_peak_recent_bytes = recent_peak();
   stats.auto_peak_unpaged_bytes = peak_unpaged_;
   stats.auto_bytes_paged = capped() ? capped_bytes_ : chosen_bytes_;
   if (governor_) {
@@ -208,6 +209,11 @@ std::optional<std::string> AutoSelect::summary() const {
           // job's pool held a reserve beside the pages.
           line += ", but within it where backward begins (" + format_bytes(used_paged_) +
                   "): " + peak_over_target_text(peak_paged_place_, after - target);
+        }
+        if (const std::uint64_t recent = recent_peak(); recent != 0 && after > target) {
+          // What the run settled to: the passes before a raise, or the first ones, set the peak.
+          line += "; the last " + std::to_string(kRecentPasses) + " passes peaked at " + format_bytes(recent) +
+                  (recent <= target ? ", within the target" : ", over it by " + format_bytes(recent - target));
         }
       }
     }

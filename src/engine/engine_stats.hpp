@@ -134,6 +134,7 @@ namespace actpage::engine {
 //     (unpaged, or watched) and the most of the paged passes'; auto_peak_watched_bytes /
 //     auto_peak_paged_bytes: the most device memory in use the sampler saw before the decision / in
 //     the paged passes after the first's forward (after the governor's last change);
+//     auto_peak_recent_bytes: under the device-memory goal, the most in its last 10 paged passes;
 //     auto_peak_unpaged_bytes: the same in the governor's unpaged passes (the job's own), once the
 //     cap rose from nothing after them; auto_key_candidates / auto_key_passed: allocations
 //     in the chosen layers whose key was saved when auto mode watched (served) / was not (left to the
@@ -252,6 +253,7 @@ namespace actpage::engine {
   X(auto_used_paged_bytes) \
   X(auto_peak_watched_bytes) \
   X(auto_peak_paged_bytes) \
+  X(auto_peak_recent_bytes) \
   X(auto_peak_unpaged_bytes) \
   X(auto_key_candidates) \
   X(auto_key_passed) \

@@ -378,6 +378,30 @@ TEST(AutoMode, ADeviceMemoryTargetThatHoldsServesNothing) {
   expect_every_read_right(rig);
 }
 
+// The paged passes' peak counts the first ones and those before a raise; the run's last passes say
+// what it settled to (resnet, H200, s50: 9.95 GiB for passes 3-32, 1.04 GiB over the target, its
+// steady peak 8.95 GiB). Here the job's pool holds 200 MiB for a while in pass 5 (over the 91 MiB
+// target); the twelve passes after it do not: the line says the last ten peaked below it.
+TEST(AutoMode, ADeviceMemoryTargetsLineSaysWhatTheLastPassesPeakedAt) {
+  const Options options = memory_goal_options(91 * kMiB);
+  Rig rig(options, unpaged_reading(100 * kMiB));
+  LayerJob job(rig);
+  for (int pass = 1; pass <= 4; ++pass) job.pass();
+  constexpr std::uint64_t kSpike = 200 * kMiB;
+  rig.device.set_job_pool(kSpike, kSpike);
+  ASSERT_TRUE(testing::eventually([&] { return rig.engine.stats().auto_peak_paged_bytes >= kSpike; },
+                                  std::chrono::seconds(30)));
+  rig.device.set_job_pool(0, 0);
+  for (int pass = 5; pass <= 16; ++pass) job.pass();
+  rig.engine.shutdown();
+  const EngineStats stats = rig.engine.stats();
+  ASSERT_GE(stats.auto_peak_paged_bytes, kSpike);
+  EXPECT_GT(stats.auto_peak_recent_bytes, 0u);
+  EXPECT_LT(stats.auto_peak_recent_bytes, kSpike) << "the spike is not among the last ten passes";
+  EXPECT_SAYS(summary_line(rig), "; the last 10 passes peaked at " + format_bytes(stats.auto_peak_recent_bytes));
+  expect_every_read_right(rig);
+}
+
 // The goal measures where backward begins; the step's peak may move elsewhere once activations
 // leave (gpu_bound_llama: 20.44 GiB at backward's start against a 20.48 GiB target, its peak 24.58
 // GiB, H200). Here the job's pool grows by 200 MiB between paged passes (an optimizer's step) and
