@@ -95,7 +95,7 @@ Result<PhysicalHandle> JobPool::create_reload_pages(std::size_t bytes) {
 bool JobPool::gates_reloads() {
   // A replay's GPU is where its host is; without trims (off, or failed) there is nothing to wait for.
   if (!options_.trim || parts_.turns.serialized() || failed_.load(std::memory_order_relaxed)) return false;
-  // vmm.trim_job_pool_catch_up (experimental) lets reloads go and owes the pool instead.
+  // vmm.trim_job_pool_catch_up (off by default) lets reloads go and owes the pool instead.
   if (options_.catch_up) return false;
   // A pool with no reserve (another allocator, or one the job does not use) never gives anything
   // back: nothing to wait for either.
