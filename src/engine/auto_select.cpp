@@ -522,16 +522,16 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   // GPU waits for the copies instead). With the bound raised to what is paged the host, running
   // ahead, asked for every layer at once: gpu_bound_llama paged 6.7 GiB a pass and its peak fell
   // 0.9 GiB (H200, 2026-11-28). Its copies are done where the layers end (engine_options.cpp).
-  const std::uint64_t reload_room = std::min(parts_.clock.bound(), room_under_target(used_unpaged_, chosen_bytes_));
+  const std::uint64_t target_room = room_under_target(used_unpaged_, chosen_bytes_);
+  const std::uint64_t reload_room = std::min(parts_.clock.bound(), target_room);
   if (memory_goal && used_unpaged_ != 0) {
     line += "; unpaged peak " + format_bytes(used_unpaged_);
     if (short_bytes_ != 0) line += ": offloading cannot reach the target, it misses it by " + format_bytes(short_bytes_);
   }
   if (memory_goal && !chosen_names_.empty()) {
     line += "; the job's thread waits at each paged layer's end while the earlier ones' copies exceed " +
-            format_bytes(room_under_target(used_unpaged_, chosen_bytes_)) +
-            " and where the layers end until they are done, and reloads come back at most " + format_bytes(reload_room) +
-            " ahead of the GPU, or what the last backwards leave under the target";
+            format_bytes(target_room) + " and where the layers end until they are done, and reloads come back at most " +
+            format_bytes(reload_room) + " ahead of the GPU, or what the last backwards leave under the target";
   }
   if (!reserve_key_bytes_.empty()) {
     std::uint64_t reserve = 0;
@@ -556,7 +556,7 @@ void AutoSelect::decide(std::unique_lock<std::mutex>& lock) {
   grow_host_pool(chosen_bytes_);
   if (memory_goal) {
     parts_.clock.limit_bound(reload_room);
-    backlog_room_ = room_under_target(used_unpaged_, chosen_bytes_);
+    backlog_room_ = target_room;
     if (!reserve_key_bytes_.empty()) {
       // The reserve is selected with the choice (Engine's classifier is made once) and capped until
       // raise_for_target() takes some of it.
@@ -703,8 +703,8 @@ void AutoSelect::raise_for_target(std::uint64_t used_bytes) {
   cap_switched(/*at_pass_start=*/false);
   // What backward's start should read now is the reading less what leaves besides: the reloads'
   // room is what that leaves under the target (the raise's last tensor beyond the excess, or none).
-  parts_.clock.limit_bound(room_under_target(used_bytes, added));
   backlog_room_ = room_under_target(used_bytes, added);
+  parts_.clock.limit_bound(*backlog_room_);
   grow_host_pool(capped_bytes_);
   const std::string line = "auto mode (" + auto_goal_text(target) + "): device memory in use at a paged backward's start " +
                            format_bytes(used_bytes) + ", over the target by " + format_bytes(excess) + ": pages " +
